@@ -1,0 +1,3 @@
+"""specparity: the correctness and regression gate for speculative decoders."""
+
+__version__ = "0.1.0"
