@@ -1,0 +1,328 @@
+"""Token-by-token comparison of a speculative run against the target's own greedy run.
+
+Every prompt gets one class:
+
+* ``exact``     — identical token ids and finish reason.
+* ``near_tie``  — the first divergence is at a position where the *baseline's* margin between its
+  own token and the speculative token is within the near-tie threshold (numeric noise), and every
+  later speculative token is still the target's argmax (within the threshold) under its own
+  prefix, as judged by teacher-forced scoring.
+* ``diverged``  — anything else: a margin above the threshold, a speculative token outside the
+  baseline's top-k, a length/finish mismatch not explained by an earlier flip, a token past a
+  stop or past the limit, or a later token the target would not have chosen.
+* ``error``     — the engine failed on this prompt (kept separate so a crash is never "exact").
+
+Verdicts compare token ids, never text: text is decoded only for display.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass, field
+from typing import Any, Callable, Literal, Sequence
+
+import numpy as np
+
+from specparity.types import GenerationResult, TokenScores
+
+Klass = Literal["exact", "near_tie", "diverged", "error"]
+CLASSES: tuple[Klass, ...] = ("exact", "near_tie", "diverged", "error")
+
+#: How many tokens of context to show around a divergence.
+CONTEXT_TOKENS = 8
+#: A re-merge needs this many consecutive equal tokens after the divergence.
+REMERGE_MIN_RUN = 4
+#: difflib is quadratic in the worst case: re-merge search looks this far after the divergence.
+REMERGE_WINDOW = 4096
+
+
+@dataclass
+class TokenView:
+    """A token for display: id plus decoded text."""
+
+    id: int
+    text: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"id": self.id, "text": self.text}
+
+
+@dataclass
+class Divergence:
+    """The first position where the speculative stream leaves the baseline."""
+
+    position: int
+    baseline_token: TokenView | None  # None: the baseline ended here
+    spec_token: TokenView | None  # None: the speculative run ended here
+    #: logprob_base(baseline token) − logprob_base(spec token), under the baseline's scores.
+    baseline_margin: float | None
+    #: rank of the spec token in the baseline's top-k (None: outside the top-k).
+    spec_rank_in_baseline: int | None
+    #: logprob_spec(spec token) − logprob_spec(baseline token), under the spec run's own scores.
+    spec_margin: float | None
+    baseline_rank_in_spec: int | None
+    context_before: str
+    baseline_after: str
+    spec_after: str
+    #: (baseline position, spec position) where the streams re-align for good, or None if never.
+    remerge: tuple[int, int] | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "position": self.position,
+            "baseline_token": self.baseline_token.to_json() if self.baseline_token else None,
+            "spec_token": self.spec_token.to_json() if self.spec_token else None,
+            "baseline_margin": self.baseline_margin,
+            "spec_rank_in_baseline": self.spec_rank_in_baseline,
+            "spec_margin": self.spec_margin,
+            "baseline_rank_in_spec": self.baseline_rank_in_spec,
+            "context_before": self.context_before,
+            "baseline_after": self.baseline_after,
+            "spec_after": self.spec_after,
+            "remerge": list(self.remerge) if self.remerge else None,
+        }
+
+
+@dataclass
+class TFViolation:
+    """A speculative token that is not the target's argmax under its own prefix (teacher-forced)."""
+
+    position: int
+    spec_token: int
+    target_argmax: int
+    margin: float | None  # logprob(argmax) − logprob(spec token); None: spec token outside top-k
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "position": self.position,
+            "spec_token": self.spec_token,
+            "target_argmax": self.target_argmax,
+            "margin": self.margin,
+        }
+
+
+@dataclass
+class Verdict:
+    prompt_id: str
+    category: str
+    klass: Klass
+    reason: str
+    divergence: Divergence | None = None
+    tf_violations: list[TFViolation] = field(default_factory=list)
+    baseline_len: int = 0
+    spec_len: int = 0
+    baseline_finish: str = ""
+    spec_finish: str = ""
+    threshold: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "prompt_id": self.prompt_id,
+            "category": self.category,
+            "class": self.klass,
+            "reason": self.reason,
+            "divergence": self.divergence.to_json() if self.divergence else None,
+            "tf_violations": [v.to_json() for v in self.tf_violations],
+            "baseline_len": self.baseline_len,
+            "spec_len": self.spec_len,
+            "baseline_finish": self.baseline_finish,
+            "spec_finish": self.spec_finish,
+            "threshold": self.threshold,
+        }
+
+
+def first_mismatch(a: Sequence[int], b: Sequence[int]) -> int | None:
+    """Index of the first differing position, ``min(len)`` if one is a strict prefix, None if equal."""
+    n = min(len(a), len(b))
+    if n:
+        x = np.asarray(a[:n], dtype=np.int64)
+        y = np.asarray(b[:n], dtype=np.int64)
+        diff = np.flatnonzero(x != y)
+        if diff.size:
+            return int(diff[0])
+    return None if len(a) == len(b) else n
+
+
+def tf_violations(spec_ids: Sequence[int], tf: TokenScores, start: int = 0) -> list[TFViolation]:
+    """Every position ≥ ``start`` where the speculative token is not the teacher-forced argmax."""
+    n = min(len(spec_ids), len(tf))
+    if n <= start:
+        return []
+    ids = np.asarray(spec_ids[start:n], dtype=np.int64)
+    argmax = tf.top_ids[start:n, 0]
+    bad = np.flatnonzero(ids != argmax)
+    out = []
+    for j in bad:
+        pos = int(j) + start
+        lp = tf.logprob_of(pos, int(ids[j]))
+        margin = None if lp is None else float(tf.top_logprobs[pos, 0]) - lp
+        out.append(TFViolation(pos, int(ids[j]), int(argmax[j]), margin))
+    return out
+
+
+def find_remerge(base_rest: Sequence[int], spec_rest: Sequence[int]) -> tuple[int, int] | None:
+    """Offsets (in each remainder) where the two streams re-align for ``REMERGE_MIN_RUN`` tokens.
+
+    A run shorter than the minimum still counts if it reaches the end of both streams (the texts
+    end together).
+    """
+    a = list(base_rest[:REMERGE_WINDOW])
+    b = list(spec_rest[:REMERGE_WINDOW])
+    matcher = difflib.SequenceMatcher(None, a, b, autojunk=False)
+    for block in matcher.get_matching_blocks():
+        if block.size == 0:
+            continue
+        ends_together = block.a + block.size == len(base_rest) and block.b + block.size == len(spec_rest)
+        if block.size >= REMERGE_MIN_RUN or ends_together:
+            return block.a, block.b
+    return None
+
+
+def _stream_problem(result: GenerationResult, max_new_tokens: int, stop_ids: set[int]) -> str | None:
+    """A stream that breaks the loop's own contract: tokens past a stop or past the limit."""
+    ids = result.output_ids
+    if len(ids) > max_new_tokens:
+        return f"emitted {len(ids)} tokens, more than max_new_tokens={max_new_tokens}"
+    for i, t in enumerate(ids[:-1]):
+        if t in stop_ids:
+            return f"continued past stop token {t} at position {i} ({len(ids) - i - 1} tokens after it)"
+    if result.finish_reason == "stop" and (not ids or ids[-1] not in stop_ids):
+        return "finish_reason is 'stop' but the last token is not a stop token"
+    if result.finish_reason == "length" and len(ids) != max_new_tokens:
+        return f"finish_reason is 'length' but only {len(ids)} of max_new_tokens={max_new_tokens} tokens were emitted"
+    return None
+
+
+def compare(
+    prompt_id: str,
+    category: str,
+    baseline: GenerationResult,
+    spec: GenerationResult,
+    spec_tf: TokenScores | None,
+    *,
+    threshold: float,
+    max_new_tokens: int,
+    stop_ids: Sequence[int],
+    decode: Callable[[Sequence[int]], str],
+) -> Verdict:
+    """Classify one prompt. ``spec_tf`` is the target's teacher-forced scoring of the spec output."""
+    v = Verdict(
+        prompt_id,
+        category,
+        "exact",
+        "",
+        baseline_len=len(baseline.output_ids),
+        spec_len=len(spec.output_ids),
+        baseline_finish=baseline.finish_reason,
+        spec_finish=spec.finish_reason,
+        threshold=threshold,
+    )
+    if baseline.error or spec.error:
+        v.klass = "error"
+        v.reason = f"baseline failed: {baseline.error}" if baseline.error else f"speculative run failed: {spec.error}"
+        return v
+    stops = set(stop_ids)
+    if spec_tf is not None:
+        v.tf_violations = tf_violations(spec.output_ids, spec_tf)
+    base_ids, spec_ids = baseline.output_ids, spec.output_ids
+    i = first_mismatch(base_ids, spec_ids)
+
+    problem = _stream_problem(spec, max_new_tokens, stops)
+    if i is None:
+        if baseline.finish_reason != spec.finish_reason:
+            v.klass, v.reason = "diverged", (
+                f"same tokens but finish reason {spec.finish_reason!r} vs baseline {baseline.finish_reason!r}"
+            )
+        elif problem:
+            v.klass, v.reason = "diverged", f"speculative stream: {problem}"
+        else:
+            v.klass, v.reason = "exact", "identical token ids and finish reason"
+        return v
+
+    v.divergence = _describe_divergence(i, baseline, spec, decode)
+    d = v.divergence
+    if problem:
+        v.klass, v.reason = "diverged", f"speculative stream: {problem} (first difference at position {i})"
+        return v
+    if d.baseline_token is None or d.spec_token is None:
+        shorter = "speculative run" if d.spec_token is None else "baseline"
+        v.klass = "diverged"
+        v.reason = (
+            f"length mismatch not explained by a flip: the {shorter} ends at position {i} "
+            f"(baseline {len(base_ids)} tokens/{baseline.finish_reason}, spec {len(spec_ids)} tokens/{spec.finish_reason})"
+        )
+        return v
+    if d.baseline_margin is None:
+        v.klass = "diverged"
+        v.reason = (
+            f"position {i}: spec token {d.spec_token.id} {d.spec_token.text!r} is outside the baseline's "
+            f"top-{baseline.scores.k} (baseline chose {d.baseline_token.id} {d.baseline_token.text!r})"
+        )
+        return v
+    if d.baseline_margin > threshold:
+        v.klass = "diverged"
+        v.reason = (
+            f"position {i}: baseline margin {d.baseline_margin:.6g} nats between {d.baseline_token.text!r} and "
+            f"{d.spec_token.text!r} exceeds the near-tie threshold {threshold:.3g}"
+        )
+        return v
+    later = [t for t in v.tf_violations if t.position > i and (t.margin is None or t.margin > threshold)]
+    if spec_tf is None:
+        v.klass = "diverged"
+        v.reason = f"position {i}: near-tie flip, but the rest of the stream could not be scored teacher-forced"
+        return v
+    if later:
+        t = later[0]
+        m = "outside the top-k" if t.margin is None else f"margin {t.margin:.6g} nats"
+        v.klass = "diverged"
+        v.reason = (
+            f"near-tie flip at {i} (margin {d.baseline_margin:.3g}), but at position {t.position} the spec token "
+            f"{t.spec_token} is not the target's choice {t.target_argmax} under its own prefix ({m}); "
+            f"{len(later)} such position(s)"
+        )
+        return v
+    v.klass = "near_tie"
+    merged = f", re-merges at {d.remerge[0]}/{d.remerge[1]}" if d.remerge else ", does not re-merge"
+    v.reason = (
+        f"position {i}: {d.baseline_token.text!r} vs {d.spec_token.text!r}, baseline margin "
+        f"{d.baseline_margin:.3g} <= threshold {threshold:.3g}{merged}; every later spec token is the target's argmax"
+    )
+    return v
+
+
+def _describe_divergence(
+    i: int, baseline: GenerationResult, spec: GenerationResult, decode: Callable[[Sequence[int]], str]
+) -> Divergence:
+    base_ids, spec_ids = baseline.output_ids, spec.output_ids
+    a = base_ids[i] if i < len(base_ids) else None
+    b = spec_ids[i] if i < len(spec_ids) else None
+    base_margin = spec_rank = spec_margin = base_rank = None
+    if a is not None and b is not None:
+        if i < len(baseline.scores):
+            lp_b = baseline.scores.logprob_of(i, b)
+            spec_rank = baseline.scores.rank_of(i, b)
+            if lp_b is not None:
+                base_margin = float(baseline.scores.logprobs[i]) - lp_b
+        if i < len(spec.scores):
+            lp_a = spec.scores.logprob_of(i, a)
+            base_rank = spec.scores.rank_of(i, a)
+            if lp_a is not None:
+                spec_margin = float(spec.scores.logprobs[i]) - lp_a
+    lo = max(0, i - CONTEXT_TOKENS)
+    return Divergence(
+        position=i,
+        baseline_token=TokenView(a, decode([a])) if a is not None else None,
+        spec_token=TokenView(b, decode([b])) if b is not None else None,
+        baseline_margin=base_margin,
+        spec_rank_in_baseline=spec_rank,
+        spec_margin=spec_margin,
+        baseline_rank_in_spec=base_rank,
+        context_before=decode(base_ids[lo:i]),
+        baseline_after=decode(base_ids[i : i + CONTEXT_TOKENS]),
+        spec_after=decode(spec_ids[i : i + CONTEXT_TOKENS]),
+        remerge=_absolute(find_remerge(base_ids[i + 1 :], spec_ids[i + 1 :]), i + 1) if a is not None and b is not None else None,
+    )
+
+
+def _absolute(offsets: tuple[int, int] | None, base: int) -> tuple[int, int] | None:
+    return None if offsets is None else (offsets[0] + base, offsets[1] + base)

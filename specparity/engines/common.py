@@ -1,0 +1,100 @@
+"""Pieces every in-process (torch) engine shares: logprob extraction, hashing, finish reasons."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import struct
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from specparity.types import FinishReason, TokenScores
+
+#: Above this many bytes of weights a model directory is hashed by config + safetensors headers +
+#: sizes instead of full content (hashing many GB on every run would dominate it).
+FULL_HASH_LIMIT = 512 * 1024 * 1024
+_HASHED_SUFFIXES = (".json", ".safetensors", ".model", ".txt", ".jinja", ".gguf")
+
+
+def dir_sha256(path: str | os.PathLike[str]) -> str:
+    """Content hash of a model directory (weights, config, tokenizer files), order-independent.
+
+    Returns ``sha256:<hex>`` for a full-content hash, or ``sha256-headers:<hex>`` when the weights
+    exceed :data:`FULL_HASH_LIMIT` and only configs, safetensors headers and file sizes are hashed.
+    """
+    root = Path(path)
+    if root.is_file():
+        files = [root]
+    else:
+        files = sorted(p for p in root.rglob("*") if p.is_file() and p.suffix in _HASHED_SUFFIXES)
+    total = sum(p.stat().st_size for p in files)
+    full = total <= FULL_HASH_LIMIT
+    h = hashlib.sha256()
+    for p in files:
+        rel = p.name if root.is_file() else str(p.relative_to(root))
+        h.update(rel.encode() + b"\0")
+        with p.open("rb") as fh:
+            if full or p.suffix != ".safetensors":
+                for chunk in iter(lambda: fh.read(1 << 20), b""):
+                    h.update(chunk)
+            else:
+                (n,) = struct.unpack("<Q", fh.read(8))
+                h.update(fh.read(min(n, 100 << 20)))
+                h.update(str(p.stat().st_size).encode())
+    return ("sha256:" if full else "sha256-headers:") + h.hexdigest()
+
+
+def model_kind(path: str | os.PathLike[str]) -> str:
+    """The first ``architectures`` entry of a model directory's config.json, if any."""
+    cfg = Path(path) / "config.json"
+    try:
+        arch = json.loads(cfg.read_text()).get("architectures") or [""]
+        return str(arch[0])
+    except (OSError, ValueError):
+        return ""
+
+
+def scores_from_logits(logits, token_ids: Sequence[int], top_k: int) -> TokenScores:
+    """Float32 log-softmax of ``logits`` [n, vocab] → logprob of each chosen token plus the top-k."""
+    import torch
+
+    lp = torch.log_softmax(logits.float(), dim=-1)
+    ids = torch.as_tensor(list(token_ids), dtype=torch.long, device=lp.device)
+    chosen = lp.gather(-1, ids[:, None])[:, 0] if len(token_ids) else lp.new_zeros(0)
+    k = min(top_k, lp.shape[-1])
+    top_lp, top_ids = torch.topk(lp, k, dim=-1, sorted=True)
+    return TokenScores(
+        np.asarray(token_ids, dtype=np.int64),
+        chosen.cpu().numpy(),
+        top_ids.cpu().numpy(),
+        top_lp.cpu().numpy(),
+    )
+
+
+def finish_reason(output_ids: Sequence[int], max_new_tokens: int, stop_ids: Sequence[int]) -> FinishReason:
+    """``stop`` if the stream ends on a stop token, else ``length`` (the caller checks the count)."""
+    if output_ids and output_ids[-1] in set(stop_ids):
+        return "stop"
+    return "length"
+
+
+def torch_dtype(name: str):
+    import torch
+
+    table = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+             "float16": torch.float16, "fp16": torch.float16}
+    if name not in table:
+        raise ValueError(f"--dtype: expected one of {sorted(table)}, got {name!r}")
+    return table[name]
+
+
+def set_threads(threads: int | None) -> None:
+    """Pin torch's intra-op threads: on a 2-core machine one thread is ~50x faster for tiny models
+    when anything else is running (REFERENCE.md §5b)."""
+    if threads:
+        import torch
+
+        torch.set_num_threads(threads)

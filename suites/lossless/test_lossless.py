@@ -1,0 +1,34 @@
+"""The lossless gate: every prompt greedily with and without speculation, token by token.
+
+``test_lossless[<prompt id>]`` fails for a ``diverged`` or ``error`` prompt (and for a
+``near_tie`` one under ``--strict``/``--bit-exact``), with the reason and where to look.
+``test_gate_policy`` applies the run-level rules: the near-tie budget, "speculation inactive",
+path coverage and prompts that never finished.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+
+
+def test_lossless(lossless_prompt, gate_session):
+    rec = gate_session.run.record(lossless_prompt.id)
+    v = rec.verdict
+    if v is None:
+        pytest.fail(f"{lossless_prompt.id}: never finished ({gate_session.run.fatal or 'run stopped early'})", pytrace=False)
+    if v.klass in ("diverged", "error"):
+        pytest.fail(f"{lossless_prompt.id} [{v.klass}]: {v.reason}", pytrace=False)
+    if v.klass == "near_tie":
+        if gate_session.run.config.strict:
+            pytest.fail(f"{lossless_prompt.id} [near_tie under --strict]: {v.reason}", pytrace=False)
+        warnings.warn(f"{lossless_prompt.id} near-tie flip: {v.reason}", stacklevel=1)
+
+
+def test_gate_policy(gate_session):
+    d = gate_session.decision
+    for w in d.warnings:
+        warnings.warn(f"specparity: {w}", stacklevel=1)
+    if not d.passed:
+        pytest.fail("; ".join(d.failures), pytrace=False)
