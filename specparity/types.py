@@ -28,6 +28,13 @@ class GenerationRequest:
     top_k: int = DEFAULT_TOP_K
 
 
+def _rows(arr: np.ndarray, n: int) -> np.ndarray:
+    """Reshape to ``[n, k]``; an empty array keeps its k (``reshape(0, -1)`` is ambiguous)."""
+    if arr.ndim == 2 and arr.shape[0] == n:
+        return arr
+    return arr.reshape(n, -1) if n else arr.reshape(0, arr.shape[-1] if arr.ndim == 2 else 0)
+
+
 @dataclass
 class TokenScores:
     """The target's view of a token stream, one row per output position.
@@ -47,8 +54,8 @@ class TokenScores:
         self.token_ids = np.asarray(self.token_ids, dtype=np.int64).reshape(-1)
         n = self.token_ids.shape[0]
         self.logprobs = np.asarray(self.logprobs, dtype=np.float32).reshape(n)
-        self.top_ids = np.asarray(self.top_ids, dtype=np.int64).reshape(n, -1)
-        self.top_logprobs = np.asarray(self.top_logprobs, dtype=np.float32).reshape(n, -1)
+        self.top_ids = _rows(np.asarray(self.top_ids, dtype=np.int64), n)
+        self.top_logprobs = _rows(np.asarray(self.top_logprobs, dtype=np.float32), n)
 
     def __len__(self) -> int:
         return int(self.token_ids.shape[0])

@@ -1,0 +1,148 @@
+"""Deliberately broken speculative loops, to prove the gate catches each bug.
+
+``LoopEngine`` is the embedded ``hf`` engine whose speculative path is a hand-written
+draft-and-verify loop over the same transformers models (draft proposes ``k`` tokens greedily,
+the target verifies ``[last token] + drafts`` in one pass with its KV cache, accepts the
+matching prefix, appends the bonus/correction token, crops both caches). With ``bug=None`` it
+is lossless and the gate must pass it; each bug below is a mistake real engines have shipped.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Sequence
+
+import torch
+
+from specparity.coverage import classify_step
+from specparity.engines.base import EngineOptions
+from specparity.engines.common import finish_reason, scores_from_logits
+from specparity.engines.hf import HFEngine
+from specparity.types import GenerationRequest, GenerationResult, SpecStats, StepRecord
+
+BUGS = {
+    "accept_unverified": "accepts the first draft token of every block without checking it",
+    "drop_bonus": "advances the context by the bonus token but leaves it out of the output",
+    "duplicate_bonus": "writes the bonus token into the output twice",
+    "short_crop": "after a partial accept, crops the target KV cache one position too short",
+    "overrun_stop": "keeps the rest of an accepted block after a stop token inside it",
+    "overrun_limit": "ignores max_new_tokens inside a block (emits the whole accepted block)",
+    "inactive": "never proposes a draft token (speculation silently off)",
+    "stale_context": "reuses the previous request's last token as the first verify input",
+}
+
+
+class LoopEngine(HFEngine):
+    name = "hf-loop"
+
+    def __init__(self, options: EngineOptions, bug: str | None = None):
+        super().__init__(options)
+        if bug is not None and bug not in BUGS:
+            raise ValueError(f"unknown bug {bug!r}; expected one of {sorted(BUGS)}")
+        if self.draft is None:
+            raise ValueError("LoopEngine needs a draft model (spec_mode='draft')")
+        self.bug = bug
+        self._stale_last: int | None = None
+        self.name = f"hf-loop[{bug or 'correct'}]"
+
+    def fingerprint(self):
+        fp = super().fingerprint()
+        fp.engine = self.name
+        fp.spec_config = {**fp.spec_config, "loop": "tests/broken_loops.py", "bug": self.bug}
+        return fp
+
+    def _generate_one(self, req: GenerationRequest, speculative: bool) -> GenerationResult:
+        if not speculative:
+            return super()._generate_one(req, False)
+        t0 = time.perf_counter()
+        with torch.inference_mode():
+            out, rows, steps = self._loop(req)
+        stop = req.stop_token_ids or self.stop_token_ids()
+        return GenerationResult(
+            request_id=req.request_id,
+            output_ids=out,
+            text=self.decode(out),
+            finish_reason=finish_reason(out, req.max_new_tokens, stop),
+            scores=scores_from_logits(torch.stack(rows[: len(out)]), out, req.top_k),
+            spec=SpecStats.from_steps(steps, f"tests/broken_loops.py ({self.bug or 'correct'})"),
+            wall_s=time.perf_counter() - t0,
+        )
+
+    # ------------------------------------------------------------------ the loop
+    def _loop(self, req: GenerationRequest) -> tuple[list[int], list[torch.Tensor], list[StepRecord]]:
+        from transformers import DynamicCache
+
+        bug = self.bug
+        stops = set(req.stop_token_ids or self.stop_token_ids())
+        prompt = list(req.prompt_ids)
+        t_cache = DynamicCache(config=self.model.config)
+        d_cache = DynamicCache(config=self.draft.config)
+        logits = self.model(input_ids=torch.tensor([prompt]), past_key_values=t_cache, use_cache=True).logits[0, -1]
+        first = int(logits.argmax())
+        context = prompt + [first]  # what the models have seen (or will see next)
+        out = [first]
+        rows = [logits.float()]
+        steps: list[StepRecord] = []
+        width = self.num_draft_tokens
+        while len(out) < req.max_new_tokens and out[-1] not in stops:
+            budget = req.max_new_tokens - len(out)
+            k = 0 if bug == "inactive" else (width if bug == "overrun_limit" else min(width, budget - 1))
+            drafts = self._propose(context, d_cache, k)
+            last = context[-1]
+            if bug == "stale_context" and self._stale_last is not None and len(out) == 1:
+                last = self._stale_last
+            verify = self.model(
+                input_ids=torch.tensor([[last] + drafts]), past_key_values=t_cache, use_cache=True
+            ).logits[0]
+            argmax = verify.argmax(-1).tolist()
+            n = 0
+            while n < len(drafts) and drafts[n] == argmax[n]:
+                n += 1
+            if bug == "accept_unverified" and drafts and n == 0:
+                n = 1
+            new = drafts[:n] + [argmax[n]]
+            new_rows = [verify[i].float() for i in range(len(new))]
+            if bug != "overrun_stop":
+                for i, t in enumerate(new):
+                    if t in stops:
+                        new, new_rows = new[: i + 1], new_rows[: i + 1]
+                        break
+            if bug != "overrun_limit":
+                new, new_rows = new[:budget], new_rows[:budget]
+            context += new
+            emitted, emitted_rows = list(new), list(new_rows)
+            if bug == "drop_bonus" and n == len(drafts) and drafts:
+                emitted, emitted_rows = emitted[:-1], emitted_rows[:-1]
+            if bug == "duplicate_bonus" and n == len(drafts) and drafts:
+                emitted, emitted_rows = emitted + emitted[-1:], emitted_rows + emitted_rows[-1:]
+            out += emitted
+            rows += emitted_rows
+            steps.append(classify_step(drafts, new, nominal_width=width, budget_before=budget, stop_ids=stops))
+            keep = len(context) - 1  # the cache holds everything but the newest token
+            if bug == "short_crop" and n < len(drafts):
+                keep -= 1
+            t_cache.crop(keep - t_cache.get_seq_length())
+        self._stale_last = context[-1]
+        return out, rows, steps
+
+    def _propose(self, context: Sequence[int], d_cache, k: int) -> list[int]:
+        """Greedy draft tokens; the draft cache is cropped to the agreed context first."""
+        if k <= 0:
+            return []
+        seen = d_cache.get_seq_length()
+        agreed = len(context) - 1
+        if seen > agreed:
+            d_cache.crop(agreed - seen)
+            seen = agreed
+        feed = list(context[seen:])
+        drafts: list[int] = []
+        for _ in range(k):
+            logits = self.draft(input_ids=torch.tensor([feed]), past_key_values=d_cache, use_cache=True).logits[0, -1]
+            tok = int(logits.argmax())
+            drafts.append(tok)
+            feed = [tok]
+        return drafts
+
+
+def make(bug: str | None, options: EngineOptions) -> LoopEngine:
+    return LoopEngine(options, bug)
