@@ -144,20 +144,25 @@ def first_mismatch(a: Sequence[int], b: Sequence[int]) -> int | None:
 
 
 def tf_violations(spec_ids: Sequence[int], tf: TokenScores, start: int = 0) -> list[TFViolation]:
-    """Every position ≥ ``start`` where the speculative token is not the teacher-forced argmax."""
+    """Every position >= ``start`` where the speculative token is not the teacher-forced argmax.
+
+    ``tf`` scored the speculative tokens themselves, so their exact logprob is known even outside
+    the top-k; vectorised because a broken 128K-token stream can violate at every position.
+    """
     n = min(len(spec_ids), len(tf))
     if n <= start:
         return []
     ids = np.asarray(spec_ids[start:n], dtype=np.int64)
     argmax = tf.top_ids[start:n, 0]
     bad = np.flatnonzero(ids != argmax)
-    out = []
-    for j in bad:
-        pos = int(j) + start
-        lp = tf.logprob_of(pos, int(ids[j]))
-        margin = None if lp is None else float(tf.top_logprobs[pos, 0]) - lp
-        out.append(TFViolation(pos, int(ids[j]), int(argmax[j]), margin))
-    return out
+    if not bad.size:
+        return []
+    scored = tf.token_ids[start:n][bad] == ids[bad]
+    margins = tf.top_logprobs[start:n, 0][bad] - tf.logprobs[start:n][bad]
+    return [
+        TFViolation(int(j) + start, int(ids[j]), int(argmax[j]), float(m) if ok else None)
+        for j, m, ok in zip(bad.tolist(), margins.tolist(), scored.tolist())
+    ]
 
 
 def find_remerge(base_rest: Sequence[int], spec_rest: Sequence[int]) -> tuple[int, int] | None:

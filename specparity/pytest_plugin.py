@@ -21,6 +21,8 @@ from specparity.prompts import Prompt, PromptFileError, load_many
 
 DEFAULT_PROMPTS = REPO_ROOT / "prompts" / "default.jsonl"
 DEFAULT_REPORT = "reports/lossless"
+#: The embedded engine used when --engine is not given.
+DEFAULT_ENGINE = "hf"
 _RUN_KEY = pytest.StashKey[Any]()
 _PROMPTS_KEY = pytest.StashKey[list]()
 
@@ -152,7 +154,7 @@ def gate_session(request: pytest.FixtureRequest) -> SessionRun:
     }
     if wanted:
         prompts = [p for p in prompts if p.id in wanted]
-    engine_name = config.getoption("engine") or "hf"
+    engine_name = config.getoption("engine") or DEFAULT_ENGINE
     try:
         engine = load_engine(engine_name, engine_options(config))
     except (EngineLoadError, ValueError, OSError) as exc:
