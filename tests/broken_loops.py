@@ -146,3 +146,9 @@ class LoopEngine(HFEngine):
 
 def make(bug: str | None, options: EngineOptions) -> LoopEngine:
     return LoopEngine(options, bug)
+
+
+def create(options: EngineOptions) -> LoopEngine:
+    """``--engine tests/broken_loops.py:create --engine-opt bug=<name>`` (no bug: the correct loop)."""
+    bug = options.extra.get("bug") or None
+    return LoopEngine(EngineOptions(**{**vars(options), "spec_mode": "draft"}), bug)

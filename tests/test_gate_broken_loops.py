@@ -1,0 +1,101 @@
+"""The gate must fail: every deliberately broken speculative loop is caught, with the right class.
+
+The correct hand-written loop is the control: it passes, and it takes every path (reject,
+partial accept, full accept, cut by the limit, cut by a stop token) on the prompt subset used
+here, so a bug that lives on any of those paths has the chance to show.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from broken_loops import BUGS, LoopEngine
+from specparity.fixtures import REPO_ROOT
+from specparity.gate import GateConfig, decide
+from specparity.runner import run_gate
+
+MAX_NEW = 32
+
+
+@pytest.fixture(scope="module")
+def loop_prompts(default_prompts):
+    """Prompts that stop early (stop inside a block) plus draft-friendly and draft-hostile ones."""
+    stops = [p for p in default_prompts if "stops-early" in p.tags][:3]
+    picked = {p.id for p in stops}
+    for cat in ("repeat", "code", "math", "zh_writing"):
+        picked |= {p.id for p in [q for q in default_prompts if q.category == cat][:2]}
+    return [p for p in default_prompts if p.id in picked]
+
+
+def _run(hf_options, prompts, bug):
+    engine = LoopEngine(hf_options, bug)
+    try:
+        config = GateConfig(max_new_tokens=MAX_NEW)
+        run = run_gate(engine, prompts, config)
+    finally:
+        engine.close()
+    return run, decide(run, config)
+
+
+@pytest.fixture(scope="module")
+def control(hf_options, loop_prompts):
+    return _run(hf_options, loop_prompts, None)
+
+
+def test_correct_loop_passes_and_takes_every_path(control):
+    run, decision = control
+    assert decision.passed, decision.failures
+    assert decision.counts["diverged"] == 0 and decision.counts["error"] == 0
+    taken = run.coverage.taken()
+    assert all(n > 0 for n in taken.values()), f"a path was never taken: {taken}"
+
+
+EXPECTED = {
+    "accept_unverified": "diverged",
+    "drop_bonus": "diverged",
+    "duplicate_bonus": "diverged",
+    "short_crop": "diverged",
+    "overrun_stop": "diverged",
+    "overrun_limit": "diverged",
+    "stale_context": "diverged",
+    "inactive": None,  # output stays exact: caught by the run-level rule
+}
+
+
+@pytest.mark.parametrize("bug", sorted(BUGS))
+def test_broken_loop_fails_the_gate(hf_options, loop_prompts, bug):
+    run, decision = _run(hf_options, loop_prompts, bug)
+    assert not decision.passed, f"{bug} ({BUGS[bug]}) slipped through the gate"
+    expected = EXPECTED[bug]
+    if expected is None:
+        assert decision.counts["diverged"] == 0
+        assert any("speculation inactive" in f for f in decision.failures), decision.failures
+        return
+    assert decision.counts[expected] >= 1, decision.counts
+    assert decision.counts["near_tie"] == 0 or decision.counts[expected] >= 1
+    bad = [r.verdict for r in run.records if r.verdict.klass == expected]
+    assert all(v.reason for v in bad)
+    if bug == "overrun_stop":
+        assert any("past stop token" in v.reason for v in bad), [v.reason for v in bad]
+    if bug == "overrun_limit":
+        assert any("more than max_new_tokens" in v.reason for v in bad), [v.reason for v in bad]
+
+
+def test_pytest_exits_nonzero_with_a_reason(tmp_path):
+    """The user-facing command: `pytest suites/lossless` under a broken loop exits non-zero and
+    says which prompt diverged and why."""
+    cmd = [
+        sys.executable, "-m", "pytest", "suites/lossless", "-q", "-p", "no:cacheprovider",
+        "--engine", f"{REPO_ROOT / 'tests' / 'broken_loops.py'}:create", "--engine-opt", "bug=drop_bonus",
+        "--categories", "repeat", "--max-new-tokens", str(MAX_NEW), "--report", str(tmp_path / "r"),
+    ]
+    proc = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1, out[-3000:]
+    assert "[diverged]" in out and "specparity lossless gate: FAIL" in out, out[-3000:]
+    assert (tmp_path / "r" / "summary.md").read_text().startswith("# specparity lossless gate: FAIL")
+    assert (tmp_path / "r" / "results.jsonl").stat().st_size > 0

@@ -1,0 +1,92 @@
+"""Gate policy, near-tie threshold and path coverage on constructed runs (no engine needed)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from specparity.compare import Verdict
+from specparity.coverage import classify_step
+from specparity.gate import GateConfig, decide
+from specparity.noise import derive_threshold, measure_noise
+from specparity.prompts import Prompt
+from specparity.runner import GateRun, PromptRecord
+from specparity.types import GenerationResult, SpecStats, StepRecord, TokenScores
+
+
+def _run(classes, steps=None, available=True, config=None):
+    recs = []
+    for i, k in enumerate(classes):
+        p = Prompt(id=f"p-{i}", category="c", lang="en", prompt="x")
+        spec = SpecStats.from_steps(steps if steps is not None else [StepRecord(4, 2, 3)], "t") if available else SpecStats.unavailable("n/a")
+        res = GenerationResult(p.id, [1], "", "length", TokenScores.empty(), spec)
+        recs.append(PromptRecord(p, spec=res, verdict=Verdict(p.id, "c", k, "r")))
+    run = GateRun(None, config or GateConfig(), recs)
+    for r in recs:
+        run.coverage.add(r.spec.spec)
+    return run
+
+
+def test_policy_rules():
+    assert not decide(_run(["exact", "diverged"]), GateConfig()).passed
+    assert not decide(_run(["exact", "error"]), GateConfig()).passed
+    assert decide(_run(["exact"] * 3 + ["near_tie"]), GateConfig(max_near_tie=0.25)).passed
+    d = decide(_run(["exact"] * 2 + ["near_tie"] * 2), GateConfig(max_near_tie=0.25))
+    assert not d.passed and "exceed --max-near-tie" in d.failures[0]
+    d = decide(_run(["exact", "near_tie"]), GateConfig(strict=True, max_near_tie=1.0))
+    assert not d.passed and "--strict" in d.failures[0]
+
+
+def test_speculation_inactive_and_unknown():
+    d = decide(_run(["exact"] * 3, steps=[StepRecord(4, 0, 1)]), GateConfig())
+    assert not d.passed and any("speculation inactive" in f for f in d.failures)
+    d = decide(_run(["exact"] * 3, available=False), GateConfig())
+    assert not d.passed and any("activity unknown" in f for f in d.failures)
+    assert decide(_run(["exact"] * 3, available=False), GateConfig(allow_unknown_activity=True)).passed
+
+
+def test_missing_paths_warn_or_fail():
+    steps = [StepRecord(4, 4, 5)]  # only full accepts
+    d = decide(_run(["exact"], steps=steps), GateConfig())
+    assert d.passed and any("(partial)" in w for w in d.warnings)
+    d = decide(_run(["exact"], steps=steps), GateConfig(require_all_paths=True))
+    assert not d.passed and any("(cut_stop)" in f for f in d.failures)
+
+
+@pytest.mark.parametrize(
+    "proposed, emitted, budget, cut, accepted",
+    [
+        ([5, 6, 7], [5, 9], 10, None, 1),  # partial accept + correction
+        ([5, 6, 7], [5, 6, 7, 8], 10, None, 3),  # full accept + bonus
+        ([5, 0, 7], [5, 0], 10, "stop", 2),  # stop token accepted inside the block
+        ([5, 6, 7], [5, 6], 2, "limit", 2),  # block truncated by the limit
+        ([5, 6], [5, 6, 7], 3, "limit", 2),  # proposal shortened to fit the limit
+        ([5, 6, 7], [9], 10, None, 0),  # rejected
+    ],
+)
+def test_classify_step(proposed, emitted, budget, cut, accepted):
+    s = classify_step(proposed, emitted, nominal_width=3, budget_before=budget, stop_ids=[0])
+    assert (s.cut, s.accepted, s.emitted, s.proposed) == (cut, accepted, len(emitted), len(proposed))
+
+
+def _scores(lp):
+    lp = np.asarray(lp, np.float32)
+    n, k = lp.shape
+    ids = np.tile(np.arange(k), (n, 1))
+    return TokenScores(ids[:, 0], lp[:, 0].copy(), ids, lp)
+
+
+def test_threshold_is_measured_from_baseline_noise():
+    a = _scores([[-0.1, -2.0, -5.0, -6.0, -7.0]] * 3)
+    b = _scores([[-0.1003, -2.0001, -5.0, -6.0, -7.0]] * 3)
+    noise = measure_noise([(a, b)])
+    assert noise.max_abs_delta == pytest.approx(3e-4, rel=1e-2)
+    t = derive_threshold(noise)
+    assert t.source == "measured" and t.nats == pytest.approx(6e-4, rel=1e-2)
+    assert "measured" in t.describe()
+    o = derive_threshold(noise, override=0.5)
+    assert o.source == "override" and o.nats == 0.5 and "--near-tie-nats" in o.describe()
+    with pytest.raises(ValueError, match="non-negative"):
+        derive_threshold(noise, override=-1)
+    with pytest.raises(ValueError, match="cannot measure"):
+        derive_threshold(measure_noise([]))
