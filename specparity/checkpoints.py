@@ -264,7 +264,7 @@ class QuantDecl:
             elif any(ch in pattern for ch in "*?["):
                 if fnmatchcase(module, pattern):
                     return True
-            elif module == pattern or module.endswith("." + pattern) or f".{pattern}." in f".{module}.":
+            elif module == pattern or module.startswith(pattern + ".") or f".{pattern}." in f".{module}.":
                 return True
         return False
 

@@ -196,6 +196,41 @@ SELECTOR_RULES: tuple[SelectorRule, ...] = (
     ),
 )
 
+#: SGLang DFlash2 loading facts per version read: (class DFlash2DraftModel, conv built only when
+#: dflash_config.conv_kernel_size, '# Ignore unexpected weights', selector_rank ValueError) in
+#: srt/models/dflash.py, and _get_dflash_config in srt/speculative/dflash_utils.py.
+_DFLASH2_LINES: dict[str, tuple[int, int, int, int, int]] = {
+    "0.5.19": (1066, 581, 770, 1074, 453),
+    "0.5.20": (1145, 598, 826, 1153, 454),
+    "0.5.21": (1199, 652, 880, 1207, 463),
+    "0.5.22": (1205, 660, 886, 1213, 463),
+    "0.5.23": (1264, 719, 945, 1272, 445),
+}
+
+
+def dflash2_loading_sources(engine: EngineSpec) -> list[str]:
+    """Where the engine decides v1 vs v2 and what it does with unexpected tensors."""
+    if engine.name == "vllm":
+        return ["vllm-project/vllm vllm/model_executor/models/qwen3_dflash2.py: DFlash2Qwen3ForCausalLM reads "
+                "dflash_config['conv_kernel_size'|'conv_group_size'|'selector_rank'|'selector_top_k'] (KeyError when "
+                "missing); a draft declared as DFlashDraftModel runs through the v1 proposer, which never calls the "
+                "selector (version range not verified)"]
+    if engine.name != "sglang" or engine.version[:3] < (0, 5, 19):
+        return []
+    key = format_version(engine.version[:3])
+    read = key if key in _DFLASH2_LINES else max(_DFLASH2_LINES, key=parse_version)
+    cls, conv, ignore, rank, cfg = _DFLASH2_LINES[read]
+    out = [
+        f"sglang {read} srt/models/dflash.py:{cls} DFlash2DraftModel (chosen by architectures); :{conv} convolutions "
+        f"built only when dflash_config.conv_kernel_size is set; :{ignore} load_weights '# Ignore unexpected weights'; "
+        f":{rank} 'DFlash selector draft requires dflash_config.selector_rank.'",
+        f"sglang {read} srt/speculative/dflash_utils.py:{cfg} _get_dflash_config reads keys from dflash_config only",
+    ]
+    if read != key:
+        out.append(f"sglang {key} was not read; lines from {read}")
+    return out
+
+
 #: SGLang quant methods whose runtime layout the selector checks before applying them
 #: (``should_apply_lm_head_quant_method``): a ModelOpt FP8 head needs ``weight_scale`` and
 #: ``input_scale`` (0.5.19 logits_processor.py:1241-1244, 0.5.23 :1657-1660).
@@ -219,31 +254,37 @@ def selector_rule(engine: EngineSpec) -> SelectorRule | None:
 
 @dataclass(frozen=True)
 class Fp8Support:
+    """FP8 layouts an engine loads, and source lines keyed by the finding they explain."""
+
     engine: str
     layouts: frozenset[str]
-    sources: tuple[str, ...]
-    notes: tuple[str, ...] = ()
+    sources: dict[str, str]
 
 
 FP8_SUPPORT: dict[str, Fp8Support] = {
     "sglang": Fp8Support(
         "sglang",
         frozenset({"tensor", "channel", "block"}),
-        (
-            "sglang 0.5.17-0.5.23 srt/layers/quantization/fp8.py Fp8LinearMethod.create_fp8_weight_: "
-            "weight_block_size -> 'weight_scale_inv' [ceil(out/bn), ceil(in/bk)] (0.5.19:597-610), "
-            "else per-tensor 'weight_scale' (0.5.19:612-617); both pre-filled with torch.finfo(float32).min",
-            "srt/layers/quantization/compressed_tensors/schemes/compressed_tensors_w8a8_fp8.py "
+        {
+            "layouts": "sglang 0.5.17-0.5.23 srt/layers/quantization/fp8.py Fp8LinearMethod.create_fp8_weight_: "
+            "weight_block_size -> 'weight_scale_inv' [ceil(out/bn), ceil(in/bk)] (0.5.19:597-610), else per-tensor "
+            "'weight_scale' (0.5.19:612-617); both pre-filled with torch.finfo(float32).min",
+            "compressed-tensors": "srt/layers/quantization/compressed_tensors/schemes/compressed_tensors_w8a8_fp8.py "
             "strategy_to_parameter_type: BLOCK/CHANNEL/TENSOR -> 'weight_scale' (0.5.19:41-45)",
-            "srt/models/dflash.py DFlashDraftModel.load_weights drops names matching no parameter "
+            "dropped": "srt/models/dflash.py DFlashDraftModel.load_weights drops names matching no parameter "
             "('# Ignore unexpected weights', 0.5.19:770)",
-            "srt/models/dflash.py DFlashDraftModel.__init__: self.fc = nn.Linear(...) (no quant method; 0.5.19:634)",
-        ),
+            "plain": "srt/models/dflash.py DFlashDraftModel.__init__: self.fc = nn.Linear(...), conv/selector "
+            "nn.Parameter/nn.Linear: no quant method (0.5.19:634, :435, :968-974)",
+            "bare-names": "srt/models/dflash.py:598-602 draft layers get prefix '' unless Nemotron 3.5, so "
+            "ignored_layers is matched against bare names ('q_proj'): srt/layers/quantization/utils.py:48 "
+            "_module_path_match, :70 is_layer_skipped",
+        },
     ),
     "vllm": Fp8Support(
         "vllm",
         frozenset({"tensor", "channel", "block"}),
-        ("vllm Fp8LinearMethod / compressed-tensors W8A8Fp8 (tensor, channel, block); version range not verified",),
+        {"layouts": "vllm Fp8LinearMethod / compressed-tensors W8A8Fp8 (tensor, channel, block); version range not "
+                    "verified"},
     ),
 }
 

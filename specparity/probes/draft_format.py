@@ -23,7 +23,7 @@ from specparity.checkpoints import (
     iter_linear_weights,
     module_of,
 )
-from specparity.probes.capabilities import FP8_SUPPORT, HEAD_ABSENT, EngineSpec, selector_rule
+from specparity.probes.capabilities import FP8_SUPPORT, HEAD_ABSENT, EngineSpec, dflash2_loading_sources, selector_rule
 from specparity.probes.verdict import Verdict, fail, ok, unknown
 
 FP8_PROBE = "draft-fp8-scales"
@@ -46,11 +46,11 @@ class ScaleLayout:
     block: tuple[int, int] | None = None
     shape: tuple[int, ...] | None = None
 
-    def describe(self) -> str:
+    def describe(self, with_shape: bool = True) -> str:
         if self.kind == "none":
             return "no scale tensor"
         blk = f" {self.block[0]}x{self.block[1]}" if self.block else ""
-        shape = f" {list(self.shape)}" if self.shape is not None else ""
+        shape = f" {list(self.shape)}" if self.shape is not None and with_shape else ""
         return f"{self.kind}{blk} '{self.scale_name}'{shape}"
 
 
@@ -89,9 +89,12 @@ def stored_layout(ckpt: Checkpoint, weight: TensorInfo) -> ScaleLayout:
     return ScaleLayout("none", None)
 
 
-def declared_layout(decl: QuantDecl, weight: TensorInfo) -> ScaleLayout | None:
-    """What the config makes the engine allocate for ``weight``'s module (None: not quantized)."""
-    module = module_of(weight.name)
+def declared_layout(decl: QuantDecl, weight: TensorInfo, module: str | None = None) -> ScaleLayout | None:
+    """What the config makes the engine allocate for ``weight``'s module (None: not quantized).
+
+    ``module`` is the name the engine matches the ignore list against (default: the tensor's path).
+    """
+    module = module_of(weight.name) if module is None else module
     if not decl.covers(module):
         return None
     out, inp = weight.shape if len(weight.shape) == 2 else (0, 0)
@@ -140,31 +143,30 @@ def _same_shape(stored: ScaleLayout, want: ScaleLayout) -> bool:
     return want.shape is None or got == tuple(want.shape)
 
 
-def _finding(weight: TensorInfo, stored: ScaleLayout, want: ScaleLayout | None, plain: bool) -> tuple[str, str] | None:
-    """(problem, consequence) for one linear weight, or None when stored matches declared."""
+def _finding(weight: TensorInfo, stored: ScaleLayout, want: ScaleLayout | None, plain: bool) -> tuple[str, str, str] | None:
+    """(problem, consequence, source tag) for one linear weight, or None when stored matches declared.
+
+    The problem text names layouts, not shapes, so that one line covers every module it applies to.
+    """
     is_fp8 = weight.dtype in FP8_DTYPES
     if plain:
-        if is_fp8:
-            return ("FP8 weight in a plain linear layer the engine never scales", SILENT)
-        return None
+        return ("FP8 weight in a plain linear layer the engine never scales", SILENT, "plain") if is_fp8 else None
     if want is None:
-        if is_fp8:
-            return ("FP8 weight in a module the config leaves unquantized", SILENT)
-        return None
+        return ("FP8 weight in a module the config leaves unquantized", SILENT, "layouts") if is_fp8 else None
     if not is_fp8:
         if want.kind in ("tensor", "channel", "block"):
-            return (f"{weight.dtype} weight where the config declares FP8 ({want.describe()}); "
-                    "add the module to the ignore list", SILENT)
+            return (f"{weight.dtype} weight where the config declares FP8 ({want.describe(False)}); add the module to "
+                    "the ignore list", SILENT, "layouts")
         return None
     if want.kind == "other":
         return None
     if stored.kind == "none":
-        return (f"no scale stored; the config makes the engine allocate {want.describe()} and keep its fill value", SILENT)
+        return (f"no scale stored; the engine allocates {want.describe(False)} and keeps its fill value", SILENT, "layouts")
     if stored.scale_name != want.scale_name:
-        return (f"stores {stored.describe()} but the config declares {want.describe()}: the stored scale name matches "
-                "no parameter and is dropped", SILENT)
+        return (f"stores {stored.describe(False)} but the config declares {want.describe(False)}: the stored scale "
+                "name matches no parameter and is dropped", SILENT, "dropped")
     if stored.kind != want.kind or not _same_shape(stored, want):
-        return (f"stores {stored.describe()} but the config declares {want.describe()}", LOUD)
+        return (f"stores {stored.describe(False)} but the config declares {want.describe(False)}", LOUD, "layouts")
     return None
 
 
@@ -173,47 +175,67 @@ def probe_fp8_scales(draft: Checkpoint | None, engine: EngineSpec) -> Verdict:
     if draft is None:
         return unknown(FP8_PROBE, "no draft given")
     decl = draft.quant()
-    is_dflash = bool(DFLASH_ARCHS & set(draft.architectures)) or ("fc.weight" in draft.tensors and "hidden_norm.weight" in draft.tensors)
+    is_dflash = bool(DFLASH_ARCHS & set(draft.architectures)) or (
+        "fc.weight" in draft.tensors and "hidden_norm.weight" in draft.tensors)
     findings: dict[tuple[str, str, str], list[TensorInfo]] = defaultdict(list)
     layouts: dict[str, list[TensorInfo]] = defaultdict(list)
     support = FP8_SUPPORT.get(engine.name)
-    n_fp8 = 0
+    # SGLang builds a (non-Nemotron) DFlash draft's layers with an empty prefix, so its linears are
+    # named "qkv_proj"/"o_proj"/… and an ignore entry is matched against the bare shard name
+    # ("q_proj"): sglang 0.5.19 srt/models/dflash.py:598-602 (layer prefix "" unless Nemotron 3.5), and
+    # srt/layers/quantization/utils.py:48 _module_path_match / :70 is_layer_skipped.
+    bare_names = engine.name == "sglang" and is_dflash
     for weight in iter_linear_weights(draft):
         module = module_of(weight.name)
         plain = is_dflash and bool(_PLAIN_MODULES.search(module))
         stored = stored_layout(draft, weight)
+        engine_module = module.split(".")[-1] if bare_names else module
         if weight.dtype in FP8_DTYPES:
-            n_fp8 += 1
-            layouts[stored.describe().split(" '")[0]].append(weight)
-            if support is not None and stored.kind not in support.layouts and stored.kind != "none" and not plain:
-                findings[(f"{engine} loads FP8 scales as {sorted(support.layouts)} only; stored {stored.kind}", SILENT, _pattern(module))].append(weight)
-        result = _finding(weight, stored, declared_layout(decl, weight), plain)
+            layouts[stored.describe(False).split(" '")[0]].append(weight)
+            if support is not None and stored.kind not in support.layouts | {"none"} and not plain:
+                findings[(f"{engine} loads FP8 scales as {sorted(support.layouts)} only; stored {stored.kind}",
+                          SILENT, "layouts")].append(weight)
+        result = _finding(weight, stored, declared_layout(decl, weight, engine_module), plain)
         if result is not None:
-            findings[(result[0], result[1], _pattern(module))].append(weight)
+            problem, consequence, tag = result
+            if bare_names and decl.covers(module) != decl.covers(engine_module):
+                problem += " (the ignore list names per-layer paths; SGLang's DFlash draft matches the bare name)"
+                tag = "bare-names"
+            findings[(problem, consequence, tag)].append(weight)
+    n_fp8 = sum(len(ws) for ws in layouts.values())
     evidence = [f"draft config: {_declared_text(decl)} ({decl.source or 'config.json'})"]
     evidence += [f"stored {kind}: {len(ws)} FP8 tensors, e.g. {ws[0].describe()}" for kind, ws in sorted(layouts.items())]
     if support is None:
         return unknown(FP8_PROBE, f"no FP8 loading data for {engine.name}", evidence)
-    evidence += list(support.sources[:1])
     if not findings:
+        evidence.append(support.sources["layouts"])
         if n_fp8 == 0:
             return ok(FP8_PROBE, "draft has no FP8 tensors; nothing to mis-scale", evidence)
-        return ok(FP8_PROBE, f"all {n_fp8} FP8 tensors store the layout the config declares, and {engine} loads it", evidence)
-    silent = any(cons == SILENT for (_, cons, _) in findings)
-    for (problem, cons, pattern), ws in sorted(findings.items(), key=lambda kv: kv[0][2]):
+        return ok(FP8_PROBE, f"all {n_fp8} FP8 tensors store the layout the config declares, and {engine} loads it",
+                  evidence)
+    tags = {"layouts"}
+    for (problem, consequence, tag), ws in sorted(findings.items()):
+        tags.add(tag)
         first = ws[0]
         sibs = draft.siblings(module_of(first.name))
         scale = next((sibs[n].describe() for n in ("weight_scale_inv", "weight_scale") if n in sibs), "no scale")
-        evidence.append(f"{pattern} ({len(ws)} tensors): {problem} [{cons}]; e.g. {first.describe()}; {scale}")
-    evidence += list(support.sources[1:])
+        modules = sorted({_pattern(module_of(w.name)) for w in ws})
+        evidence.append(f"{problem} [{consequence}]: {len(ws)} tensors in {', '.join(modules)}; "
+                        f"e.g. {first.describe()}; {scale}")
+    if decl.method == "compressed-tensors":
+        tags.add("compressed-tensors")
+    evidence += [support.sources[t] for t in ("layouts", "compressed-tensors", "dropped", "plain", "bare-names")
+                 if t in tags and t in support.sources]
     total = sum(len(ws) for ws in findings.values())
+    silent = any(consequence == SILENT for (_, consequence, _) in findings)
     return fail(
         FP8_PROBE,
         f"{total} draft tensors disagree with the declared FP8 layout: " + (SILENT if silent else LOUD),
         evidence,
         action="make config and tensors agree: set quantization_config.weight_block_size=[128,128] for "
-        "'weight_scale_inv' block scales (or re-export per-tensor 'weight_scale'), list BF16 modules in "
-        "ignored_layers, and keep plain layers (DFlash fc, selector, conv) in BF16",
+        "'weight_scale_inv' block scales (or re-export per-tensor 'weight_scale'), list BF16 modules in the "
+        "ignore list (bare names such as 'q_proj' for SGLang DFlash drafts), and keep plain layers (DFlash fc, "
+        "selector, conv) in BF16",
         live_only="the accept-length collapse itself: run the acceptance-floor probe",
     )
 
@@ -270,16 +292,16 @@ def probe_dflash2_format(draft: Checkpoint | None, engine: EngineSpec) -> Verdic
         f"selector tensors: {len(selector)}" + (f", e.g. {draft.tensors[selector[0]].describe()}" if selector else ""),
     ]
     if top_only:
-        evidence.append(f"{top_only} are top-level keys; SGLang reads them only inside dflash_config "
-                        "(srt/speculative/dflash_utils.py _get_dflash_config, 0.5.19:453)")
+        evidence.append(f"{top_only} are top-level keys; SGLang reads them only inside dflash_config")
     if not (DFLASH_ARCHS & set(archs)) and not has_v2_tensors and "dflash_config" not in draft.config:
         return ok(DFLASH2_PROBE, "not a DFlash draft; nothing to check", evidence)
     rule = selector_rule(engine) if engine.name in ("sglang", "vllm") else None
     if engine.name == "llamacpp":
         evidence.append("llama.cpp reads block size, conv kernel/group size and selector rank/top-k from GGUF "
                         "metadata written by its converter (conversion/qwen.py)")
-    if rule is not None:
+    if rule is not None and rule.policy == HEAD_ABSENT:
         evidence += rule.cite(engine.version)
+    evidence += dflash2_loading_sources(engine)
     if not is_v2_arch and not has_v2_tensors:
         return ok(DFLASH2_PROBE, "DFlash v1 draft (no conv/selector tensors, architecture not DFlash2)", evidence)
     if rule is not None and rule.policy == HEAD_ABSENT:
@@ -291,11 +313,15 @@ def probe_dflash2_format(draft: Checkpoint | None, engine: EngineSpec) -> Verdic
                     action="upgrade to sglang>=0.5.19 and declare architectures=['DFlash2DraftModel']",
                     live_only="the lower accept length of v1: run the acceptance-floor probe")
     if has_v2_tensors and not is_v2_arch:
-        dropped = "selector tensors are dropped" + ("" if not missing or "conv_kernel_size" in missing else "; convolutions are built from the keys")
+        conv_built = "conv_kernel_size" not in missing and "conv_group_size" not in missing
+        dropped = "candidate_selector.* tensors are dropped; " + (
+            "convolutions are built from dflash_config (v1 + conv, no selector)" if conv_built
+            else "conv tensors are dropped too")
         return fail(
             DFLASH2_PROBE,
             "DFlash2 tensors present but architectures lacks 'DFlash2DraftModel': will silently run as DFlash v1",
-            evidence + [f"{dropped} (SGLang DFlashDraftModel.load_weights: '# Ignore unexpected weights')"],
+            evidence + ([f"{dropped} (SGLang DFlashDraftModel.load_weights: '# Ignore unexpected weights')"]
+                        if engine.name == "sglang" else []),
             action="set architectures=['DFlash2DraftModel'] and dflash_config "
             "{conv_kernel_size, conv_group_size, selector_rank, selector_top_k} in the draft config.json",
             live_only="the accept length it loses: run the acceptance-floor probe",

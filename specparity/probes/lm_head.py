@@ -162,7 +162,7 @@ def probe_lm_head(target: Checkpoint, draft: Checkpoint | None, engine: EngineSp
             return ok(PROBE, f"{engine} has no DFlash2; this draft does not use the selector", evidence)
         return unknown(PROBE, f"{engine} has no DFlash2 selector at all (see dflash2-format)", evidence)
     verdict_if_broken = fail if uses else warn
-    scope = "" if uses else " (no DFlash2 draft given: this only matters once one is)"
+    scope = "" if uses else " (no DFlash2 draft in use: this matters once one is)"
     if head.dense:
         return ok(PROBE, f"target head is dense {head.detail}: the DFlash2 selector can read it{scope}", evidence)
     sg_method, vllm_method = _METHOD_NAMES.get(head.kind, ("?", "?"))

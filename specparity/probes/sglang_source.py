@@ -181,9 +181,9 @@ class AllocFn:
     message: str | None = None
 
     def describe(self) -> str:
-        at = f":{self.fail_line}" if self.fail_line else ""
+        at = f" at :{self.fail_line}" if self.fail_line else ""
         msg = f" {self.message!r}" if self.message else ""
-        return f"{self.file}:{self.line} {self.cls}.{self.name} on an empty pool: {self.on_failure}{msg} ({self.file}{at})"
+        return f"{self.file}:{self.line} {self.cls}.{self.name} on an empty pool: {self.on_failure}{msg}{at}"
 
 
 @dataclass
@@ -328,7 +328,7 @@ def analyze_mamba_exhaustion(tree: SourceTree) -> ExhaustionReport:
                 for node in ast.walk(fn):
                     msg = _assert_message(node) if isinstance(node, ast.Assert) else None
                     if msg and "alloc mamba" in msg.lower():
-                        inline.append(f"{rel}:{node.lineno} {cls.name}.{fname} asserts {msg!r} (slot allocation for a matched prefix)")
+                        inline.append(f"{rel}:{node.lineno} {cls.name}.{fname} asserts {msg!r}")
     return ExhaustionReport(tree.label, source_version(tree), allocators, sites, inline)
 
 

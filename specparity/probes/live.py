@@ -1,0 +1,222 @@
+"""Live probes, written against the engine protocol only so any engine can be probed.
+
+Static probes predict; these confirm on a running engine. They use nothing but
+``Engine.encode_prompt / generate / fingerprint`` (plus an optional ``health()``), so the same code
+drives the in-process engines today and the server engines (SGLang, vLLM, llama.cpp) when they
+land. What each one is for:
+
+* ``first_decode``: SGLang accepts an unsupported quantized head at startup and dies on the first
+  decode, so "the server is healthy" proves nothing until one real request has decoded.
+* ``acceptance_floor``: a mis-scaled or half-loaded draft still produces correct text (the target
+  verifies every token) and only shows up as collapsed acceptance.
+* ``mamba_stress``: more concurrent requests sharing long prefixes than there are state slots; the
+  engine must stay healthy, finish or cleanly fail every request, and keep its outputs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Sequence
+
+from specparity.engines.base import Engine
+from specparity.types import Fingerprint, GenerationRequest, GenerationResult
+from specparity.probes.verdict import Verdict, fail, ok, unknown, warn
+
+FIRST_DECODE = "first-decode"
+ACCEPTANCE = "acceptance-floor"
+STRESS = "mamba-stress"
+
+PROMPTS = (
+    "Write a Python function that returns the n-th Fibonacci number.",
+    "Explain in two sentences why the sky is blue.",
+    "List five prime numbers greater than 100, one per line.",
+    "Translate 'good morning, how are you?' into French and Spanish.",
+)
+#: Absolute floor on mean accept length (bonus token included, so 1.0 = nothing accepted).
+DEFAULT_FLOOR = 1.5
+#: Fraction of the recorded accept length below which a run counts as collapsed.
+DEFAULT_RELATIVE = 0.6
+
+
+def _requests(engine: Engine, prompts: Sequence[str], max_new_tokens: int, tag: str) -> list[GenerationRequest]:
+    stops = tuple(engine.stop_token_ids())
+    return [
+        GenerationRequest(f"{tag}-{i}", engine.encode_prompt(p, None), max_new_tokens, stops)
+        for i, p in enumerate(prompts)
+    ]
+
+
+def _errors(results: Sequence[GenerationResult]) -> list[str]:
+    return [f"{r.request_id}: {r.error}" for r in results if r.error or r.finish_reason == "error"]
+
+
+def first_decode(engine: Engine, *, max_new_tokens: int = 8) -> Verdict:
+    """One real speculative decode right after start-up (SGLang fails here, not at /health)."""
+    req = _requests(engine, PROMPTS[:1], max_new_tokens, "first-decode")
+    try:
+        results = engine.generate(req, speculative=True)
+    except Exception as exc:  # an engine that raises is exactly what this probe looks for
+        return fail(FIRST_DECODE, "the first speculative decode raised", [f"{type(exc).__name__}: {exc}"],
+                    message=str(exc), action="see the lm-head probe: the target head may be unsupported by the selector")
+    errs = _errors(results)
+    if errs or not results:
+        return fail(FIRST_DECODE, "the first speculative decode failed", errs or ["no result returned"],
+                    message=errs[0] if errs else None,
+                    action="see the lm-head probe: the target head may be unsupported by the selector")
+    r = results[0]
+    return ok(FIRST_DECODE, f"decoded {len(r.output_ids)} tokens ({r.finish_reason})",
+              [f"{engine.name}: {r.text[:60]!r}", f"spec counters: {r.spec.source or 'n/a'}"])
+
+
+def fingerprint_key(fp: Fingerprint) -> str:
+    """The key an accept length is recorded under: engine, version, weights, spec config."""
+    draft = fp.draft.sha256[:16] if fp.draft else "-"
+    return (f"{fp.engine}=={fp.engine_version}|target={fp.target.sha256[:16]}|draft={draft}|"
+            f"{fp.dtype}|{json.dumps(fp.spec_config, sort_keys=True)}")
+
+
+def load_recorded(path: str | os.PathLike[str] | None, fp: Fingerprint) -> float | None:
+    """The accept length recorded for this fingerprint in a JSON record file, if any."""
+    if not path or not Path(path).is_file():
+        return None
+    data = json.loads(Path(path).read_text(encoding="utf-8"))
+    value = data.get("accept_length", {}).get(fingerprint_key(fp)) if isinstance(data, dict) else None
+    return float(value) if isinstance(value, (int, float)) else None
+
+
+def save_recorded(path: str | os.PathLike[str], fp: Fingerprint, value: float) -> None:
+    """Record ``value`` for this fingerprint (other records are kept)."""
+    p = Path(path)
+    data: dict[str, Any] = json.loads(p.read_text(encoding="utf-8")) if p.is_file() else {}
+    data.setdefault("accept_length", {})[fingerprint_key(fp)] = round(float(value), 4)
+    p.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+
+
+def mean_accept_length(results: Sequence[GenerationResult]) -> tuple[float | None, int]:
+    """Emitted tokens per verify step over all results (weighted by verify steps), and the step count."""
+    steps = emitted = 0.0
+    for r in results:
+        mal = r.spec.mean_accept_length
+        if mal is None:
+            continue
+        steps += r.spec.verify_steps
+        emitted += mal * r.spec.verify_steps
+    return (emitted / steps if steps else None), int(steps)
+
+
+def acceptance_floor(
+    engine: Engine,
+    *,
+    prompts: Sequence[str] = PROMPTS,
+    max_new_tokens: int = 48,
+    floor: float = DEFAULT_FLOOR,
+    recorded: float | None = None,
+    relative: float = DEFAULT_RELATIVE,
+) -> Verdict:
+    """Fail as "draft silently rejected" when mean accept length drops below the floor.
+
+    The floor is ``floor`` and, when an accept length was recorded for this configuration,
+    ``relative * recorded`` as well (whichever is higher).
+    """
+    results = engine.generate(_requests(engine, prompts, max_new_tokens, "accept"), speculative=True)
+    errs = _errors(results)
+    if errs:
+        return fail(ACCEPTANCE, "speculative requests failed", errs)
+    if not any(r.spec.available for r in results):
+        return unknown(ACCEPTANCE, "engine reports no speculation counters",
+                       [r.spec.source for r in results[:1]])
+    mal, steps = mean_accept_length(results)
+    sources = sorted({r.spec.source for r in results if r.spec.available})
+    evidence = [f"{len(results)} prompts x {max_new_tokens} tokens, {steps} verify steps; counters: {', '.join(sources)}"]
+    if mal is None:
+        return fail(ACCEPTANCE, "speculation never ran (0 verify steps): the draft was not used",
+                    evidence, action="check that the engine did not turn speculation off (vLLM #34497-style)")
+    threshold, why = floor, f"absolute floor {floor}"
+    if recorded is not None and relative * recorded > threshold:
+        threshold, why = relative * recorded, f"{relative:g} x recorded {recorded:.3f}"
+    evidence.append(f"mean accept length {mal:.3f} (bonus token included); threshold {threshold:.3f} = {why}")
+    proposed = sum(r.spec.proposed for r in results)
+    accepted = sum(r.spec.accepted for r in results)
+    if proposed:
+        evidence.append(f"accepted {accepted} of {proposed} proposed draft tokens ({accepted / proposed:.1%})")
+    if mal < threshold:
+        return fail(ACCEPTANCE, f"draft silently rejected: mean accept length {mal:.2f} < {threshold:.2f}", evidence,
+                    action="see draft-fp8-scales and dflash2-format: a scale layout the engine does not load, or a "
+                    "DFlash2 draft running as v1, produce correct text with collapsed acceptance")
+    return ok(ACCEPTANCE, f"mean accept length {mal:.2f} >= {threshold:.2f}", evidence)
+
+
+def _healthy(engine: Engine) -> tuple[bool, str]:
+    health = getattr(engine, "health", None)
+    if callable(health):
+        try:
+            return bool(health()), "health()"
+        except Exception as exc:
+            return False, f"health() raised {type(exc).__name__}: {exc}"
+    try:
+        probe = engine.generate(_requests(engine, PROMPTS[:1], 1, "health"), speculative=False)
+    except Exception as exc:
+        return False, f"1-token request raised {type(exc).__name__}: {exc}"
+    return (bool(probe) and not _errors(probe)), "1-token request"
+
+
+def _shared_prefix_requests(engine: Engine, n: int, prefix_tokens: int, max_new_tokens: int) -> list[GenerationRequest]:
+    unit = engine.encode_prompt(
+        "The quick brown fox jumps over the lazy dog while the five boxing wizards jump quickly. ", None
+    )
+    prefix = (unit * (prefix_tokens // max(len(unit), 1) + 1))[:prefix_tokens]
+    stops = tuple(engine.stop_token_ids())
+    return [
+        GenerationRequest(f"stress-{i}", prefix + engine.encode_prompt(f" Question {i}: what comes next?", None),
+                          max_new_tokens, stops)
+        for i in range(n)
+    ]
+
+
+def mamba_stress(
+    engine: Engine, *, requests: int = 8, prefix_tokens: int = 512, max_new_tokens: int = 16
+) -> Verdict:
+    """More concurrent shared-prefix requests than state slots: healthy, finished, unchanged.
+
+    The baseline is each request decoded alone before the burst; the burst sends all of them in
+    one ``generate`` call (a server engine submits them concurrently).
+    """
+    reqs = _shared_prefix_requests(engine, requests, prefix_tokens, max_new_tokens)
+    baseline = {r.request_id: r for req in reqs for r in engine.generate([req], speculative=True)}
+    evidence = [f"{requests} requests sharing a {prefix_tokens}-token prefix, {max_new_tokens} new tokens each"]
+    try:
+        burst = engine.generate(reqs, speculative=True)
+    except Exception as exc:
+        burst, raised = [], f"{type(exc).__name__}: {exc}"
+    else:
+        raised = None
+    healthy, how = _healthy(engine)
+    evidence.append(f"after the burst: {'healthy' if healthy else 'NOT healthy'} ({how})")
+    if raised or not healthy:
+        return fail(STRESS, "engine died under slot pressure" if not healthy else "the burst raised",
+                    evidence + ([raised] if raised else []),
+                    message=raised, action="see mamba-exhaustion: patch the donation path to skip, or raise "
+                    "--max-mamba-cache-size / use --disable-radix-cache")
+    if len(burst) != len(reqs):
+        return fail(STRESS, f"{len(burst)} results for {len(reqs)} requests", evidence)
+    errs = _errors(burst)
+    unclean = [r.request_id for r in burst if r.finish_reason == "error" and not r.error]
+    diffs = []
+    for r in burst:
+        base = baseline.get(r.request_id)
+        if r.error or base is None or base.error:
+            continue
+        if r.output_ids != base.output_ids:
+            at = next((i for i, (a, b) in enumerate(zip(r.output_ids, base.output_ids)) if a != b),
+                      min(len(r.output_ids), len(base.output_ids)))
+            diffs.append(f"{r.request_id}: differs from its solo run at output token {at}")
+    if unclean:
+        return fail(STRESS, "requests failed without an error message", evidence + unclean)
+    if diffs:
+        return fail(STRESS, f"{len(diffs)} outputs changed under slot pressure", evidence + diffs,
+                    action="state corruption under eviction: compare with --disable-radix-cache")
+    if errs:
+        return warn(STRESS, f"{len(errs)} requests got a clean error; the rest match their solo runs", evidence + errs)
+    return ok(STRESS, "every request finished and matches its solo run; engine still healthy", evidence)

@@ -1,0 +1,112 @@
+"""``pytest suites/probes``: one test per probe; fail = predicted failure, skip = unknown.
+
+The suite runs in a child pytest over a scratch copy of ``suites/probes`` with a stand-in root
+conftest that declares ``--engine/--target/--draft`` the way the project's root conftest does and
+calls :func:`specparity.pytest_options.add_probe_options`, so this test does not depend on the
+root conftest's other options. Offline: synthetic checkpoints, no server.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import probe_artifacts as pa
+
+ROOT = Path(__file__).resolve().parents[1]
+STAND_IN_CONFTEST = '''
+from specparity.pytest_options import add_probe_options
+
+def pytest_addoption(parser):
+    for name in ("engine", "target", "draft"):
+        parser.addoption(f"--{name}", default=None)
+    add_probe_options(parser)
+'''
+
+
+@pytest.fixture(scope="module")
+def scratch(tmp_path_factory):
+    root = tmp_path_factory.mktemp("suite")
+    shutil.copytree(ROOT / "suites" / "probes", root / "suites" / "probes",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    (root / "conftest.py").write_text(STAND_IN_CONFTEST)
+    (root / "pytest.ini").write_text("[pytest]\n")
+    return root
+
+
+@pytest.fixture(scope="module")
+def dirs(tmp_path_factory):
+    d = tmp_path_factory.mktemp("suite-ckpt")
+    return {
+        "target": pa.dense_target(d / "t"),
+        "fp8_head": pa.fp8_head_target(d / "q"),
+        "draft": pa.dflash2_draft(d / "d"),
+        "draft_as_v1": pa.dflash2_draft(d / "v1", arch="DFlashDraftModel"),
+    }
+
+
+def run_suite(scratch: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])}
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", str(scratch / "suites" / "probes"), "-q", "-rfEs", "-p", "no:cacheprovider",
+         "--rootdir", str(scratch), "-c", str(scratch / "pytest.ini"), *map(str, args)],
+        capture_output=True, text=True, timeout=300, env=env, cwd=scratch,
+    )
+
+
+def test_passing_pair(scratch, dirs):
+    proc = run_suite(scratch, "--target", dirs["target"], "--draft", dirs["draft"], "--engine", "sglang==0.5.19")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "5 passed, 3 skipped" in proc.stdout
+    assert "live probe: pass --probe-live-engine" in proc.stdout
+
+
+def test_failing_pair_fails_with_evidence(scratch, dirs):
+    proc = run_suite(scratch, "--target", dirs["fp8_head"], "--draft", dirs["draft_as_v1"], "--engine", "vllm==0.11.0")
+    assert proc.returncode == 1
+    out = proc.stdout
+    assert "FAILED" in out and "test_static_probe[dflash2-format]" in out
+    assert "silently run as DFlash v1" in out
+    assert "architectures=['DFlashDraftModel']" in out
+    # the DFlash v1 draft does not use the selector: the quantized head only warns
+    assert "1 failed, 4 passed, 3 skipped, 1 warning" in out
+    assert "UserWarning: [warn] lm-head: quantized target head (fp8-block)" in out
+
+
+def test_without_inputs_everything_skips_with_a_reason(scratch):
+    proc = run_suite(scratch)
+    assert proc.returncode == 0 and "8 skipped" in proc.stdout
+    assert "probes need --target DIR and --engine" in proc.stdout
+
+
+def test_hostile_input_fails_in_one_line(scratch, dirs, tmp_path):
+    pa.raw_safetensors(tmp_path / "model.safetensors", b"{nope")
+    (tmp_path / "config.json").write_text("{}")
+    proc = run_suite(scratch, "--target", dirs["target"], "--draft", tmp_path, "--engine", "sglang==0.5.19")
+    assert proc.returncode == 1
+    assert "bad probe input:" in proc.stdout and "header: invalid JSON" in proc.stdout
+    assert "Traceback" not in proc.stdout
+
+
+def test_live_probes_through_the_suite(scratch, dirs):
+    proc = run_suite(scratch, "--target", dirs["target"], "--draft", dirs["draft"], "--engine", "sglang==0.5.19",
+                     "--probe-live-engine", "probe_artifacts:copy_draft_engine", "--probe-stress-requests", "3")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "8 passed" in proc.stdout
+
+
+def test_with_the_project_root_conftest(dirs):
+    """The same suite under the repository's own root conftest (which registers the options)."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "suites/probes", "-q", "-p", "no:cacheprovider", "--target",
+         str(dirs["target"]), "--draft", str(dirs["draft_as_v1"]), "--engine", "sglang==0.5.19"],
+        capture_output=True, text=True, timeout=300, cwd=ROOT,
+    )
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "1 failed, 4 passed, 3 skipped" in proc.stdout
+    assert "silently run as DFlash v1" in proc.stdout
