@@ -76,7 +76,25 @@ def add_probe_command(sub: Any) -> None:
     p.set_defaults(func=_run_probe)
 
 
-COMMANDS: tuple[Callable[[Any], None], ...] = (add_probe_command,)
+def _run_lossless(args: argparse.Namespace) -> int:
+    import pytest
+
+    from specparity.fixtures import REPO_ROOT
+
+    return int(pytest.main([str(REPO_ROOT / "suites" / "lossless"), "--rootdir", str(REPO_ROOT), *args.pytest_args]))
+
+
+def add_lossless_command(sub: Any) -> None:
+    p = sub.add_parser(
+        "lossless",
+        help="run the lossless gate (pytest suites/lossless); extra arguments go to pytest",
+        description="Same as `pytest suites/lossless ARGS`: e.g. `specparity lossless --engine dflash --dtype bfloat16`.",
+    )
+    p.add_argument("pytest_args", nargs=argparse.REMAINDER, help="options for the gate / pytest")
+    p.set_defaults(func=_run_lossless)
+
+
+COMMANDS: tuple[Callable[[Any], None], ...] = (add_probe_command, add_lossless_command)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -89,7 +107,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra and args.command != "lossless":
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    if args.command == "lossless":
+        args.pytest_args = [*args.pytest_args, *extra]
     try:
         return int(args.func(args))
     except INPUT_ERRORS as exc:
