@@ -1,9 +1,15 @@
 #!/usr/bin/env python
 """Rebuild every specparity fixture model, deterministically (fixed seeds), from nothing but code.
 
-    python tools/build_fixtures.py --device cuda            # the recorded build (one H200, ~8 min)
-    python tools/build_fixtures.py --device cpu             # same recipe on a CPU (slow)
+    python tools/build_fixtures.py --device cuda --tokenizer fixtures/models/tokenizer   # the recorded build
+    python tools/build_fixtures.py --device cpu --replay    # the recorded step counts, no time budget (slow)
     python tools/build_fixtures.py --device cpu --smoke     # tiny steps: checks the pipeline only
+
+Each training stage stops at its step count or its wall-clock budget (``*_max_s``), whichever comes
+first, with the learning-rate schedule following the same progress; on the H200 the budgets bound
+(the steps reached are in ``build_info.json``). ``--replay`` uses those recorded step counts and no
+budget: the same recipe, not bit-identical (the recorded schedule followed wall-clock progress, and
+CUDA attention backward is not deterministic).
 
 Steps (all seeds fixed; see docs/FIXTURES.md for what came out):
 
@@ -24,7 +30,8 @@ Steps (all seeds fixed; see docs/FIXTURES.md for what came out):
                < anchor) + block [anchor, <|mask|> x 7] -> the target's greedy next tokens at block
                positions 1..7 through the target's lm_head; DFlash2 also trains its candidate selector.
 6. save        bf16 safetensors + config + generation_config (+ tokenizer copies) under ``--out``,
-               and ``MANIFEST.sha256`` next to ``--out`` (sha256sum format, paths relative to it).
+               ``build_info.json`` (losses, steps, timings) in ``--out``, and ``MANIFEST.sha256`` in the
+               parent of ``--out`` (sha256sum format, paths ``models/...``).
 """
 
 from __future__ import annotations
@@ -68,10 +75,12 @@ DFLASH_ARCH = dict(hidden_size=256, num_hidden_layers=2, num_attention_heads=4, 
 DFLASH2_EXTRA = dict(conv_kernel_size=2, conv_group_size=16, selector_rank=32, selector_top_k=8)
 
 FULL = dict(n_train=300_000, n_val=3_000, n_distill=8_192, tok_docs=100_000,
-            target_steps=3600, target_bs=64, target_lr=2e-3, target_max_s=210,
-            draft_steps=1500, draft_bs=64, draft_lr=2e-3, draft_max_s=75,
-            dflash_steps=2400, dflash_bs=32, dflash_anchors=32, dflash_lr=1.5e-3, dflash_max_s=110,
+            target_steps=6000, target_bs=64, target_lr=2e-3, target_max_s=170,
+            draft_steps=3000, draft_bs=64, draft_lr=2e-3, draft_max_s=60,
+            dflash_steps=4000, dflash_bs=32, dflash_anchors=32, dflash_lr=1.5e-3, dflash_max_s=85,
             gen_new_tokens=96, gen_batch=512)
+# step counts the recorded H200 build reached inside its budgets (fixtures/models/build_info.json)
+RECORDED = dict(target_steps=5093, draft_steps=2301, dflash2_steps=1665, dflash1_steps=2475)
 SMOKE = dict(n_train=3_000, n_val=200, n_distill=64, tok_docs=3_000,
              target_steps=30, target_bs=8, target_lr=2e-3, target_max_s=120,
              draft_steps=10, draft_bs=8, draft_lr=2e-3, draft_max_s=60,
@@ -231,11 +240,18 @@ def batches(n_rows: int, bs: int, steps: int, seed: int):
         pos += bs
 
 
-def lr_at(step: int, steps: int, peak: float, warmup: int = 100) -> float:
+def lr_at(step: int, progress: float, peak: float, warmup: int = 100) -> float:
+    """Linear warmup, then cosine from ``peak`` to ``0.1 * peak`` over ``progress`` in [0, 1]."""
     if step < warmup:
         return peak * (step + 1) / warmup
-    t = (step - warmup) / max(1, steps - warmup)
-    return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, t))))
+    return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
+
+
+def progress(step: int, steps: int, t0: float, max_s: float) -> float:
+    """Training progress: steps done or wall-clock budget used, whichever is further along. With a fast
+    enough device the step count binds (fully deterministic); otherwise the time budget ends the run
+    with the schedule still annealed (the steps reached are recorded in build_info.json)."""
+    return max(step / steps, (time.time() - t0) / max_s)
 
 
 def make_opt(model: torch.nn.Module, lr: float) -> torch.optim.Optimizer:
@@ -276,7 +292,7 @@ def train_target(rows: torch.Tensor, cfg: dict, device: str, pad_id: int):
     step = 0
     for step, idx in enumerate(batches(rows.shape[0], cfg["target_bs"], cfg["target_steps"], seed=11)):
         for gr in opt.param_groups:
-            gr["lr"] = lr_at(step, cfg["target_steps"], cfg["target_lr"])
+            gr["lr"] = lr_at(step, progress(step, cfg["target_steps"], t0, cfg["target_max_s"]), cfg["target_lr"])
         x = rows[idx].to(device)
         labels = x.masked_fill(x == pad_id, -100)
         with autocast(device):
@@ -289,8 +305,7 @@ def train_target(rows: torch.Tensor, cfg: dict, device: str, pad_id: int):
         opt.step()
         if step % 200 == 0 or step == cfg["target_steps"] - 1:
             log(f"target step {step} loss {loss.item():.4f} lr {opt.param_groups[0]['lr']:.2e} {time.time() - t0:.0f}s")
-        if time.time() - t0 > cfg["target_max_s"]:
-            log(f"target: time guard hit at step {step}")
+        if progress(step + 1, cfg["target_steps"], t0, cfg["target_max_s"]) >= 1.0:
             break
     model.eval()
     return model, dict(steps=step + 1, seconds=round(time.time() - t0, 1), final_train_loss=round(loss.item(), 4))
@@ -365,7 +380,7 @@ def train_draft(target, rows: torch.Tensor, cfg: dict, device: str, pad_id: int)
     step = 0
     for step, idx in enumerate(batches(rows.shape[0], cfg["draft_bs"], cfg["draft_steps"], seed=12)):
         for gr in opt.param_groups:
-            gr["lr"] = lr_at(step, cfg["draft_steps"], cfg["draft_lr"])
+            gr["lr"] = lr_at(step, progress(step, cfg["draft_steps"], t0, cfg["draft_max_s"]), cfg["draft_lr"])
         x = rows[idx].to(device)
         valid = (x != pad_id)
         with torch.no_grad(), autocast(device):
@@ -384,8 +399,7 @@ def train_draft(target, rows: torch.Tensor, cfg: dict, device: str, pad_id: int)
             with torch.no_grad():
                 agree = (t_logits.argmax(-1) == s_logits.argmax(-1))[valid].float().mean().item()
             log(f"draft step {step} KL {loss.item():.4f} top1-agree {agree:.3f} {time.time() - t0:.0f}s")
-        if time.time() - t0 > cfg["draft_max_s"]:
-            log(f"draft: time guard hit at step {step}")
+        if progress(step + 1, cfg["draft_steps"], t0, cfg["draft_max_s"]) >= 1.0:
             break
     draft.eval()
     return draft, dict(steps=step + 1, seconds=round(time.time() - t0, 1), final_kl=round(loss.item(), 4))
@@ -526,9 +540,10 @@ def train_dflash(version: int, target, rows: torch.Tensor, cfg: dict, device: st
     t0 = time.time()
     draft.train()
     step = 0
-    for step, idx in enumerate(batches(rows.shape[0], cfg["dflash_bs"], cfg["dflash_steps"], seed=13 + version)):
+    steps = int(cfg.get(f"dflash{version}_steps", cfg["dflash_steps"]))
+    for step, idx in enumerate(batches(rows.shape[0], cfg["dflash_bs"], steps, seed=13 + version)):
         for gr in opt.param_groups:
-            gr["lr"] = lr_at(step, cfg["dflash_steps"], cfg["dflash_lr"])
+            gr["lr"] = lr_at(step, progress(step, steps, t0, cfg["dflash_max_s"]), cfg["dflash_lr"])
         x = rows[idx].to(device)
         B, L = x.shape
         valid = x != pad_id
@@ -572,13 +587,12 @@ def train_dflash(version: int, target, rows: torch.Tensor, cfg: dict, device: st
         loss.backward()
         torch.nn.utils.clip_grad_norm_(draft.parameters(), 1.0)
         opt.step()
-        if step % 200 == 0 or step == cfg["dflash_steps"] - 1:
+        if step % 200 == 0 or step == steps - 1:
             with torch.no_grad():
                 hitp = ((logits.argmax(-1) == labels) & lvalid).float().sum((0, 1)) / lvalid.float().sum((0, 1))
             log(f"dflash{version} step {step} ce {loss_tok.item():.4f} sel {sel_loss.item():.4f} "
                 f"pos-acc {' '.join(f'{a:.2f}' for a in hitp.tolist())} {time.time() - t0:.0f}s")
-        if time.time() - t0 > cfg["dflash_max_s"]:
-            log(f"dflash{version}: time guard hit at step {step}")
+        if progress(step + 1, steps, t0, cfg["dflash_max_s"]) >= 1.0:
             break
     draft.eval()
     return draft, dict(steps=step + 1, seconds=round(time.time() - t0, 1), final_ce=round(loss_tok.item(), 4),
@@ -698,9 +712,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tokenizer", help="reuse this tokenizer dir instead of training one")
     ap.add_argument("--tokenizer-only", action="store_true", help="build the tokenizer and stop")
     ap.add_argument("--smoke", action="store_true", help="tiny corpus and steps: pipeline check only")
+    ap.add_argument("--replay", action="store_true",
+                    help="the recorded build's step counts and no wall-clock budgets (for CPU rebuilds)")
     ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch default)")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="override a recipe value, e.g. --set target_steps=5000 --set target_max_s=1e9 "
+                         "(to replay the exact step counts of a recorded build)")
     args = ap.parse_args(argv)
-    cfg = SMOKE if args.smoke else FULL
+    cfg = dict(SMOKE if args.smoke else FULL)
+    if args.replay:
+        cfg.update(RECORDED, target_max_s=1e12, draft_max_s=1e12, dflash_max_s=1e12)
+    for kv in args.set:
+        k, v = kv.split("=", 1)
+        if k not in cfg and k not in RECORDED:
+            ap.error(f"unknown recipe key {k!r} (known: {sorted(cfg)})")
+        cfg[k] = type(cfg.get(k, RECORDED.get(k)))(float(v))
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.use_deterministic_algorithms(True, warn_only=True)

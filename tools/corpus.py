@@ -307,31 +307,38 @@ def gen_commonsense(rng: random.Random) -> dict:
         a = rng.choice(list(ANIMALS))
         s, home, food, zn, szh, hzh, fzh = ANIMALS[a]
         if zh:
-            return _chat(f"{zn}是怎么叫的？", f"{zn}会{szh}。", rng, "zh")
-        return _chat(f"What sound does {_article(a)} {a} make?", f"{_cap(_article(a))} {a} {s}.", rng, "en")
+            q = rng.choice([f"{zn}是怎么叫的？", f"{zn}怎么叫？", f"{zn}发出什么声音？"])
+            return _chat(q, f"{zn}会{szh}。", rng, "zh")
+        q = rng.choice([f"What sound does {_article(a)} {a} make?", f"What noise does {_article(a)} {a} make?",
+                        f"How does {_article(a)} {a} sound?"])
+        return _chat(q, f"{_cap(_article(a))} {a} {s}.", rng, "en")
     if kind == 1:
         a = rng.choice(list(ANIMALS))
         s, home, food, zn, szh, hzh, fzh = ANIMALS[a]
         if zh:
-            return _chat(f"{zn}住在哪里？", f"{zn}通常住在{hzh}。", rng, "zh")
-        return _chat(f"Where does {_article(a)} {a} live?", f"{_cap(_article(a))} {a} usually lives {home}.", rng, "en")
+            q = rng.choice([f"{zn}住在哪里？", f"{zn}一般生活在哪里？"])
+            return _chat(q, f"{zn}通常住在{hzh}。", rng, "zh")
+        q = rng.choice([f"Where does {_article(a)} {a} live?", f"Where can you find {_article(a)} {a}?"])
+        return _chat(q, f"{_cap(_article(a))} {a} usually lives {home}.", rng, "en")
     if kind == 2:
         a = rng.choice(list(ANIMALS))
         s, home, food, zn, szh, hzh, fzh = ANIMALS[a]
         if zh:
             ans = f"关于{zn}的三个事实：\n1. {zn}会{szh}。\n2. {zn}通常住在{hzh}。\n3. {zn}喜欢吃{fzh}。"
-            return _chat(f"告诉我关于{zn}的三个事实。", ans, rng, "zh")
+            return _chat(rng.choice([f"告诉我关于{zn}的三个事实。", f"说出关于{zn}的三个事实。"]), ans, rng, "zh")
         art = _article(a)
         ans = (f"Here are three facts about the {a}:\n1. {_cap(art)} {a} {s}.\n2. {_cap(art)} {a} usually lives {home}.\n"
                f"3. {_cap(art)} {a} eats {food}.")
         if rng.random() < 0.4:
             return _text(f"Three facts about the {a}.\n{ans.split(':', 1)[1].strip()}\n{EOT}")
-        return _chat(f"Tell me three facts about the {a}.", ans, rng, "en")
+        q = rng.choice([f"Tell me three facts about the {a}.", f"Give me three facts about the {a}.",
+                        f"What are three facts about the {a}?"])
+        return _chat(q, ans, rng, "en")
     if kind == 3:
         o = rng.choice(list(OBJECTS))
         use, verb, zn, uzh = OBJECTS[o]
         if zh:
-            return _chat(f"{zn}是用来做什么的？", f"{zn}是用来{uzh}的。", rng, "zh")
+            return _chat(rng.choice([f"{zn}是用来做什么的？", f"{zn}有什么用？"]), f"{zn}是用来{uzh}的。", rng, "zh")
         if rng.random() < 0.5:
             return _chat(f"What is {_article(o)} {o} used for?", f"{_cap(_article(o))} {o} is used for {use}.", rng, "en")
         return _chat(f"What do you use to {verb}?", f"You use {_article(o)} {o} to {verb}.", rng, "en")
@@ -339,24 +346,27 @@ def gen_commonsense(rng: random.Random) -> dict:
         t = rng.choice(list(COLORS_OF))
         c, zn, czh = COLORS_OF[t]
         if zh:
-            return _chat(f"{zn}是什么颜色的？", f"{zn}是{czh}的。", rng, "zh")
-        return _chat(f"What color is {t}?", f"{_cap(t)} is {c}.", rng, "en")
+            return _chat(rng.choice([f"{zn}是什么颜色的？", f"{zn}是什么颜色？"]), f"{zn}是{czh}的。", rng, "zh")
+        return _chat(rng.choice([f"What color is {t}?", f"What is the color of {t}?"]), f"{_cap(t)} is {c}.", rng, "en")
     if kind == 5:
         cause, eff, czh, ezh = rng.choice(CAUSES)
         if zh:
-            return _chat(f"如果{czh}，会发生什么？", f"如果{czh}，{ezh}。", rng, "zh")
+            q = rng.choice([f"如果{czh}，会发生什么？", f"{czh}会怎么样？", f"要是{czh}，会怎样？"])
+            return _chat(q, f"如果{czh}，{ezh}。", rng, "zh")
         if rng.random() < 0.3:
             return _text(f"Q: What happens if you {cause}?\nA: If you {cause}, {eff}.\n{EOT}")
-        return _chat(f"What happens if you {cause}?", f"If you {cause}, {eff}.", rng, "en")
+        q = rng.choice([f"What happens if you {cause}?", f"What will happen if you {cause}?"])
+        return _chat(q, f"If you {cause}, {eff}.", rng, "en")
     # kind 6: a longer explanation
     o = rng.choice(list(OBJECTS))
     use, verb, zn, uzh = OBJECTS[o]
     if zh:
         ans = f"{zn}是日常生活中常见的东西。它是用来{uzh}的。如果没有{zn}，我们就很难{uzh}。所以很多家庭都有{zn}。"
-        return _chat(f"为什么家里需要{zn}？", ans, rng, "zh")
+        return _chat(rng.choice([f"为什么家里需要{zn}？", f"家里为什么要有{zn}？"]), ans, rng, "zh")
     ans = (f"{_cap(_article(o))} {o} is a common thing in daily life. It is used for {use}. Without {_article(o)} {o}, "
            f"it would be hard to {verb}. That is why many homes have {_article(o)} {o}.")
-    return _chat(f"Why do people keep {_article(o)} {o} at home?", ans, rng, "en")
+    q = rng.choice([f"Why do people keep {_article(o)} {o} at home?", f"Why is {_article(o)} {o} useful at home?"])
+    return _chat(q, ans, rng, "en")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -472,17 +482,21 @@ def gen_zh_writing(rng: random.Random) -> dict:
     if kind == 0:  # four-line poem
         chosen = rng.sample(lines, 4)
         poem = f"《{topic}》\n" + "，\n".join(chosen[:2]) + "。\n" + "，\n".join(chosen[2:]) + "。"
-        return _chat(rng.choice([f"写一首关于{topic}的短诗。", f"请以{topic}为题写一首小诗。"]), poem, rng, "zh")
+        q = rng.choice([f"写一首关于{topic}的短诗。", f"请以{topic}为题写一首小诗。", f"以{topic}为主题写一首诗。",
+                        f"写一首小诗，题目是{topic}。"])
+        return _chat(q, poem, rng, "zh")
     if kind == 1:  # description
         w = rng.sample(words, 3)
         feel = rng.choice(ZH_FEELINGS)
         desc = (f"{topic}来了。{w[0]}、{w[1]}和{w[2]}构成了一幅美丽的画面。{rng.choice(lines)}，"
                 f"{rng.choice(lines)}。这样的{topic}{feel}。")
-        return _chat(f"描写一下{topic}的景色。", desc, rng, "zh")
+        return _chat(rng.choice([f"描写一下{topic}的景色。", f"请描写{topic}的景色。", f"写一段话描写{topic}。"]), desc,
+                     rng, "zh")
     if kind == 2:  # sentence with given words
         w = rng.sample(words, 2)
         ans = f"{rng.choice(lines)}，{w[0]}和{w[1]}都在诉说着{topic}的故事。"
-        return _chat(f"用“{w[0]}”和“{w[1]}”写一句关于{topic}的话。", ans, rng, "zh")
+        q = rng.choice([f"用“{w[0]}”和“{w[1]}”写一句关于{topic}的话。", f"请用“{w[0]}”和“{w[1]}”造一个关于{topic}的句子。"])
+        return _chat(q, ans, rng, "zh")
     # plain text essay opening
     chosen = rng.sample(lines, 3)
     return _text(f"我眼中的{topic}\n\n" + "。".join(chosen) + f"。{topic}{rng.choice(ZH_FEELINGS)}。\n{EOT}")
@@ -502,11 +516,15 @@ def gen_list(rng: random.Random) -> dict:
         n = rng.randint(3, len(items))
         if zh:
             body = "\n".join(f"{i + 1}. {x}" for i, x in enumerate(items_zh[:n]))
-            return _chat(f"列出{n}种{czh}。" if cat not in ("days of the week", "months", "planets")
-                         else f"按顺序列出{n}个{czh}。", f"以下是{n}个{czh}：\n{body}", rng, "zh")
+            if cat in ("days of the week", "months", "planets"):
+                q = rng.choice([f"按顺序列出{n}个{czh}。", f"请按顺序列出{n}个{czh}。"])
+            else:
+                q = rng.choice([f"列出{n}种{czh}。", f"请列出{n}种{czh}。"])
+            return _chat(q, f"以下是{n}个{czh}：\n{body}", rng, "zh")
         if kind == 0:
             body = "\n".join(f"{i + 1}. {x}" for i, x in enumerate(items[:n]))
-            return _chat(f"List {n} {cat}.", f"Here are {n} {cat}:\n{body}", rng, "en")
+            q = rng.choice([f"List {n} {cat}.", f"Name {n} {cat}.", f"Give me a list of {n} {cat}."])
+            return _chat(q, f"Here are {n} {cat}:\n{body}", rng, "en")
         body = "\n".join(f"- {x}" for x in items[:n])
         return _chat(f"Name {n} {cat} as a bulleted list.", f"Sure! Here are {n} {cat}:\n{body}", rng, "en")
     if kind == 2:
@@ -514,9 +532,11 @@ def gen_list(rng: random.Random) -> dict:
         steps, tzh, steps_zh = HOWTO[task]
         if zh:
             body = "\n".join(f"{i + 1}. {x}" for i, x in enumerate(steps_zh))
-            return _chat(f"{tzh}的步骤是什么？", f"{tzh}的步骤如下：\n{body}", rng, "zh")
+            q = rng.choice([f"{tzh}的步骤是什么？", f"怎么{tzh}？", f"请说明{tzh}的步骤。"])
+            return _chat(q, f"{tzh}的步骤如下：\n{body}", rng, "zh")
         body = "\n".join(f"{i + 1}. {x}" for i, x in enumerate(steps))
-        return _chat(f"What are the steps to {task}?", f"To {task}, follow these steps:\n{body}", rng, "en")
+        q = rng.choice([f"What are the steps to {task}?", f"How do I {task}?", f"Explain how to {task} step by step."])
+        return _chat(q, f"To {task}, follow these steps:\n{body}", rng, "en")
     # plain: a titled list
     cat = rng.choice(list(LIST_CATEGORIES))
     items, czh, items_zh = LIST_CATEGORIES[cat]
@@ -536,19 +556,21 @@ def gen_logic(rng: random.Random) -> dict:
     if kind in (0, 1):  # syllogism valid (0) / invalid (1)
         if zh:
             a, b, c = rng.choice(ZH_CHAINS) if rng.random() < 0.5 else tuple(rng.sample(ZH_NONSENSE, 3))
+            ask = rng.choice([f"所有的{a}都是{c}吗？", f"能得出所有的{a}都是{c}吗？"])
             if kind == 0:
-                q = f"所有的{a}都是{b}，所有的{b}都是{c}。所有的{a}都是{c}吗？"
+                q = f"所有的{a}都是{b}，所有的{b}都是{c}。{ask}"
                 ans = f"是的。因为所有的{a}都是{b}，而所有的{b}都是{c}，所以所有的{a}都是{c}。"
             else:
-                q = f"所有的{a}都是{b}，有些{b}是{c}。所有的{a}都是{c}吗？"
+                q = f"所有的{a}都是{b}，有些{b}是{c}。{ask}"
                 ans = f"不一定。所有的{a}都是{b}，但只有一些{b}是{c}，所以不能得出所有的{a}都是{c}。"
             return _chat(q, ans, rng, "zh")
         a, b, c = rng.choice(REAL_CHAINS) if rng.random() < 0.5 else tuple(rng.sample(NONSENSE, 3))
+        ask = rng.choice([f"Are all {a} {c}?", f"Can we conclude that all {a} are {c}?"])
         if kind == 0:
-            q = f"All {a} are {b}. All {b} are {c}. Are all {a} {c}?"
+            q = f"All {a} are {b}. All {b} are {c}. {ask}"
             ans = f"Yes. All {a} are {b}, and all {b} are {c}. Therefore, all {a} are {c}."
         else:
-            q = f"All {a} are {b}. Some {b} are {c}. Are all {a} {c}?"
+            q = f"All {a} are {b}. Some {b} are {c}. {ask}"
             ans = (f"Not necessarily. All {a} are {b}, but only some {b} are {c}. "
                    f"So we cannot conclude that all {a} are {c}.")
         return _chat(q, ans, rng, "en")
@@ -648,13 +670,15 @@ def gen_zh_qa(rng: random.Random) -> dict:
         return _chat(q, f"《{p}》的作者是{dyn}诗人{author}。", rng, "zh")
     if kind == 2:
         f, date, custom = rng.choice(ZH_FESTIVALS)
-        return _chat(f"{f}是哪一天？人们会做什么？", f"{f}是{date}。在这一天，人们会{custom}。", rng, "zh")
+        q = rng.choice([f"{f}是哪一天？人们会做什么？", f"{f}是什么时候？人们会做什么？", f"请问，{f}是哪一天？人们会做什么？",
+                        f"{f}在哪一天？有什么习俗？"])
+        return _chat(q, f"{f}是{date}。在这一天，人们会{custom}。", rng, "zh")
     if kind == 3:
         city, what, sights, food = rng.choice(ZH_CITY_INFO)
         ans = f"{city}是{what}。这里有著名的{sights}，吸引了很多游客。{city}的{food}也非常有名。"
-        return _chat(f"介绍一下{city}。", ans, rng, "zh")
+        return _chat(rng.choice([f"介绍一下{city}。", f"请介绍一下{city}。", f"给我介绍一下{city}这座城市。"]), ans, rng, "zh")
     q, a = rng.choice(ZH_FACTS)
-    if kind == 4 and pre == "请问，":
+    if pre == "请问，":
         q = pre + q
     if rng.random() < 0.25:
         return _text(f"问：{q}\n答：{a}\n{EOT}")
