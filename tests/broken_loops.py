@@ -21,7 +21,7 @@ from specparity.engines.hf import HFEngine
 from specparity.types import GenerationRequest, GenerationResult, SpecStats, StepRecord
 
 BUGS = {
-    "accept_unverified": "accepts the first draft token of every block without checking it",
+    "accept_unverified": "accepts the first rejected draft token of a block without checking it",
     "drop_bonus": "advances the context by the bonus token but leaves it out of the output",
     "duplicate_bonus": "writes the bonus token into the output twice",
     "short_crop": "after a partial accept, crops the target KV cache one position too short",
@@ -98,8 +98,8 @@ class LoopEngine(HFEngine):
             n = 0
             while n < len(drafts) and drafts[n] == argmax[n]:
                 n += 1
-            if bug == "accept_unverified" and drafts and n == 0:
-                n = 1
+            if bug == "accept_unverified" and n < len(drafts):
+                n += 1
             new = drafts[:n] + [argmax[n]]
             new_rows = [verify[i].float() for i in range(len(new))]
             if bug != "overrun_stop":
