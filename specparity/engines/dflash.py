@@ -1,0 +1,373 @@
+"""The ``dflash`` engine: the reference DFlash / DFlash2 block-diffusion decoder (PyPI ``dflash``).
+
+Baseline: the target's plain greedy decode (inherited from :class:`~specparity.engines.hf.HFEngine`).
+Speculative: ``dflash.model.dflash_generate`` with a ``DFlash2DraftModel`` (``--spec-mode dflash2``,
+the default) or a ``DFlashDraftModel`` (``--spec-mode dflash1``) at a configurable block size
+(``--num-draft-tokens``; default: the draft config's ``block_size``).
+
+Counters are observed, not trusted: for the duration of one ``dflash_generate`` call a forward hook
+on the target records every call's ``input_ids``, ``position_ids`` and logits. The first call is
+the prefill (``logits_to_keep=1``); every later call verifies a block ``[anchor at position start,
+draft tokens…]`` whose logits row ``j`` predicts position ``start + 1 + j``. Consecutive verify
+starts give the tokens each step produced; the block gives what was proposed. The same call runs
+with ``return_stats=True`` and the per-step counts it reports (``acceptance_lengths``) must equal the
+hook-derived ones, or the request fails as an engine error. ``return_stats=True`` times with
+``torch.cuda.synchronize()``, which raises on a CPU-only torch: while the call runs,
+``dflash.model._cuda_time`` is swapped for ``time.perf_counter`` (scoped, restored afterwards; the
+package itself is not modified). See ``docs/DFLASH.md``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.metadata
+import json
+import time
+import warnings
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+from specparity.coverage import classify_step
+from specparity.engines.base import EngineOptions
+from specparity.engines.common import dir_sha256, finish_reason, model_kind, scores_from_logits, torch_dtype
+from specparity.engines.hf import HFEngine
+from specparity.fixtures import fixture_dir
+from specparity.types import (
+    ArtifactId,
+    Fingerprint,
+    GenerationRequest,
+    GenerationResult,
+    SpecStats,
+    StepRecord,
+)
+
+#: spec mode -> (draft class name in config.json ``architectures``, fixture directory)
+SPEC_MODES = {"dflash2": ("DFlash2DraftModel", "dflash2"), "dflash1": ("DFlashDraftModel", "dflash1")}
+#: ``dflash_config`` keys a DFlash2 draft must carry; without them it silently runs as v1 (REFERENCE §1 trap c).
+DFLASH2_KEYS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
+SOURCE = "target forward hook (verify blocks), cross-checked with dflash acceptance_lengths"
+
+
+class DFlashLoadError(ValueError):
+    """A draft that does not fit the spec mode or the target; raised at engine construction."""
+
+
+@dataclass
+class TargetCall:
+    """One forward call of the target inside ``dflash_generate``."""
+
+    input_ids: list[int]
+    start: int  # position of input_ids[0]
+    contiguous: bool  # position_ids == start .. start + len - 1
+    logits: Any  # torch.Tensor [rows, vocab] in the model dtype
+
+
+def _dflash_model():
+    try:
+        import dflash.model as dm
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        raise DFlashLoadError(
+            f"the dflash engine needs the `dflash` package ({exc}); install it without its [local] extra, which "
+            f"pins torch and transformers exactly: `pip install dflash==0.1.0 --no-deps` (see docs/DFLASH.md)"
+        ) from exc
+    return dm
+
+
+@contextmanager
+def host_timer(module: Any) -> Iterator[None]:
+    """Make ``return_stats=True`` work without CUDA: swap ``module._cuda_time`` (which calls
+    ``torch.cuda.synchronize()``) for ``time.perf_counter`` while the block runs, then restore it."""
+    import torch
+
+    original = getattr(module, "_cuda_time", None)
+    if original is None or torch.cuda.is_available():
+        yield
+        return
+    module._cuda_time = time.perf_counter
+    try:
+        yield
+    finally:
+        module._cuda_time = original
+
+
+@contextmanager
+def capture_target_calls(model: Any) -> Iterator[list[TargetCall]]:
+    """Record every forward call of ``model`` (input ids, start position, logits) while the block runs."""
+    calls: list[TargetCall] = []
+
+    def hook(_module, args, kwargs, output):
+        ids = args[0] if args else kwargs.get("input_ids")
+        ids = ids[0].tolist()
+        pos = kwargs.get("position_ids")
+        if pos is None:
+            start, contiguous = -1, False
+        else:
+            p = pos[0].tolist()
+            start = int(p[0])
+            contiguous = p == list(range(start, start + len(ids)))
+        calls.append(TargetCall(ids, start, contiguous, output.logits[0].detach()))
+
+    handle = model.register_forward_hook(hook, with_kwargs=True)
+    try:
+        yield calls
+    finally:
+        handle.remove()
+
+
+def steps_from_calls(
+    calls: Sequence[TargetCall],
+    full_ids: Sequence[int],
+    prompt_len: int,
+    max_new_tokens: int,
+    block_size: int,
+    stop_ids: Sequence[int],
+) -> tuple[list[StepRecord], list[Any], list[int]]:
+    """Rebuild the verify steps of one ``dflash_generate`` call from the target calls it made.
+
+    Returns the step records, one logits row per output token (prefill row, then each verify
+    step's first ``produced`` rows) and the per-step produced counts. Raises ``RuntimeError`` when
+    the calls do not describe the stream (wrong prefill, a block whose anchor is not the stream's
+    token at its start, non-contiguous positions, starts that do not advance).
+    """
+    n = prompt_len
+    out_len = len(full_ids) - n
+    if not calls:
+        raise RuntimeError("instrumentation saw no target call")
+    pre = calls[0]
+    if pre.input_ids != list(full_ids[:n]) or pre.start not in (0, -1):
+        raise RuntimeError("the first target call is not the prefill of the prompt")
+    rows = [pre.logits[-1]]
+    verifies = calls[1:]
+    starts = [c.start for c in verifies]
+    ends = starts[1:] + [len(full_ids) - 1]
+    produced: list[int] = []
+    steps: list[StepRecord] = []
+    max_length = n + max_new_tokens
+    for c, start, end in zip(verifies, starts, ends):
+        if not c.contiguous:
+            raise RuntimeError(f"verify call at {start}: position_ids are not contiguous")
+        if not n <= start < len(full_ids) or c.input_ids[0] != full_ids[start]:
+            raise RuntimeError(f"verify call at {start}: the block's anchor is not the stream's token at {start}")
+        k = end - start
+        if k < 1 or k > len(c.input_ids):
+            raise RuntimeError(f"verify call at {start}: the next step starts at {end}, {k} tokens later")
+        produced.append(k)
+        rows.extend(c.logits[i] for i in range(k))
+        steps.append(
+            classify_step(
+                c.input_ids[1:],
+                full_ids[start + 1 : start + 1 + k],
+                nominal_width=block_size - 1,
+                budget_before=max_length - start - 1,
+                stop_ids=stop_ids,
+            )
+        )
+    if len(rows) != out_len:
+        raise RuntimeError(f"{len(rows)} logits rows for {out_len} output tokens")
+    return steps, rows, produced
+
+
+class DFlashEngine(HFEngine):
+    """``dflash_generate`` against the target's own greedy decode, one request at a time (batch 1)."""
+
+    name = "dflash"
+
+    def __init__(self, options: EngineOptions):
+        dm = _dflash_model()
+        mode = options.spec_mode or "dflash2"
+        if mode not in SPEC_MODES:
+            raise DFlashLoadError(f"--spec-mode: the dflash engine supports {sorted(SPEC_MODES)}, got {mode!r}")
+        if options.num_draft_tokens is not None and options.num_draft_tokens < 1:
+            raise DFlashLoadError(f"--num-draft-tokens: the block size must be >= 1, got {options.num_draft_tokens}")
+        # The target, tokenizer, baseline and scoring are HFEngine's; it must not load a draft itself.
+        super().__init__(dataclasses.replace(options, spec_mode="prompt_lookup", draft=None))
+        self.options = options
+        self.spec_mode = mode
+        self._dm = dm
+        self.draft_path = str(options.draft or fixture_dir(SPEC_MODES[mode][1]))
+        self.draft_kind, self.draft_config = self._check_draft_config(Path(self.draft_path), mode)
+        self.draft = self._load_draft(dm)
+        self.block_size = int(options.num_draft_tokens or self.draft.block_size)
+        self.num_draft_tokens = self.block_size
+        stops = options.extra.get("stop_token_ids")
+        if stops:
+            # ``--engine-opt stop_token_ids=4``: decode past EOS by naming a token that never comes
+            # (here the pad token) — longer streams, more positions for bf16 near-ties to show.
+            try:
+                self._stop_ids = tuple(int(t) for t in str(stops).split(","))
+            except ValueError:
+                raise DFlashLoadError(f"--engine-opt stop_token_ids={stops!r}: expected comma-separated token ids") from None
+
+    def set_block_size(self, block_size: int) -> None:
+        """Change the block size (verify width: anchor + ``block_size - 1`` draft tokens) in place;
+        the fingerprint follows. Sweeps use this to reuse one loaded engine."""
+        if int(block_size) < 1:
+            raise DFlashLoadError(f"block size must be >= 1, got {block_size}")
+        self.block_size = self.num_draft_tokens = int(block_size)
+        self._fingerprint = None
+
+    # ------------------------------------------------------------------ loading
+    @staticmethod
+    def _check_draft_config(path: Path, mode: str) -> tuple[str, dict[str, Any]]:
+        try:
+            cfg = json.loads((path / "config.json").read_text())
+        except (OSError, ValueError) as exc:
+            raise DFlashLoadError(f"--draft {path}: cannot read config.json ({exc})") from None
+        archs = cfg.get("architectures") or []
+        kind = archs[0] if archs else ""
+        want = SPEC_MODES[mode][0]
+        dcfg = cfg.get("dflash_config") or {}
+        has_v2_keys = [k for k in DFLASH2_KEYS if k in dcfg or k in cfg]
+        if kind not in ("DFlash2DraftModel", "DFlashDraftModel"):
+            hint = (
+                f" (its dflash_config has the DFlash2 keys {has_v2_keys}: add architectures: [\"DFlash2DraftModel\"])"
+                if has_v2_keys
+                else ""
+            )
+            raise DFlashLoadError(
+                f"--draft {path}: config.json architectures {archs!r} names no DFlash draft "
+                f"(expected DFlash2DraftModel or DFlashDraftModel){hint}"
+            )
+        if kind != want:
+            other = next(m for m, (k, _) in SPEC_MODES.items() if k == kind)
+            raise DFlashLoadError(
+                f"--spec-mode {mode} needs a {want} draft, but {path} is a {kind}; "
+                f"pass --spec-mode {other} or a {want} with --draft"
+            )
+        if kind == "DFlash2DraftModel":
+            missing = [k for k in DFLASH2_KEYS if k not in has_v2_keys]
+            if missing:
+                raise DFlashLoadError(f"--draft {path}: a DFlash2DraftModel config without dflash_config keys {missing}")
+        return kind, cfg
+
+    def _load_draft(self, dm: Any):
+        cls = dm.DFlash2DraftModel if self.draft_kind == "DFlash2DraftModel" else dm.DFlashDraftModel
+        draft, info = cls.from_pretrained(
+            self.draft_path, dtype=torch_dtype(self.dtype_name), output_loading_info=True
+        )
+        # A tensor the checkpoint lacks keeps its init (``base_kernel`` is torch.empty); a tensor it
+        # has under a name no parameter matches is dropped. Either loads "successfully" and then
+        # accepts almost nothing (REFERENCE §1 trap b, §6): refuse both.
+        for key in ("missing_keys", "unexpected_keys", "mismatched_keys"):
+            bad = sorted(info.get(key) or [])
+            if bad:
+                raise DFlashLoadError(
+                    f"--draft {self.draft_path}: {key.replace('_', ' ')} loading it as {self.draft_kind}: "
+                    f"{bad[:6]}{' …' if len(bad) > 6 else ''}"
+                )
+        draft = draft.eval()
+        t, d = self.model.config, draft.config
+        layers = list(draft.target_layer_ids)
+        problems = []
+        if d.hidden_size != t.hidden_size:
+            problems.append(f"hidden_size {d.hidden_size} != target {t.hidden_size}")
+        if draft.fc.in_features != len(layers) * t.hidden_size:
+            problems.append(f"fc takes {draft.fc.in_features} features, target_layer_ids {layers} give "
+                            f"{len(layers) * t.hidden_size}")
+        if not layers or max(layers) >= t.num_hidden_layers or min(layers) < 0:
+            problems.append(f"target_layer_ids {layers} outside the target's {t.num_hidden_layers} layers")
+        if draft.mask_token_id is None or not 0 <= int(draft.mask_token_id) < t.vocab_size:
+            problems.append(f"mask_token_id {draft.mask_token_id!r} outside the target vocabulary")
+        sel = getattr(draft, "candidate_selector", None)
+        if sel is not None and sel.successor_codebook.num_embeddings != t.vocab_size:
+            problems.append(f"selector codebooks cover {sel.successor_codebook.num_embeddings} tokens, "
+                            f"target vocab {t.vocab_size}")
+        if problems:
+            raise DFlashLoadError(f"--draft {self.draft_path} does not fit target {self.target_path}: "
+                                  + "; ".join(problems))
+        return draft
+
+    # ------------------------------------------------------------------ protocol
+    def fingerprint(self) -> Fingerprint:
+        if self._fingerprint is None:
+            import torch
+            import transformers
+
+            draft = self.draft
+            spec: dict[str, Any] = {
+                "mode": self.spec_mode,
+                "draft_kind": self.draft_kind,
+                "block_size": self.block_size,
+                "draft_block_size": int(draft.block_size),
+                "target_layer_ids": [int(i) for i in draft.target_layer_ids],
+                "mask_token_id": int(draft.mask_token_id),
+                "temperature": 0.0,
+            }
+            if self.draft_kind == "DFlash2DraftModel":
+                dcfg = self.draft_config.get("dflash_config") or {}
+                spec.update({k: dcfg.get(k, self.draft_config.get(k)) for k in DFLASH2_KEYS})
+            self._fingerprint = Fingerprint(
+                engine=self.name,
+                engine_version=(
+                    f"dflash {importlib.metadata.version('dflash')}, transformers {transformers.__version__}, "
+                    f"torch {torch.__version__}"
+                ),
+                target=ArtifactId(self.target_path, dir_sha256(self.target_path), model_kind(self.target_path)),
+                draft=ArtifactId(self.draft_path, dir_sha256(self.draft_path), self.draft_kind),
+                dtype=self.dtype_name,
+                spec_config=spec,
+                extra={"attn_implementation": self.attn_implementation, "threads": self.options.threads},
+            )
+        return self._fingerprint
+
+    # ------------------------------------------------------------------ speculative path
+    def run_dflash(self, prompt_ids: Sequence[int], max_new_tokens: int, stop_ids: Sequence[int]):
+        """One instrumented ``dflash_generate`` call: (stats namespace, target calls, wall seconds)."""
+        torch = self._torch
+        ids = torch.tensor([list(prompt_ids)], dtype=torch.long)
+        with capture_target_calls(self.model) as calls, host_timer(self._dm), warnings.catch_warnings():
+            # dflash passes ``past_key_values=``; transformers >= 5.x warns it goes away in 5.40 (docs/DFLASH.md)
+            warnings.filterwarnings("ignore", message=".*past_key_values.*deprecated", category=FutureWarning)
+            t0 = time.perf_counter()
+            stats = self._dm.dflash_generate(
+                self.draft,
+                self.model,
+                ids,
+                max_new_tokens,
+                list(stop_ids),
+                temperature=0.0,
+                block_size=self.block_size,
+                return_stats=True,
+            )
+            wall = time.perf_counter() - t0
+        return stats, calls, wall
+
+    def _generate_one(self, req: GenerationRequest, speculative: bool) -> GenerationResult:
+        if not speculative:
+            return super()._generate_one(req, False)
+        if req.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {req.max_new_tokens}")
+        stop = tuple(req.stop_token_ids or self._stop_ids)
+        stats, calls, wall = self.run_dflash(req.prompt_ids, req.max_new_tokens, stop)
+        full = stats.output_ids[0].tolist()
+        n = len(req.prompt_ids)
+        if full[:n] != list(req.prompt_ids):
+            raise RuntimeError("dflash_generate's output does not start with the prompt")
+        steps, rows, produced = steps_from_calls(calls, full, n, req.max_new_tokens, self.block_size, stop)
+        reported = [int(x) for x in stats.acceptance_lengths]
+        if produced != reported:
+            raise RuntimeError(
+                f"instrumentation disagrees with dflash: hook-derived tokens per step {produced} != "
+                f"acceptance_lengths {reported}"
+            )
+        return self.result(req, full[n:], rows, steps, SOURCE, wall)
+
+    def result(self, req: GenerationRequest, new_ids: list[int], rows: Sequence[Any], steps: list[StepRecord],
+               source: str, wall: float) -> GenerationResult:
+        """A speculative result from the output ids, one logits row per output token and the steps."""
+        stop = tuple(req.stop_token_ids or self._stop_ids)
+        return GenerationResult(
+            request_id=req.request_id,
+            output_ids=new_ids,
+            text=self.decode(new_ids),
+            finish_reason=finish_reason(new_ids, req.max_new_tokens, stop),
+            scores=scores_from_logits(self._torch.stack(list(rows[: len(new_ids)])), new_ids, req.top_k),
+            spec=SpecStats.from_steps(steps, source),
+            wall_s=wall,
+        )
+
+
+def create(options: EngineOptions) -> DFlashEngine:
+    return DFlashEngine(options)
