@@ -3,6 +3,7 @@
 
     python benchmarks/dflash_blocks.py                      # fixtures, DFlash2, blocks 1..16, fp32
     python benchmarks/dflash_blocks.py --spec-mode dflash1 --blocks 2,4,8 --repeats 5
+    python benchmarks/dflash_blocks.py --device cuda        # both models on the GPU
 
 "No spec" is the target's plain greedy decode (transformers ``generate``, the gate's baseline);
 "dflash" is ``dflash_generate`` through the engine (instrumented, as the gate runs it). Block 1
@@ -25,6 +26,7 @@ import sys
 import time
 from collections import defaultdict
 from pathlib import Path
+from types import SimpleNamespace
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -43,6 +45,8 @@ def parse_args(argv=None):
     ap.add_argument("--draft", help="DFlash draft dir (default: the spec mode's fixture)")
     ap.add_argument("--spec-mode", default="dflash2", choices=["dflash2", "dflash1"])
     ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--device", default="cpu", help="cpu, or cuda: both models moved to the GPU after loading "
+                    "(the speculative path runs through the engine; the baseline calls generate directly)")
     ap.add_argument("--blocks", default="1,2,4,6,8,12,16")
     ap.add_argument("--prompts", default=str(REPO / "prompts" / "default.jsonl"))
     ap.add_argument("--per-category", type=int, default=2, help="prompts per category")
@@ -61,9 +65,24 @@ def pick_prompts(path: str, per_category: int):
     return out
 
 
-def timed(engine, reqs, speculative):
+def device_baseline(engine, req):
+    """The engine's baseline (``generate`` with its generation config) with the inputs on the model's device."""
+    import torch
+
+    ids = torch.tensor([list(req.prompt_ids)], device=engine.model.device)
+    t0 = time.perf_counter()
+    with torch.inference_mode():
+        out = engine.model.generate(ids, attention_mask=torch.ones_like(ids), **engine._generation_kwargs(req))
+    new = out.sequences[0, ids.shape[1]:].tolist()  # .tolist() waits for the GPU
+    return SimpleNamespace(output_ids=new, wall_s=time.perf_counter() - t0, error=None)
+
+
+def timed(engine, reqs, speculative, device="cpu"):
     """(results, tokens/s over the whole set) — wall time from the engine's own per-request clock."""
-    results = engine.generate(reqs, speculative=speculative)
+    if device != "cpu" and not speculative:
+        results = [device_baseline(engine, r) for r in reqs]
+    else:
+        results = engine.generate(reqs, speculative=speculative)
     bad = [r.error for r in results if r.error]
     if bad:
         raise SystemExit(f"engine error: {bad[0]}")
@@ -80,6 +99,9 @@ def main(argv=None) -> int:
 
     engine = DFlashEngine(EngineOptions(target=args.target, draft=args.draft, spec_mode=args.spec_mode,
                                         dtype=args.dtype, threads=args.threads))
+    if args.device != "cpu":
+        engine.model.to(args.device)
+        engine.draft.to(args.device)
     blocks = [int(b) for b in args.blocks.split(",")]
     prompts = pick_prompts(args.prompts, args.per_category)
     stops = engine.stop_token_ids()
@@ -87,29 +109,30 @@ def main(argv=None) -> int:
             for p in prompts]
     # warm-up (allocator, first-call overheads)
     engine.set_block_size(blocks[-1])
-    engine.generate(reqs[:1], speculative=False)
-    engine.generate(reqs[:1], speculative=True)
+    timed(engine, reqs[:1], False, args.device)
+    timed(engine, reqs[:1], True, args.device)
 
     base_tps, spec_tps = [], defaultdict(list)
     base_out = None
     per_block = {}
     t0 = time.time()
     for _ in range(args.repeats):
-        res, tps = timed(engine, reqs, False)
+        res, tps = timed(engine, reqs, False, args.device)
         base_tps.append(tps)
         base_out = base_out or [r.output_ids for r in res]
         for b in blocks:
             engine.set_block_size(b)
-            res, tps = timed(engine, reqs, True)
+            res, tps = timed(engine, reqs, True, args.device)
             spec_tps[b].append(tps)
             per_block[b] = res
     base = statistics.median(base_tps)
     fp = engine.fingerprint()
-    cpu = platform.processor() or platform.machine()
+    where = (torch.cuda.get_device_name(0) if args.device != "cpu"
+             else f"{platform.processor() or platform.machine()}, torch threads {torch.get_num_threads()}")
     print("# DFlash block-size benchmark\n")
     print(f"command: `python benchmarks/dflash_blocks.py {' '.join(argv if argv is not None else sys.argv[1:])}`".rstrip())
     print(f"engine: {fp.engine_version}; draft {fp.draft.kind} ({fp.draft.path}); target {fp.target.path}")
-    print(f"device: cpu ({cpu}, torch threads {torch.get_num_threads()}); dtype {args.dtype}; "
+    print(f"device: {args.device} ({where}); dtype {args.dtype}; torch {torch.__version__}; "
           f"transformers {transformers.__version__}")
     print(f"workload: {len(reqs)} prompts ({args.per_category} per category) x up to {args.max_new_tokens} new tokens, "
           f"greedy; medians of {args.repeats} interleaved repeats; {time.time() - t0:.0f}s\n")

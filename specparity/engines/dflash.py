@@ -75,6 +75,13 @@ def _dflash_model():
     return dm
 
 
+def _dflash_version() -> str:
+    try:
+        return importlib.metadata.version("dflash")
+    except importlib.metadata.PackageNotFoundError:  # imported from a source tree / copied package
+        return "(version unknown: no package metadata)"
+
+
 @contextmanager
 def host_timer(module: Any) -> Iterator[None]:
     """Make ``return_stats=True`` work without CUDA: swap ``module._cuda_time`` (which calls
@@ -300,10 +307,7 @@ class DFlashEngine(HFEngine):
                 spec.update({k: dcfg.get(k, self.draft_config.get(k)) for k in DFLASH2_KEYS})
             self._fingerprint = Fingerprint(
                 engine=self.name,
-                engine_version=(
-                    f"dflash {importlib.metadata.version('dflash')}, transformers {transformers.__version__}, "
-                    f"torch {torch.__version__}"
-                ),
+                engine_version=f"dflash {_dflash_version()}, transformers {transformers.__version__}, torch {torch.__version__}",
                 target=ArtifactId(self.target_path, dir_sha256(self.target_path), model_kind(self.target_path)),
                 draft=ArtifactId(self.draft_path, dir_sha256(self.draft_path), self.draft_kind),
                 dtype=self.dtype_name,
@@ -316,7 +320,7 @@ class DFlashEngine(HFEngine):
     def run_dflash(self, prompt_ids: Sequence[int], max_new_tokens: int, stop_ids: Sequence[int]):
         """One instrumented ``dflash_generate`` call: (stats namespace, target calls, wall seconds)."""
         torch = self._torch
-        ids = torch.tensor([list(prompt_ids)], dtype=torch.long)
+        ids = torch.tensor([list(prompt_ids)], dtype=torch.long, device=self.model.device)
         with capture_target_calls(self.model) as calls, host_timer(self._dm), warnings.catch_warnings():
             # dflash passes ``past_key_values=``; transformers >= 5.x warns it goes away in 5.40 (docs/DFLASH.md)
             warnings.filterwarnings("ignore", message=".*past_key_values.*deprecated", category=FutureWarning)
