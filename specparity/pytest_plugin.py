@@ -22,18 +22,18 @@ from specparity.prompts import Prompt, PromptFileError, load_many
 DEFAULT_PROMPTS = REPO_ROOT / "prompts" / "default.jsonl"
 DEFAULT_REPORT = "reports/lossless"
 #: The embedded engine used when --engine is not given.
-DEFAULT_ENGINE = "hf"
+DEFAULT_ENGINE = "dflash"
 _RUN_KEY = pytest.StashKey[Any]()
 _PROMPTS_KEY = pytest.StashKey[list]()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     g = parser.getgroup("specparity", "specparity lossless gate")
-    g.addoption("--engine", default=None, help="engine: hf, dflash, module:factory or path/to/file.py:factory "
+    g.addoption("--engine", default=None, help="engine: dflash (default), hf, module:factory or path/to/file.py:factory "
                 "(suites/probes: name==version, e.g. sglang==0.5.19)")
     g.addoption("--target", default=None, help="target model directory (default: the committed fixture)")
     g.addoption("--draft", default=None, help="draft model directory (default: the engine's fixture draft)")
-    g.addoption("--spec-mode", default=None, help="speculative method inside the engine (hf: draft, prompt_lookup)")
+    g.addoption("--spec-mode", default=None, help="speculative method inside the engine (dflash: dflash2, dflash1; hf: draft, prompt_lookup)")
     g.addoption("--num-draft-tokens", type=int, default=None, help="draft width / block size")
     g.addoption("--dtype", default="float32", help="in-process engines: float32, bfloat16, float16")
     g.addoption("--threads", type=int, default=1, help="torch threads for in-process engines (default 1)")
