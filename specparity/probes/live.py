@@ -40,10 +40,19 @@ DEFAULT_FLOOR = 1.5
 DEFAULT_RELATIVE = 0.6
 
 
+def _encode(engine: Engine, prompt: str) -> list[int]:
+    """As a user turn through the engine's chat template (what a deployed server sees); raw text
+    for an engine or tokenizer without one."""
+    try:
+        return engine.encode_prompt(None, [{"role": "user", "content": prompt}])
+    except Exception:  # noqa: BLE001 - no chat template: fall back to a plain continuation
+        return engine.encode_prompt(prompt, None)
+
+
 def _requests(engine: Engine, prompts: Sequence[str], max_new_tokens: int, tag: str) -> list[GenerationRequest]:
     stops = tuple(engine.stop_token_ids())
     return [
-        GenerationRequest(f"{tag}-{i}", engine.encode_prompt(p, None), max_new_tokens, stops)
+        GenerationRequest(f"{tag}-{i}", _encode(engine, p), max_new_tokens, stops)
         for i, p in enumerate(prompts)
     ]
 
@@ -130,6 +139,9 @@ def acceptance_floor(
     mal, steps = mean_accept_length(results)
     sources = sorted({r.spec.source for r in results if r.spec.available})
     evidence = [f"{len(results)} prompts x {max_new_tokens} tokens, {steps} verify steps; counters: {', '.join(sources)}"]
+    if mal is None and all(len(r.output_ids) <= 1 for r in results):
+        return unknown(ACCEPTANCE, "every output ended at its first token: nothing was left to speculate on",
+                       evidence)
     if mal is None:
         return fail(ACCEPTANCE, "speculation never ran (0 verify steps): the draft was not used",
                     evidence, action="check that the engine did not turn speculation off (vLLM #34497-style)")

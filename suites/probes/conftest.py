@@ -27,6 +27,9 @@ def probe_ctx(pytestconfig: pytest.Config):
     target, engine = _opt(pytestconfig, "target"), _opt(pytestconfig, "engine")
     if not target or not engine:
         pytest.skip("probes need --target DIR and --engine name==version (plus --draft DIR for draft probes)")
+    if "==" not in engine:
+        # `pytest --engine dflash` from the root means the lossless gate's engine, not a deploy target.
+        pytest.skip(f"--engine {engine!r} names an in-process engine for the lossless gate; probes need name==version")
     inputs = ProbeInputs(
         target=target,
         draft=_opt(pytestconfig, "draft"),
