@@ -39,6 +39,7 @@ import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import corpus  # noqa: E402
+from build_fixtures import assistant_mask  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 MODES = ["assisted", "lookup", "dflash2", "dflash1"]
@@ -81,7 +82,6 @@ def heldout_ce(target, tok, n_docs: int, prompts_path: Path) -> dict:
         else:
             users.update(m["content"] for m in o["messages"] if m["role"] == "user")
     docs = list(corpus.iter_docs("val", n_docs, users, raws))
-    im_start, im_end = 1, 2
     a_id = tok.convert_tokens_to_ids("assistant")
     nl = tok("\n", add_special_tokens=False)["input_ids"][0]
     tot = tot_a = 0.0
@@ -92,18 +92,7 @@ def heldout_ce(target, tok, n_docs: int, prompts_path: Path) -> dict:
         x = torch.tensor([ids])
         lp = torch.log_softmax(target(input_ids=x).logits[0, :-1].float(), -1)
         nll = -lp.gather(-1, x[0, 1:, None])[:, 0]
-        amask = torch.zeros(len(ids), dtype=torch.bool)
-        begin, inside = -1, False
-        for p, t in enumerate(ids):
-            if p == begin:
-                inside = True
-            if inside:
-                amask[p] = True
-                if t == im_end:
-                    inside = False
-            elif t == im_start and p + 2 < len(ids) and ids[p + 1] == a_id and ids[p + 2] == nl:
-                begin = p + 3
-        am = amask[1:]
+        am = assistant_mask(x, a_id, nl)[0, 1:]
         tot += nll.sum().item()
         n += nll.numel()
         tot_a += nll[am].sum().item()
