@@ -24,7 +24,7 @@ from specparity.coverage import classify_step
 from specparity.engines.base import EngineOptions
 from specparity.engines.dflash import DFlashEngine
 from specparity.fixtures import MODELS
-from specparity.types import GenerationRequest, GenerationResult, StepRecord
+from specparity.types import GenerationRequest, GenerationResult, SpecStats, StepRecord
 
 BUGS = {
     "accept_past_mismatch": "accepts the first mismatching draft token too (acceptance length off by one)",
@@ -69,7 +69,7 @@ class DFlashLoopEngine(DFlashEngine):
         t0 = time.perf_counter()
         full, rows, steps = self.loop(req.prompt_ids, req.max_new_tokens, req.stop_token_ids or self.stop_token_ids())
         source = f"tests/broken_dflash.py ({self.bug or 'correct'})"
-        return self.result(req, full[len(req.prompt_ids):], rows, steps, source, time.perf_counter() - t0)
+        return self.result(req, full[len(req.prompt_ids):], rows, SpecStats.from_steps(steps, source), time.perf_counter() - t0)
 
     @torch.inference_mode()
     def loop(self, prompt_ids, max_new_tokens: int, stop_ids) -> tuple[list[int], list[torch.Tensor], list[StepRecord]]:

@@ -16,7 +16,6 @@ import torch
 
 from specparity.coverage import classify_step
 from specparity.engines.base import EngineOptions
-from specparity.engines.common import finish_reason, scores_from_logits
 from specparity.engines.hf import HFEngine
 from specparity.types import GenerationRequest, GenerationResult, SpecStats, StepRecord
 
@@ -57,16 +56,8 @@ class LoopEngine(HFEngine):
         t0 = time.perf_counter()
         with torch.inference_mode():
             out, rows, steps = self._loop(req)
-        stop = req.stop_token_ids or self.stop_token_ids()
-        return GenerationResult(
-            request_id=req.request_id,
-            output_ids=out,
-            text=self.decode(out),
-            finish_reason=finish_reason(out, req.max_new_tokens, stop),
-            scores=scores_from_logits(torch.stack(rows[: len(out)]), out, req.top_k),
-            spec=SpecStats.from_steps(steps, f"tests/broken_loops.py ({self.bug or 'correct'})"),
-            wall_s=time.perf_counter() - t0,
-        )
+        source = f"tests/broken_loops.py ({self.bug or 'correct'})"
+        return self.result(req, out, rows, SpecStats.from_steps(steps, source), time.perf_counter() - t0)
 
     # ------------------------------------------------------------------ the loop
     def _loop(self, req: GenerationRequest) -> tuple[list[int], list[torch.Tensor], list[StepRecord]]:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import shutil
 
 import pytest
-import torch
 from safetensors.torch import load_file, save_file
 
 from specparity.engines import load_engine

@@ -31,7 +31,7 @@ from typing import Any, Iterator, Sequence
 
 from specparity.coverage import classify_step
 from specparity.engines.base import EngineOptions
-from specparity.engines.common import dir_sha256, finish_reason, model_kind, scores_from_logits, torch_dtype
+from specparity.engines.common import dir_sha256, model_kind, torch_dtype
 from specparity.engines.hf import HFEngine
 from specparity.fixtures import fixture_dir
 from specparity.types import (
@@ -198,14 +198,6 @@ class DFlashEngine(HFEngine):
         self.draft = self._load_draft(dm)
         self.block_size = int(options.num_draft_tokens or self.draft.block_size)
         self.num_draft_tokens = self.block_size
-        stops = options.extra.get("stop_token_ids")
-        if stops:
-            # ``--engine-opt stop_token_ids=4``: decode past EOS by naming a token that never comes
-            # (here the pad token) — longer streams, more positions for bf16 near-ties to show.
-            try:
-                self._stop_ids = tuple(int(t) for t in str(stops).split(","))
-            except ValueError:
-                raise DFlashLoadError(f"--engine-opt stop_token_ids={stops!r}: expected comma-separated token ids") from None
 
     def set_block_size(self, block_size: int) -> None:
         """Change the block size (verify width: anchor + ``block_size - 1`` draft tokens) in place;
@@ -356,21 +348,7 @@ class DFlashEngine(HFEngine):
                 f"instrumentation disagrees with dflash: hook-derived tokens per step {produced} != "
                 f"acceptance_lengths {reported}"
             )
-        return self.result(req, full[n:], rows, steps, SOURCE, wall)
-
-    def result(self, req: GenerationRequest, new_ids: list[int], rows: Sequence[Any], steps: list[StepRecord],
-               source: str, wall: float) -> GenerationResult:
-        """A speculative result from the output ids, one logits row per output token and the steps."""
-        stop = tuple(req.stop_token_ids or self._stop_ids)
-        return GenerationResult(
-            request_id=req.request_id,
-            output_ids=new_ids,
-            text=self.decode(new_ids),
-            finish_reason=finish_reason(new_ids, req.max_new_tokens, stop),
-            scores=scores_from_logits(self._torch.stack(list(rows[: len(new_ids)])), new_ids, req.top_k),
-            spec=SpecStats.from_steps(steps, source),
-            wall_s=wall,
-        )
+        return self.result(req, full[n:], rows, SpecStats.from_steps(steps, SOURCE), wall)
 
 
 def create(options: EngineOptions) -> DFlashEngine:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import time
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 from specparity.coverage import classify_step
@@ -114,7 +113,7 @@ class HFEngine:
             # A confidence cut-off would make the proposal width depend on the draft's own
             # probabilities; a gate wants a fixed width so "block cut by the limit" is well defined.
             gc.assistant_confidence_threshold = 0.0
-        self._stop_ids = self._find_stop_ids()
+        self._stop_ids = self._find_stop_ids(options.extra.get("stop_token_ids"))
         self._torch = torch
         self._fingerprint: Fingerprint | None = None
 
@@ -180,7 +179,16 @@ class HFEngine:
         self.model = self.draft = None  # type: ignore[assignment]
 
     # ------------------------------------------------------------------ internals
-    def _find_stop_ids(self) -> tuple[int, ...]:
+    def _find_stop_ids(self, override: str | None) -> tuple[int, ...]:
+        """The target's EOS ids, or ``--engine-opt stop_token_ids=4,7``: naming a token that never
+        comes (e.g. the pad token) decodes past EOS — longer streams, more positions to compare."""
+        if override:
+            try:
+                return tuple(int(t) for t in str(override).split(","))
+            except ValueError:
+                raise ValueError(
+                    f"--engine-opt stop_token_ids={override!r}: expected comma-separated token ids"
+                ) from None
         ids: list[int] = []
         eos = self.model.generation_config.eos_token_id
         for value in (eos if isinstance(eos, list) else [eos]) + [self.tokenizer.eos_token_id]:
@@ -246,9 +254,20 @@ class HFEngine:
                 spec = SpecStats.unavailable("speculation off")
         wall = time.perf_counter() - t0
         new_ids = out.sequences[0, len(req.prompt_ids) :].tolist()
-        logits = torch.stack([step[0] for step in out.logits]) if out.logits else torch.zeros(0, 1)
-        scores = scores_from_logits(logits, new_ids, req.top_k) if new_ids else TokenScores.empty(req.top_k)
+        rows = [step[0] for step in out.logits] if out.logits else []
+        return self.result(req, new_ids, rows, spec, wall)
+
+    def result(
+        self, req: GenerationRequest, new_ids: list[int], rows: Sequence[Any], spec: SpecStats, wall: float
+    ) -> GenerationResult:
+        """A result from the output ids and one logits row per output token (the row that chose
+        it); shared by every loop built on this engine (dflash, the broken loops in tests/)."""
         stop = req.stop_token_ids or self._stop_ids
+        scores = (
+            scores_from_logits(self._torch.stack(list(rows[: len(new_ids)])), new_ids, req.top_k)
+            if new_ids
+            else TokenScores.empty(req.top_k)
+        )
         return GenerationResult(
             request_id=req.request_id,
             output_ids=new_ids,
@@ -258,7 +277,6 @@ class HFEngine:
             spec=spec,
             wall_s=wall,
         )
-
 
 def create(options: EngineOptions) -> HFEngine:
     return HFEngine(options)
