@@ -112,7 +112,9 @@ class LoopEngine(HFEngine):
             keep = len(context) - 1  # the cache holds everything but the newest token
             if bug == "short_crop" and n < len(drafts):
                 keep -= 1
-            t_cache.crop(keep - t_cache.get_seq_length())
+            surplus = t_cache.get_seq_length() - keep
+            if surplus > 0:  # (after a short crop the cache can already be shorter than `keep`)
+                t_cache.crop(-surplus)
         self._stale_last = context[-1]
         return out, rows, steps
 
