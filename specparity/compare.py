@@ -271,11 +271,11 @@ def compare(
             f"{d.spec_token.text!r} exceeds the near-tie threshold {threshold:.3g}"
         )
         return v
-    later = [t for t in v.tf_violations if t.position > i and (t.margin is None or t.margin > threshold)]
     if spec_tf is None:
         v.klass = "diverged"
         v.reason = f"position {i}: near-tie flip, but the rest of the stream could not be scored teacher-forced"
         return v
+    later = [t for t in v.tf_violations if t.position > i and (t.margin is None or t.margin > threshold)]
     if later:
         t = later[0]
         m = "outside the top-k" if t.margin is None else f"margin {t.margin:.6g} nats"

@@ -74,8 +74,9 @@ def scores_from_logits(logits, token_ids: Sequence[int], top_k: int) -> TokenSco
     )
 
 
-def finish_reason(output_ids: Sequence[int], max_new_tokens: int, stop_ids: Sequence[int]) -> FinishReason:
-    """``stop`` if the stream ends on a stop token, else ``length`` (the caller checks the count)."""
+def finish_reason(output_ids: Sequence[int], stop_ids: Sequence[int]) -> FinishReason:
+    """``stop`` if the stream ends on a stop token, else ``length``; whether a ``length`` stream
+    really reached ``max_new_tokens`` is the comparison's check (``compare._stream_problem``)."""
     if output_ids and output_ids[-1] in set(stop_ids):
         return "stop"
     return "length"

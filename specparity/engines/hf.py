@@ -272,7 +272,7 @@ class HFEngine:
             request_id=req.request_id,
             output_ids=new_ids,
             text=self.decode(new_ids),
-            finish_reason=finish_reason(new_ids, req.max_new_tokens, stop),
+            finish_reason=finish_reason(new_ids, stop),
             scores=scores,
             spec=spec,
             wall_s=wall,
