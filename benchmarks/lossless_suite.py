@@ -26,7 +26,7 @@ from specparity.compare import compare  # noqa: E402
 from specparity.engines import load_engine  # noqa: E402
 from specparity.engines.base import EngineOptions  # noqa: E402
 from specparity.fixtures import REPO_ROOT  # noqa: E402
-from specparity.gate import GateConfig  # noqa: E402
+from specparity.records import GateConfig  # noqa: E402
 from specparity.noise import measure_noise  # noqa: E402
 from specparity.prompts import load_prompts  # noqa: E402
 from specparity.runner import run_gate  # noqa: E402

@@ -1,9 +1,11 @@
 """The ``specparity`` console script.
 
 Subcommands register themselves on one argparse parser (``add_<name>_command``) so other
-commands (``lossless`` …) can be added next to ``probe`` without touching its code. Bad input
-(unreadable or hostile checkpoints, a malformed ``--engine``) prints one line and exits 2; a
-predicted failure exits 1; everything ok/warn/unknown exits 0.
+commands can be added next to ``probe`` without touching its code. ``specparity lossless ARGS``
+hands ``ARGS`` to ``pytest suites/lossless`` untouched. Exit codes are those of
+:mod:`specparity.exitcodes`: bad input (unreadable or hostile checkpoints, a malformed
+``--engine``) prints one line and exits 4; a predicted failure exits 1; everything
+ok/warn/unknown exits 0; an internal error exits 3.
 """
 
 from __future__ import annotations
@@ -12,11 +14,11 @@ import argparse
 import sys
 from typing import Any, Callable, Sequence
 
+from specparity import exitcodes
 from specparity.checkpoints import CheckpointError
 from specparity.probes.capabilities import EngineSpecError
 from specparity.probes.sglang_source import SourceError
 
-EXIT_OK, EXIT_PREDICTED_FAILURE, EXIT_BAD_INPUT, EXIT_INTERNAL = 0, 1, 2, 3
 INPUT_ERRORS = (CheckpointError, EngineSpecError, SourceError, ValueError, OSError)
 
 
@@ -27,12 +29,18 @@ def _run_probe(args: argparse.Namespace) -> int:
     from specparity.probes.verdict import Status
 
     ctx = prepare(ProbeInputs(args.target, args.draft, args.engine, args.launch_flags, args.sglang_source, args.wheel_cache))
-    verdicts = run_static(ctx)
-    if args.live_engine:
-        from specparity.engines import load_engine
+    live_spec = None
+    if args.live_engine:  # resolved and checked before any probe runs or model loads
+        from specparity.engines import check_options, resolve_factory
         from specparity.engines.base import EngineOptions
 
-        engine = load_engine(args.live_engine, EngineOptions(target=args.target, draft=args.draft))
+        factory = resolve_factory(args.live_engine, "--live-engine")
+        live_spec = (factory, check_options(factory, EngineOptions(target=args.target, draft=args.draft), args.live_engine))
+    verdicts = run_static(ctx)
+    if live_spec is not None:
+        from specparity.engines import build_engine
+
+        engine = build_engine(live_spec[0], live_spec[1], args.live_engine, "--live-engine")
         try:
             verdicts.append(live.first_decode(engine))
             recorded = args.recorded_accept_length
@@ -45,7 +53,7 @@ def _run_probe(args: argparse.Namespace) -> int:
         finally:
             engine.close()
     print_report(verdicts, sys.stdout, args.format)
-    return EXIT_PREDICTED_FAILURE if any(v.status is Status.FAIL for v in verdicts) else EXIT_OK
+    return exitcodes.GATE_FAILED if any(v.status is Status.FAIL for v in verdicts) else exitcodes.PASS
 
 
 def add_probe_command(sub: Any) -> None:
@@ -57,7 +65,7 @@ def add_probe_command(sub: Any) -> None:
         help="predict engine-side failures of a target/draft pair before deploying",
         description="Static probes (checkpoint headers, configs, engine source) and, with --live-engine, "
         "live probes against a running engine. Exit 1 on a predicted failure, 0 when every probe is "
-        "ok, warn or unknown, 2 on bad input.",
+        "ok, warn or unknown, 4 on bad input.",
     )
     p.add_argument("--target", required=True, help="target checkpoint directory")
     p.add_argument("--draft", help="draft checkpoint directory")
@@ -76,22 +84,24 @@ def add_probe_command(sub: Any) -> None:
     p.set_defaults(func=_run_probe)
 
 
-def _run_lossless(args: argparse.Namespace) -> int:
+def run_lossless(pytest_args: Sequence[str]) -> int:
+    """``pytest suites/lossless ARGS`` from any directory, ARGS passed through untouched."""
     import pytest
 
     from specparity.fixtures import REPO_ROOT
 
-    return int(pytest.main([str(REPO_ROOT / "suites" / "lossless"), "--rootdir", str(REPO_ROOT), *args.pytest_args]))
+    return int(pytest.main([str(REPO_ROOT / "suites" / "lossless"), "--rootdir", str(REPO_ROOT), *pytest_args]))
 
 
 def add_lossless_command(sub: Any) -> None:
-    p = sub.add_parser(
+    # Only for --help: main() hands everything after "lossless" to pytest before argparse sees it
+    # (argparse's REMAINDER with parse_known_args reorders "--engine hf" into "--engine" + "hf").
+    sub.add_parser(
         "lossless",
-        help="run the lossless gate (pytest suites/lossless); extra arguments go to pytest",
-        description="Same as `pytest suites/lossless ARGS`: e.g. `specparity lossless --engine dflash --dtype bfloat16`.",
+        help="run the lossless gate (pytest suites/lossless); every further argument goes to pytest",
+        description="Same as `pytest suites/lossless ARGS`: e.g. `specparity lossless --engine hf --categories math`.",
+        add_help=False,
     )
-    p.add_argument("pytest_args", nargs=argparse.REMAINDER, help="options for the gate / pytest")
-    p.set_defaults(func=_run_lossless)
 
 
 COMMANDS: tuple[Callable[[Any], None], ...] = (add_probe_command, add_lossless_command)
@@ -107,24 +117,26 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["lossless"]:
+        return run_lossless(argv[1:])
     parser = build_parser()
-    args, extra = parser.parse_known_args(argv)
-    if extra and args.command != "lossless":
-        parser.error(f"unrecognized arguments: {' '.join(extra)}")
-    if args.command == "lossless":
-        args.pytest_args = [*args.pytest_args, *extra]
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # argparse: usage errors exit 2; specparity's bad-input code is 4
+        return exitcodes.BAD_INPUT if exc.code not in (0, None) else exitcodes.PASS
     try:
         return int(args.func(args))
     except INPUT_ERRORS as exc:
         if args.debug:
             raise
         print(f"specparity: error: {exc}".replace("\n", " "), file=sys.stderr)
-        return EXIT_BAD_INPUT
+        return exitcodes.BAD_INPUT
     except Exception as exc:  # never a traceback for the operator; --debug shows it
         if args.debug:
             raise
         print(f"specparity: internal error: {type(exc).__name__}: {exc}".replace("\n", " "), file=sys.stderr)
-        return EXIT_INTERNAL
+        return exitcodes.ENGINE_ERROR
 
 
 if __name__ == "__main__":  # pragma: no cover

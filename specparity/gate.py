@@ -1,4 +1,4 @@
-"""Gate configuration and policy: what a run must show to pass.
+"""Gate policy: what a run must show to pass.
 
 Policy (README "What each class means"):
 
@@ -15,41 +15,12 @@ Policy (README "What each class means"):
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import Any
 
+from specparity import exitcodes
 from specparity.coverage import PATHS
-
-if TYPE_CHECKING:
-    from specparity.runner import GateRun
-
-DEFAULT_MAX_NEW_TOKENS = 48
-DEFAULT_MAX_NEAR_TIE = 0.25
-
-
-@dataclass
-class GateConfig:
-    prompts: list[str] = field(default_factory=list)
-    categories: list[str] | None = None
-    max_new_tokens: int | None = None  # None: each prompt's own, else DEFAULT_MAX_NEW_TOKENS
-    near_tie_nats: float | None = None  # None: measured from the baseline
-    max_near_tie: float = DEFAULT_MAX_NEAR_TIE
-    strict: bool = False
-    report_dir: str | None = None
-    top_k: int = 8
-    require_all_paths: bool = False
-    allow_unknown_activity: bool = False
-
-    def __post_init__(self) -> None:
-        if not 0.0 <= self.max_near_tie <= 1.0:
-            raise ValueError(f"--max-near-tie: expected a fraction in [0, 1], got {self.max_near_tie}")
-        if self.max_new_tokens is not None and self.max_new_tokens < 1:
-            raise ValueError(f"--max-new-tokens: expected an integer >= 1, got {self.max_new_tokens}")
-        if self.top_k < 5:
-            raise ValueError(f"--top-k: expected >= 5 alternatives per position, got {self.top_k}")
-
-    def to_json(self) -> dict[str, Any]:
-        return vars(self).copy()
+from specparity.records import GateConfig, GateRun
 
 
 @dataclass
@@ -58,9 +29,33 @@ class GateDecision:
     failures: list[str]
     warnings: list[str]
     counts: dict[str, int]
+    interrupted: bool = False
+
+    @property
+    def status(self) -> str:
+        """``PASS``, ``FAIL`` or ``INTERRUPTED`` — what the summary's title and the journal say."""
+        if self.interrupted:
+            return "INTERRUPTED"
+        return "PASS" if self.passed else "FAIL"
+
+    @property
+    def exit_code(self) -> int:
+        if self.interrupted:
+            return exitcodes.INTERRUPTED
+        return exitcodes.PASS if self.passed else exitcodes.GATE_FAILED
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "status": self.status,
+            "passed": self.passed,
+            "exit_code": self.exit_code,
+            "failures": list(self.failures),
+            "warnings": list(self.warnings),
+            "counts": dict(self.counts),
+        }
 
 
-def decide(run: "GateRun", config: GateConfig) -> GateDecision:
+def decide(run: GateRun, config: GateConfig) -> GateDecision:
     """Apply the policy to a finished (or partly finished) run."""
     counts = Counter(r.verdict.klass for r in run.records if r.verdict is not None)
     total = sum(counts.values())
@@ -75,7 +70,7 @@ def decide(run: "GateRun", config: GateConfig) -> GateDecision:
     if counts["near_tie"]:
         frac = counts["near_tie"] / total
         if config.strict:
-            failures.append(f"--strict: {counts['near_tie']} near-tie flip(s) where bit-exactness is required")
+            failures.append(f"--bit-exact: {counts['near_tie']} near-tie flip(s) where bit-exactness is required")
         elif frac > config.max_near_tie:
             failures.append(
                 f"{counts['near_tie']}/{total} near-tie prompts ({frac:.0%}) exceed --max-near-tie {config.max_near_tie:.0%}"
@@ -95,9 +90,12 @@ def decide(run: "GateRun", config: GateConfig) -> GateDecision:
         (failures if config.require_all_paths else warnings).append(msg)
     if run.coverage.requests_with_steps == 0 and activity.reported_requests:
         warnings.append("path coverage unknown: the engine reports totals only, no per-step records")
+    if run.interrupted:
+        failures.append("the run was interrupted (Ctrl-C); the verdicts below are of the prompts that finished")
     if run.fatal:
         failures.append(f"the run stopped early: {run.fatal.splitlines()[0]}")
     not_run = [r.prompt.id for r in run.records if r.verdict is None]
     if not_run:
         failures.append(f"{len(not_run)} prompt(s) never finished: {', '.join(not_run)}")
-    return GateDecision(not failures, failures, warnings, {k: counts[k] for k in ("exact", "near_tie", "diverged", "error")})
+    counts_out = {k: counts[k] for k in ("exact", "near_tie", "diverged", "error")}
+    return GateDecision(not failures, failures, warnings, counts_out, interrupted=run.interrupted)

@@ -135,11 +135,21 @@ def load_prompts(path: str | Path) -> PromptSuite:
     """Load and validate one prompt file; raise :class:`PromptFileError` naming file:line:field."""
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        data = path.read_bytes()
     except FileNotFoundError:
         raise PromptFileError(f"{path}: file not found (expected a specparity prompts JSONL file)") from None
+    except IsADirectoryError:
+        raise PromptFileError(f"{path}: is a directory (expected a specparity prompts JSONL file)") from None
+    except OSError as exc:
+        raise PromptFileError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    try:
+        text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise PromptFileError(f"{path}: not UTF-8 ({exc.reason} at byte {exc.start})") from None
+        line = data.count(b"\n", 0, exc.start) + 1
+        column = exc.start - (data.rfind(b"\n", 0, exc.start) + 1) + 1
+        raise PromptFileError(
+            f"{path}:{line}: <line>: expected UTF-8 text ({exc.reason}: byte 0x{data[exc.start]:02x} at column {column})"
+        ) from None
     lines = text.splitlines()
     header_seen = False
     suite = PromptSuite(path=str(path), description="")

@@ -1,7 +1,8 @@
-"""Probe-specific pytest options, registered by the root ``conftest.py``.
+"""Probe-specific pytest options, registered by the specparity pytest plugin.
 
-``--engine`` / ``--target`` / ``--draft`` belong to the root conftest (plain strings); the probe
-suite parses ``--engine`` as ``name==version`` itself. Everything here is prefixed ``--probe-``.
+``--target`` / ``--draft`` are shared with the lossless gate (model directories); the engine a
+deploy will run is ``--probe-engine name==version`` (the gate's ``--engine`` names an engine to
+drive, not a version to predict for). Everything here is prefixed ``--probe-``.
 """
 
 from __future__ import annotations
@@ -16,6 +17,9 @@ from specparity.probes.verdict import Status, Verdict
 
 def add_probe_options(parser: Any) -> None:
     group = parser.getgroup("specparity probes")
+    group.addoption("--probe-engine", default=None,
+                    help="the engine and version a deploy will run, name==version (e.g. sglang==0.5.19); "
+                    "required when suites/probes is selected explicitly")
     group.addoption("--probe-launch-flags", default=None,
                     help="server launch flags as one string, for the mamba slot prediction")
     group.addoption("--probe-sglang-source", default=None,

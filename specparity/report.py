@@ -12,10 +12,13 @@ from typing import Any
 import jinja2
 
 from specparity.coverage import PATHS
-from specparity.gate import DEFAULT_MAX_NEW_TOKENS, GateDecision
-from specparity.runner import GateRun
+from specparity.gate import GateDecision
+from specparity.records import DEFAULT_MAX_NEW_TOKENS, GateRun
 
 _TEMPLATES = Path(__file__).parent / "templates"
+SUMMARY = "summary.md"
+#: Files rendered from a run's journal: a new run removes them first (runner.ResultsWriter).
+DERIVED_FILES = (SUMMARY,)
 
 
 @dataclass
@@ -120,7 +123,7 @@ class _UnknownFingerprint:
 def write_reports(run: GateRun, decision: GateDecision, report_dir: str | Path) -> Path:
     out = Path(report_dir)
     out.mkdir(parents=True, exist_ok=True)
-    path = out / "summary.md"
+    path = out / SUMMARY
     path.write_text(render_summary_md(run, decision), encoding="utf-8")
     return path
 
@@ -129,7 +132,7 @@ def terminal_lines(run: GateRun, decision: GateDecision) -> list[str]:
     """The per-class summary pytest prints at the end of ``pytest suites/lossless``."""
     c = decision.counts
     lines = [
-        f"specparity lossless gate: {'PASS' if decision.passed else 'FAIL'} — "
+        f"specparity lossless gate: {decision.status} — "
         f"exact {c['exact']}, near_tie {c['near_tie']}, diverged {c['diverged']}, error {c['error']} "
         f"({len(run.records)} prompts)",
     ]

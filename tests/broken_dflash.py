@@ -21,7 +21,8 @@ from pathlib import Path
 import torch
 
 from specparity.coverage import classify_step
-from specparity.engines.base import EngineOptions
+from specparity.engines.base import EngineInfo, EngineOptions, OptionSpec, engine_factory
+from specparity.engines.dflash import INFO as DFLASH_INFO
 from specparity.engines.dflash import DFlashEngine
 from specparity.fixtures import MODELS
 from specparity.types import GenerationRequest, GenerationResult, SpecStats, StepRecord
@@ -139,6 +140,12 @@ class DFlashLoopEngine(DFlashEngine):
         return output_ids[0, :end].tolist(), rows, steps
 
 
+@engine_factory(EngineInfo(
+    "dflash-loop",
+    spec_modes=DFLASH_INFO.spec_modes,
+    options={**DFLASH_INFO.options,
+             "bug": OptionSpec("the deliberate bug to run (none: the correct loop)", choices=(*BUGS, *BENIGN))},
+))
 def create(options: EngineOptions) -> DFlashLoopEngine:
     """``--engine tests/broken_dflash.py:create --engine-opt bug=<name>`` (no bug: the correct loop)."""
     return DFlashLoopEngine(options, options.extra.get("bug") or None)

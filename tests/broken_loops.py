@@ -15,8 +15,8 @@ from typing import Sequence
 import torch
 
 from specparity.coverage import classify_step
-from specparity.engines.base import EngineOptions
-from specparity.engines.hf import HFEngine
+from specparity.engines.base import EngineInfo, EngineOptions, OptionSpec, engine_factory
+from specparity.engines.hf import HF_OPTIONS, HFEngine
 from specparity.types import GenerationRequest, GenerationResult, SpecStats, StepRecord
 
 BUGS = {
@@ -141,6 +141,11 @@ def make(bug: str | None, options: EngineOptions) -> LoopEngine:
     return LoopEngine(options, bug)
 
 
+@engine_factory(EngineInfo(
+    "hf-loop",
+    spec_modes=("draft",),
+    options={**HF_OPTIONS, "bug": OptionSpec("the deliberate bug to run (none: the correct loop)", choices=tuple(BUGS))},
+))
 def create(options: EngineOptions) -> LoopEngine:
     """``--engine tests/broken_loops.py:create --engine-opt bug=<name>`` (no bug: the correct loop)."""
     bug = options.extra.get("bug") or None

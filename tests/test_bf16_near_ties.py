@@ -2,10 +2,20 @@
 same dtype still diverge, and fp32 is bit-exact on the same prompts.
 
 prompts/near_tie.jsonl (tools/find_near_ties.py) holds out-of-distribution prompts on which the
-fixture target reaches exact ties or one-bf16-step margins.
+fixture target reaches exact ties or one-bf16-step margins. *Which* of them flip, and how many,
+depends on the kernels torch picks for the CPU (AVX-512 vs AVX2, oneDNN's ISA): measured 1 to 3
+flips per mode on one machine by switching kernels alone (docs/findings.md, F5b). So these tests
+assert only what holds on every CPU — every flip that occurs is a near tie at an exact tie or one
+bf16 step with no later violation, nothing diverges, fp32 is exact — and check that under the
+other kernel sets this machine can emulate. The counts are measurements (``tools/bf16_flips.py``).
 """
 
 from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
 
 import pytest
 
@@ -13,8 +23,9 @@ from broken_loops import LoopEngine
 from specparity.engines.base import EngineOptions
 from specparity.engines.hf import HFEngine
 from specparity.fixtures import REPO_ROOT
-from specparity.gate import GateConfig, decide
+from specparity.gate import decide
 from specparity.prompts import load_prompts
+from specparity.records import GateConfig
 from specparity.runner import run_gate
 
 BF16_STEP = 0.0625  # one bf16 step of logits in [8, 16)
@@ -34,23 +45,52 @@ def _gate(engine, prompts, **cfg):
     return run, decide(run, config)
 
 
+def assert_flips_are_benign(classes: dict[str, str], flips: list[dict], threshold: float) -> None:
+    """What holds on every CPU: no prompt diverges or errors; every flip is at an exact tie or one
+    bf16 step, under the measured threshold, with every later token the target's own choice."""
+    assert set(classes.values()) <= {"exact", "near_tie"}, classes
+    assert threshold < 1.0
+    for f in flips:
+        assert classes[f["prompt"]] == "near_tie", f
+        assert f["margin"] is not None and f["margin"] <= BF16_STEP + 1e-6, f
+        assert not f["late_violations"], f
+
+
 @pytest.mark.parametrize("mode", ["draft", "prompt_lookup"])
-def test_bf16_flips_are_near_ties_and_fp32_is_exact(hf_options, near_tie_prompts, mode):
+def test_bf16_flips_are_near_ties_and_fp32_is_exact(hf_options, near_tie_prompts, mode, record_property):
     opts = {**vars(hf_options), "spec_mode": mode}
     run, decision = _gate(HFEngine(EngineOptions(**{**opts, "dtype": "bfloat16"})), near_tie_prompts)
     assert decision.passed, decision.failures
-    ties = [r.verdict for r in run.records if r.verdict.klass == "near_tie"]
-    assert len(ties) >= 3, decision.counts
-    assert decision.counts["diverged"] == 0
-    for v in ties:
-        assert v.divergence.baseline_margin <= BF16_STEP + 1e-6, v.reason  # exact tie or one bf16 step
-        assert not [t for t in v.tf_violations if t.margin is None or t.margin > v.threshold]
-    assert run.threshold.source == "measured" and run.threshold.nats < 1.0
-    assert all(r.prompt.category == "bf16_flip" for r in run.records if r.verdict.klass == "near_tie")
-    flips = [p for p in near_tie_prompts if p.category == "bf16_flip"]
-    run32, d32 = _gate(HFEngine(EngineOptions(**opts)), flips)
-    assert d32.counts["exact"] == len(flips), d32.counts
+    flips = [
+        {"prompt": r.prompt.id, "margin": r.verdict.divergence.baseline_margin,
+         "late_violations": [t.position for t in r.verdict.tf_violations if t.margin is None or t.margin > r.verdict.threshold]}
+        for r in run.records if r.verdict.divergence is not None
+    ]
+    assert_flips_are_benign({r.prompt.id: r.verdict.klass for r in run.records}, flips, run.threshold.nats)
+    assert run.threshold.source == "measured"
+    record_property("bf16_flips", len(flips))  # a measurement, not an assertion (it depends on the CPU)
+    flip_prompts = [p for p in near_tie_prompts if p.category == "bf16_flip"]
+    run32, d32 = _gate(HFEngine(EngineOptions(**opts)), flip_prompts)
+    assert d32.counts["exact"] == len(flip_prompts), d32.counts
     assert run32.threshold.nats < 1e-3
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kernels", [
+    {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"},
+    {"ATEN_CPU_CAPABILITY": "default"},
+], ids=["avx2", "no-simd"])
+def test_bf16_flips_stay_benign_under_other_cpu_kernels(kernels):
+    """The same invariants with the kernels an AVX2-only or a plain CPU would use (emulated here by
+    capping torch's and oneDNN's instruction sets), where different prompts flip."""
+    proc = subprocess.run(
+        [sys.executable, str(REPO_ROOT / "tools" / "bf16_flips.py"), "--json", "--modes", "draft"],
+        capture_output=True, text=True, timeout=600, env={**os.environ, **kernels}, cwd=REPO_ROOT,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    data = json.loads(proc.stdout.strip().splitlines()[-1])
+    m = data["modes"]["draft"]
+    assert_flips_are_benign(m["classes"], m["flips"], m["threshold"])
 
 
 def test_bf16_real_bug_still_diverges(hf_options, near_tie_prompts, default_prompts):

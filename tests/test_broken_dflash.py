@@ -12,7 +12,8 @@ import pytest
 
 from broken_dflash import BENIGN, BUGS, MODELS_DIR, DFlashLoopEngine, model_options
 from specparity.fixtures import REPO_ROOT
-from specparity.gate import GateConfig, decide
+from specparity.gate import decide
+from specparity.records import GateConfig
 from specparity.prompts import Prompt
 from specparity.runner import run_gate
 

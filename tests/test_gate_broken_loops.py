@@ -14,7 +14,8 @@ import pytest
 
 from broken_loops import BUGS, LoopEngine
 from specparity.fixtures import REPO_ROOT
-from specparity.gate import GateConfig, decide
+from specparity.gate import decide
+from specparity.records import GateConfig
 from specparity.runner import run_gate
 
 MAX_NEW = 32

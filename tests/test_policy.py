@@ -7,10 +7,10 @@ import pytest
 
 from specparity.compare import Verdict
 from specparity.coverage import classify_step
-from specparity.gate import GateConfig, decide
+from specparity.gate import decide
 from specparity.noise import derive_threshold, measure_noise
 from specparity.prompts import Prompt
-from specparity.runner import GateRun, PromptRecord
+from specparity.records import GateConfig, GateRun, PromptRecord
 from specparity.types import GenerationResult, SpecStats, StepRecord, TokenScores
 
 
@@ -34,7 +34,7 @@ def test_policy_rules():
     d = decide(_run(["exact"] * 2 + ["near_tie"] * 2), GateConfig(max_near_tie=0.25))
     assert not d.passed and "exceed --max-near-tie" in d.failures[0]
     d = decide(_run(["exact", "near_tie"]), GateConfig(strict=True, max_near_tie=1.0))
-    assert not d.passed and "--strict" in d.failures[0]
+    assert not d.passed and "--bit-exact" in d.failures[0]
 
 
 def test_speculation_inactive_and_unknown():

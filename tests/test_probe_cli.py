@@ -1,4 +1,4 @@
-"""``specparity probe``: one table, exit 1 on a predicted failure, one line + exit 2 on bad input."""
+"""``specparity probe``: one table, exit 1 on a predicted failure, one line + exit 4 on bad input."""
 
 from __future__ import annotations
 
@@ -71,6 +71,7 @@ def test_json_format(capsys, dirs):
     assert by["lm-head"]["status"] == "ok"
 
 
+@pytest.mark.registry
 def test_hybrid_with_field_report_flags_warns_and_reads_source(capsys, dirs):
     pa.sglang_wheel("0.5.19")  # cached once with pip download; read offline, never installed
     code, out, _ = probe(capsys, "--target", dirs["hybrid"], "--draft", dirs["draft"], "--engine", "sglang==0.5.19",
@@ -91,7 +92,7 @@ def _hostile(tmp_path: Path) -> Path:
 
 
 @pytest.mark.parametrize("case", ["hostile", "missing", "bad-engine", "unknown-engine", "bad-flags", "bad-source"])
-def test_bad_input_is_one_line_exit_two(capsys, dirs, tmp_path, case):
+def test_bad_input_is_one_line_exit_four(capsys, dirs, tmp_path, case):
     args = {"target": dirs["target"], "draft": dirs["draft"], "engine": "sglang==0.5.19"}
     extra: list[str] = []
     if case == "hostile":
@@ -107,7 +108,7 @@ def test_bad_input_is_one_line_exit_two(capsys, dirs, tmp_path, case):
     elif case == "bad-source":
         extra = ["--sglang-source", tmp_path]
     code, out, err = probe(capsys, "--target", args["target"], "--draft", args["draft"], "--engine", args["engine"], *extra)
-    assert code == 2 and out == ""
+    assert code == 4 and out == ""
     assert err.count("\n") == 1 and err.startswith("specparity: error: ") and "Traceback" not in err
 
 
@@ -117,7 +118,7 @@ def test_console_script_on_hostile_input(tmp_path, dirs):
     cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "specparity.cli"]
     proc = subprocess.run([*cmd, "probe", "--target", str(dirs["target"]), "--draft", str(_hostile(tmp_path)),
                            "--engine", "sglang==0.5.19"], capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 2
+    assert proc.returncode == 4
     assert proc.stdout == "" and "Traceback" not in proc.stderr
     assert proc.stderr.strip().endswith("header length: 1099511627776 bytes exceeds the cap of 100000000")
 

@@ -1,7 +1,8 @@
 """The mamba exhaustion probe against real SGLang source from PyPI, plus patched copies.
 
-Offline: the wheels are downloaded once into ``.cache/wheels`` (``pip download --no-deps``, never
-installed) and read with ``zipfile`` / ``ast``. No GPU, no running server, nothing imported from
+The wheels are downloaded once into the user cache (``specparity.cache``, outside the checkout;
+``pip download --no-deps``, never installed) and read with ``zipfile`` / ``ast``; without a package
+registry these tests skip and say so (``registry`` mark). No GPU, no running server, nothing imported from
 sglang. What only a live SGLang can show — the scheduler actually dying — is the mamba-stress
 probe's job (tests/test_probe_live.py exercises it on a simulated slot pool).
 """
@@ -28,7 +29,7 @@ from specparity.probes.sglang_source import (
 )
 from specparity.probes.verdict import Status
 
-pytestmark = pytest.mark.offline
+pytestmark = [pytest.mark.offline, pytest.mark.registry]
 
 # version -> (component file, _alloc_mamba_slot def line, its assert line, donation call lines)
 EXPECTED = {

@@ -60,41 +60,52 @@ def run_suite(scratch: Path, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_passing_pair(scratch, dirs):
-    proc = run_suite(scratch, "--target", dirs["target"], "--draft", dirs["draft"], "--engine", "sglang==0.5.19")
+    proc = run_suite(scratch, "--target", dirs["target"], "--draft", dirs["draft"], "--probe-engine", "sglang==0.5.19")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "5 passed, 3 skipped" in proc.stdout
     assert "live probe: pass --probe-live-engine" in proc.stdout
 
 
 def test_failing_pair_fails_with_evidence(scratch, dirs):
-    proc = run_suite(scratch, "--target", dirs["fp8_head"], "--draft", dirs["draft_as_v1"], "--engine", "vllm==0.11.0")
+    proc = run_suite(scratch, "--target", dirs["fp8_head"], "--draft", dirs["draft_as_v1"], "--probe-engine", "vllm==0.11.0")
     assert proc.returncode == 1
     out = proc.stdout
     assert "FAILED" in out and "test_static_probe[dflash2-format]" in out
     assert "silently run as DFlash v1" in out
     assert "architectures=['DFlashDraftModel']" in out
     # the DFlash v1 draft does not use the selector: the quantized head only warns
-    assert "1 failed, 4 passed, 3 skipped, 1 warning" in out
+    assert "1 failed, 4 passed, 3 skipped" in out
     assert "UserWarning: [warn] lm-head: quantized target head (fp8-block)" in out
 
 
-def test_without_inputs_everything_skips_with_a_reason(scratch):
+def test_selected_without_inputs_is_a_usage_error(scratch):
+    """`pytest suites/probes` with no --probe-engine: a CI job that forgot it must not go green."""
     proc = run_suite(scratch)
-    assert proc.returncode == 0 and "8 skipped" in proc.stdout
-    assert "probes need --target DIR and --engine" in proc.stdout
+    assert proc.returncode == 4, proc.stdout + proc.stderr
+    assert proc.stderr.strip().startswith("ERROR: specparity: suites/probes needs --probe-engine name==version and "
+                                          "--target DIR")
+
+
+def test_collected_with_the_whole_suite_without_inputs_skips_with_a_reason(scratch):
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([sys.executable, "-m", "pytest", str(scratch), "-q", "-rs", "-p", "no:cacheprovider",
+                           "--rootdir", str(scratch), "-c", str(scratch / "pytest.ini")],
+                          capture_output=True, text=True, timeout=300, env=env, cwd=scratch)
+    assert proc.returncode == 0 and "8 skipped" in proc.stdout, proc.stdout
+    assert "probes need --target DIR and --probe-engine" in proc.stdout
 
 
 def test_hostile_input_fails_in_one_line(scratch, dirs, tmp_path):
     pa.raw_safetensors(tmp_path / "model.safetensors", b"{nope")
     (tmp_path / "config.json").write_text("{}")
-    proc = run_suite(scratch, "--target", dirs["target"], "--draft", tmp_path, "--engine", "sglang==0.5.19")
+    proc = run_suite(scratch, "--target", dirs["target"], "--draft", tmp_path, "--probe-engine", "sglang==0.5.19")
     assert proc.returncode == 1
     assert "bad probe input:" in proc.stdout and "header: invalid JSON" in proc.stdout
     assert "Traceback" not in proc.stdout
 
 
 def test_live_probes_through_the_suite(scratch, dirs):
-    proc = run_suite(scratch, "--target", dirs["target"], "--draft", dirs["draft"], "--engine", "sglang==0.5.19",
+    proc = run_suite(scratch, "--target", dirs["target"], "--draft", dirs["draft"], "--probe-engine", "sglang==0.5.19",
                      "--probe-live-engine", "probe_artifacts:copy_draft_engine", "--probe-stress-requests", "3")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "8 passed" in proc.stdout
@@ -104,7 +115,7 @@ def test_with_the_project_root_conftest(dirs):
     """The same suite under the repository's own root conftest (which registers the options)."""
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "suites/probes", "-q", "-p", "no:cacheprovider", "--target",
-         str(dirs["target"]), "--draft", str(dirs["draft_as_v1"]), "--engine", "sglang==0.5.19"],
+         str(dirs["target"]), "--draft", str(dirs["draft_as_v1"]), "--probe-engine", "sglang==0.5.19"],
         capture_output=True, text=True, timeout=300, cwd=ROOT,
     )
     assert proc.returncode == 1, proc.stdout + proc.stderr

@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 
 from specparity.engines.hf import HFEngine
-from specparity.gate import GateConfig, decide
+from specparity.gate import decide
+from specparity.records import GateConfig
 from specparity.runner import run_gate
 
 

@@ -2,18 +2,21 @@
 
 A factory is any callable taking :class:`~specparity.engines.base.EngineOptions` and returning an
 object that answers the :class:`~specparity.engines.base.Engine` protocol, so a team can gate its
-own decoder with ``--engine mypkg.mod:factory``.
+own decoder with ``--engine mypkg.mod:factory``. A factory may carry an
+:class:`~specparity.engines.base.EngineInfo` (``@engine_factory``): its spec modes, ``--engine-opt``
+keys and dtypes are then checked by :func:`check_options` before anything loads.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import importlib.util
 import sys
 from pathlib import Path
 from typing import Callable
 
-from specparity.engines.base import Engine, EngineOptions
+from specparity.engines.base import Engine, EngineInfo, EngineOptions
 
 #: Built-in engines: name -> "module:factory", imported lazily (torch is heavy).
 BUILTIN: dict[str, str] = {
@@ -22,45 +25,116 @@ BUILTIN: dict[str, str] = {
 }
 _REQUIRED = ("encode_prompt", "decode", "stop_token_ids", "generate", "score", "fingerprint", "close")
 
+Factory = Callable[[EngineOptions], Engine]
+
 
 class EngineLoadError(ValueError):
-    pass
+    """An engine that cannot be found, imported or configured; the message names the option."""
 
 
-def _resolve(spec: str) -> Callable[[EngineOptions], Engine]:
+def resolve_factory(spec: str, option: str = "--engine") -> Factory:
+    """Import the factory named by ``spec`` (no model loads). ``option`` is the flag that named it,
+    so an error blames the right one (``--engine`` or ``--live-engine``)."""
     target = BUILTIN.get(spec, spec)
     if ":" not in target:
         raise EngineLoadError(
-            f"--engine {spec!r}: expected one of {sorted(BUILTIN)} or 'module:factory' / 'path/to/file.py:factory'"
+            f"{option} {spec!r}: expected one of {', '.join(sorted(BUILTIN))} or 'module:factory' / "
+            "'path/to/file.py:factory'"
         )
     module_part, _, attr = target.rpartition(":")
     if module_part.endswith(".py"):
-        path = Path(module_part)
+        path = Path(module_part).resolve()
         if not path.is_file():
-            raise EngineLoadError(f"--engine {spec!r}: file {path} not found")
-        mod_name = f"specparity_user_engine_{abs(hash(str(path.resolve())))}"
-        loader_spec = importlib.util.spec_from_file_location(mod_name, path)
-        if loader_spec is None or loader_spec.loader is None:
-            raise EngineLoadError(f"--engine {spec!r}: cannot import {path}")
-        module = importlib.util.module_from_spec(loader_spec)
-        sys.modules[mod_name] = module
-        loader_spec.loader.exec_module(module)
+            raise EngineLoadError(f"{option} {spec!r}: file {module_part} not found")
+        # The file's folder goes on sys.path so a plugin can import the modules beside it.
+        if str(path.parent) not in sys.path:
+            sys.path.insert(0, str(path.parent))
+        module = _import_file(path, spec, option)
     else:
         try:
             module = importlib.import_module(module_part)
         except ImportError as exc:
-            raise EngineLoadError(f"--engine {spec!r}: cannot import module {module_part!r}: {exc}") from exc
+            raise EngineLoadError(f"{option} {spec!r}: cannot import module {module_part!r}: {exc}") from exc
     factory = getattr(module, attr, None)
     if not callable(factory):
-        raise EngineLoadError(f"--engine {spec!r}: {module_part} has no callable {attr!r}")
+        raise EngineLoadError(f"{option} {spec!r}: {module_part} has no callable {attr!r}")
     return factory
 
 
-def load_engine(spec: str, options: EngineOptions) -> Engine:
-    """Build the engine named by ``spec`` and check that it answers the protocol."""
-    engine = _resolve(spec)(options)
+def _import_file(path: Path, spec: str, option: str):
+    """Import a plugin file under its own name (``mine.py`` -> ``mine``), reusing the module when that
+    file is already imported (the tests import ``broken_loops`` too) and a unique name when the
+    stem is taken by another module."""
+    existing = sys.modules.get(path.stem)
+    if existing is not None:
+        if Path(getattr(existing, "__file__", "") or "").resolve() == path:
+            return existing
+        mod_name = f"specparity_user_engine_{abs(hash(str(path)))}"
+    else:
+        mod_name = path.stem
+    loader_spec = importlib.util.spec_from_file_location(mod_name, path)
+    if loader_spec is None or loader_spec.loader is None:
+        raise EngineLoadError(f"{option} {spec!r}: cannot import {path}")
+    module = importlib.util.module_from_spec(loader_spec)
+    sys.modules[mod_name] = module
+    try:
+        loader_spec.loader.exec_module(module)
+    except Exception as exc:  # noqa: BLE001 - a broken plugin is bad input, said in one line
+        del sys.modules[mod_name]
+        raise EngineLoadError(f"{option} {spec!r}: importing {path.name} failed: {type(exc).__name__}: {exc}") from exc
+    return module
+
+
+def engine_info(factory: Factory) -> EngineInfo | None:
+    info = getattr(factory, "engine_info", None)
+    return info if isinstance(info, EngineInfo) else None
+
+
+def check_options(factory: Factory, options: EngineOptions, name: str) -> EngineOptions:
+    """Check ``options`` against the factory's declaration; return them with ``extra`` values parsed.
+
+    Unknown ``--engine-opt`` keys are refused, naming the keys the engine knows: a typo
+    (``bugs=`` for ``bug=``) must never run the engine with the option silently ignored.
+    """
+    info = engine_info(factory)
+    if info is None:
+        if options.extra:
+            raise EngineLoadError(
+                f"--engine-opt {', '.join(sorted(options.extra))}: engine {name!r} declares no --engine-opt keys "
+                "(its factory has no @engine_factory(EngineInfo(...)) declaration)"
+            )
+        return options
+    unknown = sorted(set(options.extra) - set(info.options))
+    if unknown:
+        known = ", ".join(sorted(info.options)) or "none"
+        raise EngineLoadError(f"--engine-opt {unknown[0]}: unknown key for engine {info.name!r} (it knows: {known})")
+    if info.spec_modes and options.spec_mode is not None and options.spec_mode not in info.spec_modes:
+        raise EngineLoadError(
+            f"--spec-mode {options.spec_mode!r}: engine {info.name!r} supports {', '.join(info.spec_modes)}"
+        )
+    if not info.spec_modes and options.spec_mode is not None:
+        raise EngineLoadError(f"--spec-mode {options.spec_mode!r}: engine {info.name!r} takes no --spec-mode")
+    if info.dtypes and options.dtype not in info.dtypes:
+        raise EngineLoadError(f"--dtype {options.dtype!r}: engine {info.name!r} supports {', '.join(info.dtypes)}")
+    parsed = {key: info.options[key].check(key, str(value)) for key, value in options.extra.items()}
+    return dataclasses.replace(options, extra=parsed)
+
+
+def build_engine(factory: Factory, options: EngineOptions, spec: str, option: str = "--engine") -> Engine:
+    """Call a resolved factory with checked options and verify the result answers the protocol."""
+    engine = factory(options)
     missing = [m for m in _REQUIRED if not callable(getattr(engine, m, None))]
     if missing or not isinstance(getattr(engine, "name", None), str):
         what = ", ".join(missing) if missing else "a string attribute 'name'"
-        raise EngineLoadError(f"--engine {spec!r}: the factory returned {type(engine).__name__} without {what}")
+        raise EngineLoadError(f"{option} {spec!r}: the factory returned {type(engine).__name__} without {what}")
     return engine
+
+
+def load_engine(spec: str, options: EngineOptions, option: str = "--engine") -> Engine:
+    """Resolve, check and build the engine named by ``spec`` (``option``: the flag that named it)."""
+    factory = resolve_factory(spec, option)
+    try:
+        checked = check_options(factory, options, spec)
+    except ValueError as exc:
+        raise EngineLoadError(str(exc)) from None
+    return build_engine(factory, checked, spec, option)

@@ -9,7 +9,7 @@ all of them.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Protocol, Sequence, runtime_checkable
+from typing import Any, Callable, Mapping, Protocol, Sequence, TypeVar, runtime_checkable
 
 from specparity.types import Fingerprint, GenerationRequest, GenerationResult, TokenScores
 
@@ -31,6 +31,79 @@ class EngineOptions:
     num_draft_tokens: int | None = None
     threads: int | None = 1
     extra: dict[str, Any] = field(default_factory=dict)
+
+
+#: Model dtypes the in-process engines understand (``--dtype``).
+TORCH_DTYPES = ("float32", "bfloat16", "float16")
+
+
+@dataclass(frozen=True)
+class OptionSpec:
+    """One ``--engine-opt KEY=VALUE`` an engine accepts, checked before anything loads.
+
+    ``parse`` turns the string into the value the engine uses and raises ``ValueError`` with a
+    message saying what was expected; ``choices`` restricts the string to a fixed set.
+    """
+
+    help: str
+    choices: tuple[str, ...] | None = None
+    parse: Callable[[str], Any] | None = None
+
+    def check(self, key: str, value: str) -> Any:
+        if self.choices is not None and value not in self.choices:
+            raise ValueError(f"--engine-opt {key}={value!r}: expected one of {', '.join(self.choices)}")
+        if self.parse is None:
+            return value
+        try:
+            return self.parse(value)
+        except ValueError as exc:
+            raise ValueError(f"--engine-opt {key}={value!r}: {exc}") from None
+
+
+@dataclass(frozen=True)
+class EngineInfo:
+    """What an engine kind accepts, known without loading anything: the face checks every option
+    against it before a model loads, so a typo is one line and exit code 4, never a silent default.
+
+    ``spec_modes``: accepted ``--spec-mode`` values, the first is the default (empty: the engine
+    takes none). ``options``: accepted ``--engine-opt`` keys. ``dtypes``: accepted ``--dtype``
+    values (empty: the engine has no dtype, e.g. a server). ``local_models``: ``--target`` /
+    ``--draft`` must be local model directories (a typo must never become a hub download).
+    """
+
+    name: str
+    spec_modes: tuple[str, ...] = ()
+    options: Mapping[str, OptionSpec] = field(default_factory=dict)
+    dtypes: tuple[str, ...] = TORCH_DTYPES
+    local_models: bool = True
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def engine_factory(info: EngineInfo) -> Callable[[F], F]:
+    """Declare what a factory's engine accepts: ``@engine_factory(EngineInfo("mine", options={...}))``.
+
+    A factory without a declaration still loads, but may be given no ``--engine-opt`` at all
+    (there is nothing to check the keys against).
+    """
+
+    def wrap(fn: F) -> F:
+        fn.engine_info = info  # type: ignore[attr-defined]
+        return fn
+
+    return wrap
+
+
+def parse_int_list(value: str) -> tuple[int, ...]:
+    """``"4,7"`` -> ``(4, 7)`` (for options naming token ids)."""
+    try:
+        out = tuple(int(t) for t in value.split(","))
+    except ValueError:
+        raise ValueError("expected comma-separated token ids") from None
+    if not out:
+        raise ValueError("expected comma-separated token ids")
+    return out
 
 
 @runtime_checkable

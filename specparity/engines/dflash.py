@@ -30,9 +30,9 @@ from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 from specparity.coverage import classify_step
-from specparity.engines.base import EngineOptions
+from specparity.engines.base import EngineInfo, EngineOptions, engine_factory
 from specparity.engines.common import dir_sha256, model_kind, torch_dtype
-from specparity.engines.hf import HFEngine
+from specparity.engines.hf import HF_OPTIONS, HFEngine
 from specparity.fixtures import fixture_dir
 from specparity.types import (
     ArtifactId,
@@ -47,6 +47,7 @@ from specparity.types import (
 SPEC_MODES = {"dflash2": ("DFlash2DraftModel", "dflash2"), "dflash1": ("DFlashDraftModel", "dflash1")}
 #: ``dflash_config`` keys a DFlash2 draft must carry; without them it silently runs as v1 (REFERENCE §1 trap c).
 DFLASH2_KEYS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
+INFO = EngineInfo("dflash", spec_modes=tuple(SPEC_MODES), options=HF_OPTIONS)
 SOURCE = "target forward hook (verify blocks), cross-checked with dflash acceptance_lengths"
 
 
@@ -244,7 +245,7 @@ class DFlashEngine(HFEngine):
     def _load_draft(self, dm: Any):
         cls = dm.DFlash2DraftModel if self.draft_kind == "DFlash2DraftModel" else dm.DFlashDraftModel
         draft, info = cls.from_pretrained(
-            self.draft_path, dtype=torch_dtype(self.dtype_name), output_loading_info=True
+            self.draft_path, dtype=torch_dtype(self.dtype_name), output_loading_info=True, local_files_only=True
         )
         # A tensor the checkpoint lacks keeps its init (``base_kernel`` is torch.empty); a tensor it
         # has under a name no parameter matches is dropped. Either loads "successfully" and then
@@ -351,5 +352,6 @@ class DFlashEngine(HFEngine):
         return self.result(req, full[n:], rows, SpecStats.from_steps(steps, SOURCE), wall)
 
 
+@engine_factory(INFO)
 def create(options: EngineOptions) -> DFlashEngine:
     return DFlashEngine(options)

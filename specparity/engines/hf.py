@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from typing import Any, Iterator, Sequence
 
 from specparity.coverage import classify_step
-from specparity.engines.base import EngineOptions
+from specparity.engines.base import EngineInfo, EngineOptions, OptionSpec, engine_factory, parse_int_list
 from specparity.engines.common import (
     dir_sha256,
     finish_reason,
@@ -36,6 +36,13 @@ from specparity.types import (
 
 SPEC_MODES = ("draft", "prompt_lookup")
 DEFAULT_DRAFT_TOKENS = 4
+#: ``--engine-opt`` keys of every engine built on :class:`HFEngine` (hf, dflash, the broken loops).
+HF_OPTIONS = {
+    "attn_implementation": OptionSpec("transformers attention implementation", choices=("sdpa", "eager")),
+    "stop_token_ids": OptionSpec("comma-separated token ids that end generation instead of the target's EOS "
+                                 "(naming a token that never comes decodes past EOS)", parse=parse_int_list),
+}
+INFO = EngineInfo("hf", spec_modes=SPEC_MODES, options=HF_OPTIONS)
 
 
 class RecordingCandidateGenerator:
@@ -94,18 +101,21 @@ class HFEngine:
             raise ValueError(f"--spec-mode: the hf engine supports {SPEC_MODES}, got {mode!r}")
         self.spec_mode = mode
         self.draft_path = str(options.draft or fixture_dir("draft")) if mode == "draft" else None
-        self.num_draft_tokens = options.num_draft_tokens or DEFAULT_DRAFT_TOKENS
+        self.num_draft_tokens = DEFAULT_DRAFT_TOKENS if options.num_draft_tokens is None else options.num_draft_tokens
+        if self.num_draft_tokens < 1:
+            raise ValueError(f"--num-draft-tokens: expected an integer >= 1, got {self.num_draft_tokens}")
         self.dtype_name = options.dtype
         dtype = torch_dtype(options.dtype)
         self.attn_implementation = options.extra.get("attn_implementation", "sdpa")
-        self.tokenizer = AutoTokenizer.from_pretrained(self.target_path)
+        # local_files_only: a path typo must fail here, never turn into a model-hub download.
+        self.tokenizer = AutoTokenizer.from_pretrained(self.target_path, local_files_only=True)
         self.model = AutoModelForCausalLM.from_pretrained(
-            self.target_path, dtype=dtype, attn_implementation=self.attn_implementation
+            self.target_path, dtype=dtype, attn_implementation=self.attn_implementation, local_files_only=True
         ).eval()
         self.draft = None
         if self.draft_path:
             self.draft = AutoModelForCausalLM.from_pretrained(
-                self.draft_path, dtype=dtype, attn_implementation=self.attn_implementation
+                self.draft_path, dtype=dtype, attn_implementation=self.attn_implementation, local_files_only=True
             ).eval()
             gc = self.draft.generation_config
             gc.num_assistant_tokens = self.num_draft_tokens
@@ -179,16 +189,13 @@ class HFEngine:
         self.model = self.draft = None  # type: ignore[assignment]
 
     # ------------------------------------------------------------------ internals
-    def _find_stop_ids(self, override: str | None) -> tuple[int, ...]:
+    def _find_stop_ids(self, override: str | Sequence[int] | None) -> tuple[int, ...]:
         """The target's EOS ids, or ``--engine-opt stop_token_ids=4,7``: naming a token that never
         comes (e.g. the pad token) decodes past EOS — longer streams, more positions to compare."""
+        if isinstance(override, str):  # an engine built directly, not through check_options
+            override = parse_int_list(override)
         if override:
-            try:
-                return tuple(int(t) for t in str(override).split(","))
-            except ValueError:
-                raise ValueError(
-                    f"--engine-opt stop_token_ids={override!r}: expected comma-separated token ids"
-                ) from None
+            return tuple(int(t) for t in override)
         ids: list[int] = []
         eos = self.model.generation_config.eos_token_id
         for value in (eos if isinstance(eos, list) else [eos]) + [self.tokenizer.eos_token_id]:
@@ -278,5 +285,6 @@ class HFEngine:
             wall_s=wall,
         )
 
+@engine_factory(INFO)
 def create(options: EngineOptions) -> HFEngine:
     return HFEngine(options)

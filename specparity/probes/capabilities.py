@@ -64,6 +64,26 @@ class EngineSpec:
         return spec
 
 
+#: Engine versions whose source the capability tables were read from.
+SGLANG_VERSIONS_READ = ("0.5.17", "0.5.18", "0.5.19", "0.5.20", "0.5.21", "0.5.22", "0.5.23")
+
+
+def unread_version_note(engine: EngineSpec) -> str | None:
+    """Why this engine version's verdicts are predictions from another version's source, or None
+    when its own source was read. Such a verdict is never ``ok``: at most ``warn``, said plainly."""
+    if engine.name == "sglang":
+        key = format_version(engine.version[:3])
+        if key in SGLANG_VERSIONS_READ:
+            return None
+        return (f"sglang {engine.version_text} was not read (sources read: {SGLANG_VERSIONS_READ[0]}-"
+                f"{SGLANG_VERSIONS_READ[-1]}): this is a prediction from another version's source, not a check")
+    if engine.name == "vllm":
+        return (f"vllm {engine.version_text} was not read: the vLLM rules come from vllm-project/vllm source at one "
+                "commit, version range not verified; this is a prediction, not a check")
+    return (f"{engine.name} {engine.version_text}: no source of this engine was read by the probes; "
+            "this is a prediction from the checkpoint alone")
+
+
 # --------------------------------------------------------------------------------------------
 # DFlash2 selector and the target lm_head
 # --------------------------------------------------------------------------------------------

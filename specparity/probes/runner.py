@@ -12,13 +12,15 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Callable, Mapping
 
+from specparity.cache import wheel_cache_dir
 from specparity.checkpoints import Checkpoint, load_checkpoint
 from specparity.probes import draft_format, lm_head, mamba_slots
-from specparity.probes.capabilities import EngineSpec
+from specparity.probes.capabilities import EngineSpec, unread_version_note
 from specparity.probes.sglang_source import FoundSource, find_source, open_source
-from specparity.probes.verdict import Verdict
+from specparity.probes.verdict import Status, Verdict
 
-DEFAULT_WHEEL_CACHE = ".cache/wheels"
+#: Cached sglang-<version>-*.whl files (outside the checkout).
+DEFAULT_WHEEL_CACHE = str(wheel_cache_dir())
 
 
 @dataclass
@@ -69,12 +71,28 @@ def _mamba_source(ctx: ProbeContext) -> FoundSource | None:
     return ctx.source if hybrid else None
 
 
-STATIC_PROBES: dict[str, Callable[[ProbeContext], Verdict]] = {
+def cap_unread(verdict: Verdict, engine: EngineSpec) -> Verdict:
+    """An ``ok`` for an engine version whose source was never read becomes ``warn``, saying so:
+    "0.5.99 was not read; rule taken from 0.5.23" is a prediction, not a pass."""
+    note = unread_version_note(engine)
+    if note is None or verdict.status is not Status.OK:
+        return verdict
+    return Verdict(verdict.probe, Status.WARN, f"{verdict.summary} [unverified: {engine} was not read]",
+                   [*verdict.evidence, note], action=verdict.action or f"read {engine}'s own source to confirm "
+                   "(specparity probe --sglang-source WHEEL_OR_TREE) or run the live probes against it",
+                   message=verdict.message, live_only=verdict.live_only)
+
+
+_PROBES: dict[str, Callable[[ProbeContext], Verdict]] = {
     lm_head.PROBE: lambda c: lm_head.probe_lm_head(c.target, c.draft, c.engine),
     draft_format.FP8_PROBE: lambda c: draft_format.probe_fp8_scales(c.draft, c.engine),
     draft_format.DFLASH2_PROBE: lambda c: draft_format.probe_dflash2_format(c.draft, c.engine),
     mamba_slots.SLOTS_PROBE: lambda c: mamba_slots.probe_mamba_slots(c.target, c.engine, c.flags, _mamba_source(c), c.env),
     mamba_slots.SOURCE_PROBE: lambda c: mamba_slots.probe_mamba_exhaustion(c.target, c.engine, c.flags, _mamba_source(c)),
+}
+#: Every static probe, each capped by :func:`cap_unread`.
+STATIC_PROBES: dict[str, Callable[[ProbeContext], Verdict]] = {
+    name: (lambda c, fn=fn: cap_unread(fn(c), c.engine)) for name, fn in _PROBES.items()
 }
 
 

@@ -1,7 +1,7 @@
 """The lossless gate: every prompt greedily with and without speculation, token by token.
 
 ``test_lossless[<prompt id>]`` fails for a ``diverged`` or ``error`` prompt (and for a
-``near_tie`` one under ``--strict``/``--bit-exact``), with the reason and where to look.
+``near_tie`` one under ``--bit-exact``), with the reason and where to look.
 ``test_gate_policy`` applies the run-level rules: the near-tie budget, "speculation inactive",
 path coverage and prompts that never finished.
 """
@@ -22,7 +22,7 @@ def test_lossless(lossless_prompt, gate_session):
         pytest.fail(f"{lossless_prompt.id} [{v.klass}]: {v.reason}", pytrace=False)
     if v.klass == "near_tie":
         if gate_session.run.config.strict:
-            pytest.fail(f"{lossless_prompt.id} [near_tie under --strict]: {v.reason}", pytrace=False)
+            pytest.fail(f"{lossless_prompt.id} [near_tie under --bit-exact]: {v.reason}", pytrace=False)
         warnings.warn(f"{lossless_prompt.id} near-tie flip: {v.reason}", stacklevel=1)
 
 

@@ -1,12 +1,15 @@
-"""Fixtures for the probe suite: ``pytest suites/probes --target DIR --draft DIR --engine sglang==0.5.19``.
+"""Fixtures for the probe suite: ``pytest suites/probes --target DIR --draft DIR --probe-engine sglang==0.5.19``.
 
-``--target/--draft/--engine`` come from the root conftest (plain strings); the ``--probe-*``
-options from :func:`specparity.pytest_options.add_probe_options`. Without ``--target`` and
-``--engine`` every probe skips and says so: the suite probes *your* deploy, it has no default.
-Live probes run only with ``--probe-live-engine`` (a built-in engine name or ``module:factory``).
+The suite probes *your* deploy; it has no default. Selected explicitly (``pytest suites/probes``)
+without ``--probe-engine`` and ``--target`` it is a usage error (exit 4): a CI job that forgets a
+flag must not go green on eight skips. Collected as part of the whole test suite (a plain
+``pytest``) with neither given, every probe skips and says why. Live probes run only with
+``--probe-live-engine`` (a built-in engine name or ``module:factory``).
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 
@@ -14,9 +17,31 @@ from specparity.checkpoints import CheckpointError
 from specparity.probes.capabilities import EngineSpecError
 from specparity.probes.sglang_source import SourceError
 
+HERE = Path(__file__).resolve().parent
+
 
 def _opt(config: pytest.Config, name: str, default=None):
     return config.getoption(name, default=default)
+
+
+def _selected_explicitly(config: pytest.Config) -> bool:
+    for arg in config.args:
+        path = Path(str(arg).split("::")[0]).resolve()
+        if path == HERE or HERE in path.parents:
+            return True
+    return False
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if not _selected_explicitly(config):
+        return
+    missing = [flag for flag, name in (("--probe-engine name==version", "probe_engine"), ("--target DIR", "target"))
+               if not _opt(config, name)]
+    if missing:
+        raise pytest.UsageError(
+            f"specparity: suites/probes needs {' and '.join(missing)} (e.g. --probe-engine sglang==0.5.19 "
+            "--target DIR --draft DIR); without them every probe would skip"
+        )
 
 
 @pytest.fixture(scope="session")
@@ -24,12 +49,9 @@ def probe_ctx(pytestconfig: pytest.Config):
     """The parsed target/draft/engine; bad input fails every probe with one line, no traceback."""
     from specparity.probes.runner import DEFAULT_WHEEL_CACHE, ProbeInputs, prepare
 
-    target, engine = _opt(pytestconfig, "target"), _opt(pytestconfig, "engine")
+    target, engine = _opt(pytestconfig, "target"), _opt(pytestconfig, "probe_engine")
     if not target or not engine:
-        pytest.skip("probes need --target DIR and --engine name==version (plus --draft DIR for draft probes)")
-    if "==" not in engine:
-        # `pytest --engine dflash` from the root means the lossless gate's engine, not a deploy target.
-        pytest.skip(f"--engine {engine!r} names an in-process engine for the lossless gate; probes need name==version")
+        pytest.skip("probes need --target DIR and --probe-engine name==version (plus --draft DIR for draft probes)")
     inputs = ProbeInputs(
         target=target,
         draft=_opt(pytestconfig, "draft"),
@@ -49,14 +71,14 @@ def live_engine(pytestconfig: pytest.Config):
     """An engine from ``--probe-live-engine``; the live probes skip without one."""
     spec = _opt(pytestconfig, "probe_live_engine")
     if not spec:
-        pytest.skip("live probe: pass --probe-live-engine (hf, dflash, package.module:factory) "
-                    "(server engines for SGLang/vLLM/llama.cpp land in a later issue)")
-    from specparity.engines import load_engine
+        pytest.skip("live probe: pass --probe-live-engine (hf, dflash, package.module:factory)")
+    from specparity.engines import EngineLoadError, load_engine
     from specparity.engines.base import EngineOptions
 
     try:
-        engine = load_engine(spec, EngineOptions(target=_opt(pytestconfig, "target"), draft=_opt(pytestconfig, "draft")))
-    except (ValueError, OSError) as exc:
+        engine = load_engine(spec, EngineOptions(target=_opt(pytestconfig, "target"), draft=_opt(pytestconfig, "draft")),
+                             "--probe-live-engine")
+    except (EngineLoadError, ValueError, OSError) as exc:
         pytest.fail(f"cannot load live engine {spec!r}: {exc}", pytrace=False)
     yield engine
     engine.close()

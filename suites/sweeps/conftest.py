@@ -18,9 +18,11 @@ from pathlib import Path
 import pytest
 
 from specparity.fixtures import REPO_ROOT
-from specparity.gate import GateConfig, GateDecision, decide
-from specparity.pytest_plugin import DEFAULT_REPORT, engine_options, gate_config, selected_prompts
-from specparity.runner import Activity, GateRun, run_gate
+from specparity.gate import GateDecision
+from specparity.options import DEFAULT_REPORT
+from specparity.pytest_plugin import gate_setup, report_section
+from specparity.records import Activity, GateConfig, GateRun
+from specparity.runner import conclude, run_gate
 
 SWEEP_MAX_NEW = 32
 #: Prompts per sweep step when no --categories narrow the suite: the first of each category.
@@ -82,8 +84,9 @@ class Sweep:
         from specparity.engines.dflash import DFlashEngine
 
         self.config = config
-        base = gate_config(config)
-        prompts = selected_prompts(config)
+        setup = gate_setup(config)
+        base = setup.config
+        prompts = setup.prompts
         if not base.categories:
             per_cat: dict[str, list] = {}
             for p in prompts:
@@ -96,7 +99,7 @@ class Sweep:
         self.report_dir = Path(REPO_ROOT / "reports" / "sweeps" if report == DEFAULT_REPORT else report)
         self.base = base
         self.max_new = base.max_new_tokens or SWEEP_MAX_NEW
-        self.engine = DFlashEngine(engine_options(config))
+        self.engine = DFlashEngine(setup.engine_options)
 
     def run(self, block: int) -> tuple[GateRun, GateDecision, SweepRow]:
         self.engine.set_block_size(block)
@@ -105,7 +108,7 @@ class Sweep:
                "report_dir": str(self.report_dir / f"block-{block}")}
         )
         run = run_gate(self.engine, self.prompts, cfg)
-        decision = decide(run, cfg)
+        decision = conclude(run)
         row = sweep_row(block, run, decision)
         rows = self.config.stash.setdefault(_ROWS, [])
         rows.append(row)
@@ -135,12 +138,7 @@ def sweep(request: pytest.FixtureRequest):
     s = Sweep(request.config)
     yield s
     s.close()
+    rows = request.config.stash.get(_ROWS, None)
+    if rows:
+        report_section(request.config, "dflash block-size sweep", table_lines(rows))
 
-
-def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
-    rows = config.stash.get(_ROWS, None)
-    if not rows:
-        return
-    terminalreporter.section("dflash block-size sweep")
-    for line in table_lines(rows):
-        terminalreporter.write_line(line)

@@ -1,0 +1,181 @@
+"""The gate's options, parsed and checked once, before any model loads.
+
+Every entry point (the pytest plugin, the sweeps, the CLI) turns its raw options into one
+:class:`GateSetup` through :func:`build_setup`. A bad value raises :class:`BadInput` whose message
+is one line naming the option (or ``file:line``) and what was expected; the face prints it and
+exits with :data:`specparity.exitcodes.BAD_INPUT`. Nothing here imports torch or loads a model:
+the engine's factory is imported (to read its declaration), never called.
+"""
+
+from __future__ import annotations
+
+import math
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from specparity.engines import EngineLoadError, Factory, check_options, engine_info, resolve_factory
+from specparity.engines.base import EngineOptions
+from specparity.fixtures import REPO_ROOT
+from specparity.records import DEFAULT_MAX_NEAR_TIE, GateConfig
+from specparity.prompts import Prompt, PromptFileError, load_many
+from specparity.types import DEFAULT_TOP_K
+
+DEFAULT_PROMPTS = REPO_ROOT / "prompts" / "default.jsonl"
+DEFAULT_REPORT = "reports/lossless"
+#: The embedded engine used when --engine is not given.
+DEFAULT_ENGINE = "dflash"
+MIN_TOP_K = 5
+
+
+class BadInput(ValueError):
+    """An option, path, engine or prompt file the gate cannot use; the message is one line."""
+
+
+@dataclass
+class GateSetup:
+    """Everything a gate run needs, validated: the engine (resolved, not built), its options, the
+    run configuration and the selected prompts."""
+
+    engine_spec: str
+    factory: Factory
+    engine_options: EngineOptions
+    config: GateConfig
+    prompts: list[Prompt] = field(default_factory=list)
+
+
+def _int(raw: Mapping[str, Any], key: str, flag: str, minimum: int, default: int | None = None) -> int | None:
+    value = raw.get(key, default)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        try:
+            value = int(str(value))
+        except ValueError:
+            raise BadInput(f"{flag} {value!r}: expected an integer >= {minimum}") from None
+    if value < minimum:
+        raise BadInput(f"{flag} {value}: expected an integer >= {minimum}")
+    return value
+
+
+def _float(raw: Mapping[str, Any], key: str, flag: str, lo: float, hi: float | None = None,
+           default: float | None = None) -> float | None:
+    value = raw.get(key, default)
+    if value is None:
+        return None
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        raise BadInput(f"{flag} {value!r}: expected a number") from None
+    bounds = f"in [{lo:g}, {hi:g}]" if hi is not None else f">= {lo:g}"
+    if not math.isfinite(value) or value < lo or (hi is not None and value > hi):
+        raise BadInput(f"{flag} {value:g}: expected a number {bounds}")
+    return value
+
+
+def check_model_dir(flag: str, path: str | None) -> str | None:
+    """A local model directory with a config.json, or a clear error; never a hub id."""
+    if path is None:
+        return None
+    p = Path(path)
+    if not p.exists():
+        raise BadInput(f"{flag} {path}: no such directory (expected a local model directory with config.json; "
+                       "specparity never downloads models)")
+    if not p.is_dir():
+        raise BadInput(f"{flag} {path}: not a directory (expected a local model directory with config.json)")
+    if not (p / "config.json").is_file():
+        raise BadInput(f"{flag} {path}: no config.json in this directory (expected a local model directory)")
+    return str(p)
+
+
+def check_report_dir(flag: str, path: str) -> str:
+    """Create the report directory and prove it writable now, not after the run."""
+    p = Path(path)
+    try:
+        p.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=p, prefix=".specparity-write-test-"):
+            pass
+    except OSError as exc:
+        raise BadInput(f"{flag} {path}: cannot create or write the report directory "
+                       f"({type(exc).__name__}: {exc.strerror or exc})") from None
+    return str(p)
+
+
+def parse_engine_opts(items: Sequence[str]) -> dict[str, str]:
+    extra: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise BadInput(f"--engine-opt {item!r}: expected KEY=VALUE")
+        if key in extra:
+            raise BadInput(f"--engine-opt {key}: given twice ({extra[key]!r} and {value!r})")
+        extra[key.strip()] = value
+    return extra
+
+
+def select_prompts(files: Sequence[str], categories: Sequence[str] | None) -> list[Prompt]:
+    try:
+        prompts = load_many(files)
+    except PromptFileError as exc:
+        raise BadInput(str(exc)) from None
+    if categories:
+        known = {p.category for p in prompts}
+        unknown = sorted(set(categories) - known)
+        if unknown:
+            raise BadInput(f"--categories: unknown {', '.join(unknown)}; the prompt files have {', '.join(sorted(known))}")
+        prompts = [p for p in prompts if p.category in categories]
+    return prompts
+
+
+def build_setup(raw: Mapping[str, Any], *, check_report: bool = False) -> GateSetup:
+    """Validate the raw option values (names as pytest's ``dest``: ``engine``, ``engine_opt`` …).
+
+    ``check_report``: also create the report directory and prove it writable (done when the user
+    named one; the default directory is created when the run starts).
+    """
+    engine_spec = raw.get("engine") or DEFAULT_ENGINE
+    if "==" in engine_spec:
+        raise BadInput(f"--engine {engine_spec!r}: the lossless gate takes an engine name (dflash, hf, module:factory); "
+                       "for the probes' name==version use --probe-engine")
+    try:
+        factory = resolve_factory(engine_spec, "--engine")
+    except EngineLoadError as exc:
+        raise BadInput(str(exc)) from None
+    info = engine_info(factory)
+    local = info is None or info.local_models
+    options = EngineOptions(
+        target=check_model_dir("--target", raw.get("target")) if local else raw.get("target"),
+        draft=check_model_dir("--draft", raw.get("draft")) if local else raw.get("draft"),
+        spec_mode=raw.get("spec_mode"),
+        dtype=raw.get("dtype") or "float32",
+        num_draft_tokens=_int(raw, "num_draft_tokens", "--num-draft-tokens", 1),
+        threads=_int(raw, "threads", "--threads", 1, default=1),
+        extra=parse_engine_opts(raw.get("engine_opt") or []),
+    )
+    try:
+        options = check_options(factory, options, engine_spec)
+    except (EngineLoadError, ValueError) as exc:
+        raise BadInput(str(exc)) from None
+    cats = raw.get("categories")
+    categories = [c.strip() for c in cats.split(",") if c.strip()] if cats else None
+    if cats is not None and not categories:
+        raise BadInput(f"--categories {cats!r}: expected comma-separated category names")
+    prompt_files = [str(p) for p in (raw.get("prompts") or [DEFAULT_PROMPTS])]
+    report = raw.get("report", DEFAULT_REPORT)
+    if report and check_report:
+        report = check_report_dir("--report", report)
+    config = GateConfig(
+        prompts=prompt_files,
+        categories=categories,
+        max_new_tokens=_int(raw, "max_new_tokens", "--max-new-tokens", 1),
+        near_tie_nats=_float(raw, "near_tie_nats", "--near-tie-nats", 0.0),
+        max_near_tie=_float(raw, "max_near_tie", "--max-near-tie", 0.0, 1.0, default=DEFAULT_MAX_NEAR_TIE),
+        strict=bool(raw.get("bit_exact")),
+        report_dir=report or None,
+        top_k=_int(raw, "top_k", "--top-k", MIN_TOP_K, default=DEFAULT_TOP_K),
+        require_all_paths=bool(raw.get("require_all_paths")),
+        allow_unknown_activity=bool(raw.get("allow_unknown_activity")),
+    )
+    return GateSetup(engine_spec, factory, options, config, select_prompts(prompt_files, categories))
+

@@ -1,0 +1,119 @@
+"""Run-level data: a gate run's configuration, its per-prompt records and its counters.
+
+These types cross the run, policy and report layers (``runner`` fills them, ``gate`` judges them,
+``report`` renders them), so they live here, below all three, with no logic beyond summing.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+from specparity.compare import Verdict
+from specparity.coverage import Coverage
+from specparity.noise import NearTieThreshold
+from specparity.prompts import Prompt
+from specparity.types import DEFAULT_TOP_K, Fingerprint, GenerationRequest, GenerationResult, TokenScores
+
+DEFAULT_MAX_NEW_TOKENS = 48
+DEFAULT_MAX_NEAR_TIE = 0.25
+
+
+@dataclass
+class GateConfig:
+    prompts: list[str] = field(default_factory=list)
+    categories: list[str] | None = None
+    max_new_tokens: int | None = None  # None: each prompt's own, else DEFAULT_MAX_NEW_TOKENS
+    near_tie_nats: float | None = None  # None: measured from the baseline
+    max_near_tie: float = DEFAULT_MAX_NEAR_TIE
+    strict: bool = False
+    report_dir: str | None = None
+    top_k: int = DEFAULT_TOP_K
+    require_all_paths: bool = False
+    allow_unknown_activity: bool = False
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.max_near_tie <= 1.0:
+            raise ValueError(f"--max-near-tie: expected a fraction in [0, 1], got {self.max_near_tie}")
+        if self.max_new_tokens is not None and self.max_new_tokens < 1:
+            raise ValueError(f"--max-new-tokens: expected an integer >= 1, got {self.max_new_tokens}")
+        if self.top_k < 5:
+            raise ValueError(f"--top-k: expected >= 5 alternatives per position, got {self.top_k}")
+
+    def to_json(self) -> dict[str, Any]:
+        return vars(self).copy()
+
+
+@dataclass
+class PromptRecord:
+    prompt: Prompt
+    request: GenerationRequest | None = None
+    baseline: GenerationResult | None = None
+    baseline_tf: TokenScores | None = None
+    spec: GenerationResult | None = None
+    spec_tf: TokenScores | None = None
+    verdict: Verdict | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "kind": "prompt",
+            "prompt": self.prompt.to_json(),
+            "prompt_ids": list(self.request.prompt_ids) if self.request else None,
+            "max_new_tokens": self.request.max_new_tokens if self.request else None,
+            "baseline": self.baseline.to_json() if self.baseline else None,
+            "spec": self.spec.to_json() if self.spec else None,
+            "spec_tf": self.spec_tf.to_json() if self.spec_tf is not None else None,
+            "verdict": self.verdict.to_json() if self.verdict else None,
+        }
+
+
+@dataclass
+class Activity:
+    proposed: int = 0
+    accepted: int = 0
+    verify_steps: int = 0
+    emitted: int = 0
+    reported_requests: int = 0
+
+    @property
+    def mean_accept_length(self) -> float | None:
+        return self.emitted / self.verify_steps if self.verify_steps else None
+
+    def add(self, result: GenerationResult) -> None:
+        s = result.spec
+        if not s.available:
+            return
+        self.reported_requests += 1
+        self.proposed += s.proposed
+        self.accepted += s.accepted
+        self.verify_steps += s.verify_steps
+        self.emitted += sum(x.emitted for x in s.steps) if s.steps is not None else s.accepted + s.verify_steps
+
+
+@dataclass
+class GateRun:
+    fingerprint: Fingerprint | None
+    config: GateConfig
+    records: list[PromptRecord]
+    threshold: NearTieThreshold | None = None
+    timings: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+    coverage: Coverage = field(default_factory=Coverage)
+    fatal: str | None = None
+    interrupted: bool = False  # Ctrl-C: the records hold what finished before it
+
+    def activity(self, category: str | None = None) -> Activity:
+        act = Activity()
+        for r in self.records:
+            if r.spec is not None and (category is None or r.prompt.category == category):
+                act.add(r.spec)
+        return act
+
+    def categories(self) -> list[str]:
+        return sorted({r.prompt.category for r in self.records})
+
+    def record(self, prompt_id: str) -> PromptRecord:
+        for r in self.records:
+            if r.prompt.id == prompt_id:
+                return r
+        raise KeyError(prompt_id)

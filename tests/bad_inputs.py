@@ -1,0 +1,123 @@
+"""Every bad input we know users try, with the one line it must produce.
+
+One list serves ``tests/test_bad_input.py`` (runs each for real: exit 4, one line on stderr, naming
+the option or ``file:line``) and ``tools/bad_input_table.py`` (writes ``docs/BAD_INPUT.md`` from
+the same runs). ``{tmp}`` in an argument is a scratch directory holding the files ``make`` writes.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+REPO = Path(__file__).resolve().parents[1]
+HEADER = '{"specparity_prompts": 1, "description": "bad input"}\n'
+GOOD = '{"id": "x-1", "category": "x", "lang": "en", "prompt": "hello"}\n'
+
+
+@dataclass(frozen=True)
+class Case:
+    id: str
+    argv: tuple[str, ...]  # after the command
+    expect: str  # a fragment of the one line
+    command: str = "pytest"  # "pytest" (pytest suites/lossless …) or "specparity"
+    make: Callable[[Path], None] | None = None
+
+    def full_argv(self, tmp: Path) -> list[str]:
+        args = [a.replace("{tmp}", str(tmp)) for a in self.argv]
+        if self.command == "pytest":
+            return [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args]
+        return [str(Path(sys.executable).with_name("specparity")), *args]
+
+    def shown(self) -> str:
+        return ("pytest " if self.command == "pytest" else "specparity ") + " ".join(self.argv).replace("{tmp}/", "")
+
+
+def _write(name: str, data: bytes | str) -> Callable[[Path], None]:
+    def make(tmp: Path) -> None:
+        path = tmp / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data if isinstance(data, bytes) else data.encode())
+    return make
+
+
+def _both(*makers: Callable[[Path], None]) -> Callable[[Path], None]:
+    def make(tmp: Path) -> None:
+        for m in makers:
+            m(tmp)
+    return make
+
+
+LOOPS = "tests/broken_loops.py:create"
+FIXTURE_TARGET = "fixtures/models/target"
+
+CASES: tuple[Case, ...] = (
+    Case("engine-opt-typo", ("suites/lossless", "--engine", LOOPS, "--engine-opt", "bugs=short_crop"),
+         "--engine-opt bugs: unknown key for engine 'hf-loop' (it knows: attn_implementation, bug, stop_token_ids)"),
+    Case("engine-opt-bad-value", ("suites/lossless", "--engine", LOOPS, "--engine-opt", "bug=nosuch"),
+         "--engine-opt bug='nosuch': expected one of accept_unverified"),
+    Case("engine-opt-no-equals", ("suites/lossless", "--engine-opt", "attn_implementation"),
+         "--engine-opt 'attn_implementation': expected KEY=VALUE"),
+    Case("engine-opt-builtin-typo", ("suites/lossless", "--engine", "hf", "--engine-opt", "attn=eager"),
+         "--engine-opt attn: unknown key for engine 'hf'"),
+    Case("num-draft-tokens-0", ("suites/lossless", "--engine", "hf", "--num-draft-tokens", "0"),
+         "--num-draft-tokens 0: expected an integer >= 1"),
+    Case("num-draft-tokens-negative", ("suites/lossless", "--engine", "hf", "--num-draft-tokens", "-3"),
+         "--num-draft-tokens -3: expected an integer >= 1"),
+    Case("num-draft-tokens-text", ("suites/lossless", "--num-draft-tokens", "four"),
+         "--num-draft-tokens 'four': expected an integer >= 1"),
+    Case("target-missing", ("suites/lossless", "--target", "/nonexistent/dir"),
+         "--target /nonexistent/dir: no such directory (expected a local model directory with config.json; "
+         "specparity never downloads models)"),
+    Case("target-hub-id", ("suites/lossless", "--target", "nosuch/model"),
+         "--target nosuch/model: no such directory"),
+    Case("target-file", ("suites/lossless", "--target", "README.md"), "--target README.md: not a directory"),
+    Case("target-no-config", ("suites/lossless", "--target", "{tmp}/empty"),
+         "no config.json in this directory", make=lambda tmp: (tmp / "empty").mkdir()),
+    Case("draft-missing", ("suites/lossless", "--draft", "/nonexistent/draft"), "--draft /nonexistent/draft: no such directory"),
+    Case("near-tie-negative", ("suites/lossless", "--near-tie-nats", "-1"), "--near-tie-nats -1: expected a number >= 0"),
+    Case("near-tie-nan", ("suites/lossless", "--near-tie-nats", "nan"), "--near-tie-nats nan: expected a number >= 0"),
+    Case("max-near-tie", ("suites/lossless", "--max-near-tie", "2"), "--max-near-tie 2: expected a number in [0, 1]"),
+    Case("max-new-tokens-0", ("suites/lossless", "--max-new-tokens", "0"), "--max-new-tokens 0: expected an integer >= 1"),
+    Case("top-k", ("suites/lossless", "--top-k", "3"), "--top-k 3: expected an integer >= 5"),
+    Case("threads-negative", ("suites/lossless", "--threads", "-1"), "--threads -1: expected an integer >= 1"),
+    Case("report-unwritable", ("suites/lossless", "--report", "/proc/nope"),
+         "--report /proc/nope: cannot create or write the report directory"),
+    Case("engine-unknown", ("suites/lossless", "--engine", "nosuch"),
+         "--engine 'nosuch': expected one of dflash, hf or 'module:factory' / 'path/to/file.py:factory'"),
+    Case("engine-probe-syntax", ("suites/lossless", "--engine", "sglang==0.5.19"),
+         "for the probes' name==version use --probe-engine"),
+    Case("engine-file-missing", ("suites/lossless", "--engine", "mine.py:create"),
+         "--engine 'mine.py:create': file mine.py not found"),
+    Case("engine-no-factory", ("suites/lossless", "--engine", "tests/broken_loops.py:nope"),
+         "has no callable 'nope'"),
+    Case("engine-module-missing", ("suites/lossless", "--engine", "nosuchpkg.engine:create"),
+         "--engine 'nosuchpkg.engine:create': cannot import module 'nosuchpkg.engine'"),
+    Case("spec-mode", ("suites/lossless", "--spec-mode", "eagle"), "--spec-mode 'eagle': engine 'dflash' supports dflash2, dflash1"),
+    Case("dtype", ("suites/lossless", "--dtype", "int8"), "--dtype 'int8': engine 'dflash' supports float32, bfloat16, float16"),
+    Case("categories", ("suites/lossless", "--categories", "maths"), "--categories: unknown maths; the prompt files have"),
+    Case("prompts-missing", ("suites/lossless", "--prompts", "{tmp}/nope.jsonl"), "nope.jsonl: file not found"),
+    Case("prompts-not-utf8", ("suites/lossless", "--prompts", "{tmp}/latin1.jsonl"),
+         "latin1.jsonl:2: <line>: expected UTF-8 text (invalid continuation byte: byte 0xe9 at column 60)",
+         make=_write("latin1.jsonl", HEADER.encode() + b'{"id": "x-1", "category": "x", "lang": "fr", "prompt": "caf\xe9 au lait"}\n')),
+    Case("prompts-bad-json", ("suites/lossless", "--prompts", "{tmp}/broken.jsonl"),
+         "broken.jsonl:3: <line>: invalid JSON", make=_write("broken.jsonl", HEADER + GOOD + '{"id": "x-2",\n')),
+    Case("prompts-unknown-field", ("suites/lossless", "--prompts", "{tmp}/typo.jsonl"),
+         "typo.jsonl:2: max_tokens: unknown field",
+         make=_write("typo.jsonl", HEADER + GOOD.replace('"prompt"', '"max_tokens": 9, "prompt"'))),
+    Case("prompts-duplicate-id", ("suites/lossless", "--prompts", "{tmp}/a.jsonl", "--prompts", "{tmp}/b.jsonl"),
+         "b.jsonl:2: id: duplicate id 'x-1'", make=_both(_write("a.jsonl", HEADER + GOOD), _write("b.jsonl", HEADER + GOOD))),
+    Case("probes-without-engine", ("suites/probes", "--target", FIXTURE_TARGET),
+         "suites/probes needs --probe-engine name==version"),
+    Case("xdist-each", ("-n", "2", "--dist", "each", "suites/lossless"),
+         "--dist each would run the whole gate on every worker"),
+    Case("cli-lossless-engine", ("lossless", "--engine", "nosuch"), "--engine 'nosuch'", command="specparity"),
+    Case("cli-probe-live-engine", ("probe", "--target", FIXTURE_TARGET, "--engine", "sglang==0.5.19", "--live-engine", "nosuch"),
+         "--live-engine 'nosuch': expected one of dflash, hf", command="specparity"),
+    Case("cli-probe-engine-syntax", ("probe", "--target", FIXTURE_TARGET, "--engine", "sglang-0.5.19"),
+         "expected name==version", command="specparity"),
+    Case("cli-probe-target-missing", ("probe", "--target", "/nonexistent", "--engine", "sglang==0.5.19"),
+         "/nonexistent", command="specparity"),
+)

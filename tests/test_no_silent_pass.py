@@ -1,0 +1,169 @@
+"""Never a silent pass: each run that once exited 0 (or misled) when it should not, run for real.
+
+Every case is a real subprocess of the command a user types, so the exit status is the one CI
+sees: a gate that prints FAIL exits non-zero however the tests were selected (``-k``, node ids,
+``-n``); an interrupted run says so in its journal and summary and never leaves an old verdict
+beside its partial results.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import probe_artifacts as pa
+from specparity import exitcodes
+from specparity.fixtures import REPO_ROOT
+
+TESTS = REPO_ROOT / "tests"
+BROKEN_LOOPS = f"{TESTS / 'broken_loops.py'}:create"
+
+
+def run(*args: str, cwd: Path = REPO_ROOT, timeout: int = 600) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(TESTS)}
+    return subprocess.run([*args], cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def pytest_cmd(*args: str) -> list[str]:
+    return [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args]
+
+
+def journal(report: Path) -> list[dict]:
+    return [json.loads(line) for line in (report / "results.jsonl").read_text().splitlines()]
+
+
+def test_deselected_policy_test_still_fails_the_run(tmp_path):
+    """`-k math` deselects test_gate_policy; "speculation inactive" must still exit 1."""
+    proc = run(*pytest_cmd("suites/lossless", "-k", "math", "--engine", BROKEN_LOOPS, "--engine-opt", "bug=inactive",
+                           "--max-new-tokens", "16", "--report", str(tmp_path / "r")))
+    out = proc.stdout + proc.stderr
+    assert "5 passed, 34 deselected" in out, out[-2000:]  # every selected test passed
+    assert "specparity lossless gate: FAIL" in out and "speculation inactive" in out, out[-2000:]
+    assert proc.returncode == exitcodes.GATE_FAILED, out[-2000:]
+    final = journal(tmp_path / "r")[-1]
+    assert final["kind"] == "verdict" and final["status"] == "FAIL" and final["exit_code"] == 1
+    assert any("speculation inactive" in f for f in final["failures"])
+
+
+def test_node_id_selection_still_fails_the_run(tmp_path):
+    proc = run(*pytest_cmd("suites/lossless/test_lossless.py::test_lossless[repeat-en-001]", "--engine", BROKEN_LOOPS,
+                           "--engine-opt", "bug=inactive", "--max-new-tokens", "16", "--report", str(tmp_path / "r")))
+    assert proc.returncode == exitcodes.GATE_FAILED, (proc.stdout + proc.stderr)[-2000:]
+    assert "1 passed" in proc.stdout
+
+
+def test_ctrl_c_in_the_speculative_phase_leaves_no_stale_verdict(tmp_path):
+    report = tmp_path / "r"
+    report.mkdir()
+    (report / "summary.md").write_text("# specparity lossless gate: PASS\n\nfrom another engine\n")
+    (report / "results.jsonl").write_text('{"kind": "run", "stale": true}\n')
+    proc = run(*pytest_cmd("suites/lossless", "--engine", f"{TESTS / 'fault_engines.py'}:interrupting",
+                           "--engine-opt", "interrupt_after=3", "--categories", "math", "--max-new-tokens", "12",
+                           "--report", str(report)))
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == exitcodes.INTERRUPTED, out[-2000:]
+    summary = (report / "summary.md").read_text()
+    assert summary.startswith("# specparity lossless gate: INTERRUPTED"), summary[:300]
+    assert "from another engine" not in summary and "interrupted (Ctrl-C)" in summary
+    lines = journal(report)
+    assert not any(x.get("stale") for x in lines)
+    kinds = [x["kind"] for x in lines]
+    assert kinds.count("prompt") == 2  # two speculative runs finished before the third was interrupted
+    assert "interrupted" in kinds and lines[-1]["kind"] == "verdict" and lines[-1]["status"] == "INTERRUPTED"
+    assert "specparity lossless gate: INTERRUPTED" in out
+
+
+def test_run_journal_ends_with_the_verdict(tmp_path):
+    proc = run(*pytest_cmd("suites/lossless", "--categories", "math", "--max-new-tokens", "12",
+                           "--report", str(tmp_path / "r")))
+    assert proc.returncode == 0, proc.stdout[-2000:]
+    final = journal(tmp_path / "r")[-1]
+    assert final == {**final, "kind": "verdict", "status": "PASS", "passed": True, "exit_code": 0,
+                     "interrupted": False}
+    assert final["counts"]["exact"] == 5
+
+
+@pytest.mark.slow
+def test_xdist_runs_the_gate_once(tmp_path):
+    """`-n 2`: one gate run on one worker, one summary, one valid journal, the verdict decides the
+    exit status; the harness tests beside it are spread over both workers."""
+    report = tmp_path / "r"
+    proc = run(*pytest_cmd("-n", "2", "suites/lossless", "tests/test_compare.py", "--categories", "math",
+                           "--max-new-tokens", "12", "--report", str(report)))
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-3000:]
+    assert out.count("specparity lossless gate: PASS") == 1, out[-3000:]
+    lines = journal(report)  # every line parses: one writer
+    kinds = [x["kind"] for x in lines]
+    assert kinds.count("run") == 1 and kinds.count("prompt") == 5 and kinds[-1] == "verdict"
+    broken = run(*pytest_cmd("-n", "2", "suites/lossless", "--categories", "math", "--max-new-tokens", "12",
+                             "--engine", BROKEN_LOOPS, "--engine-opt", "bug=inactive", "-k", "math-en-001",
+                             "--report", str(tmp_path / "b")))
+    assert broken.returncode == exitcodes.GATE_FAILED, (broken.stdout + broken.stderr)[-3000:]
+    assert "speculation inactive" in broken.stdout
+
+
+def test_xdist_each_is_refused():
+    proc = run(*pytest_cmd("-n", "2", "--dist", "each", "suites/lossless", "--collect-only"))
+    assert proc.returncode == exitcodes.BAD_INPUT
+    assert proc.stderr.strip() == ("ERROR: specparity: --dist each would run the whole gate on every worker; "
+                                   "use -n N with --dist load, loadfile or loadscope")
+
+
+def test_specparity_lossless_passes_option_values_through():
+    """`specparity lossless --engine hf --categories math` (no `=`) reaches pytest intact."""
+    exe = Path(sys.executable).with_name("specparity")
+    proc = run(str(exe), "lossless", "--engine", "hf", "--categories", "math", "--collect-only", "-q",
+               "-p", "no:cacheprovider", cwd=Path("/"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "test_lossless[math-en-001]" in proc.stdout and "test_lossless[code-en-001]" not in proc.stdout
+    bad = run(str(exe), "lossless", "--engine", "nosuch")
+    assert bad.returncode == exitcodes.BAD_INPUT and "--engine 'nosuch'" in bad.stderr
+
+
+@pytest.fixture(scope="module")
+def probe_dirs(tmp_path_factory):
+    d = tmp_path_factory.mktemp("probe")
+    return {"target": pa.dense_target(d / "t"), "draft": pa.dflash2_draft(d / "d")}
+
+
+def test_probe_suite_without_probe_engine_is_a_usage_error(probe_dirs):
+    proc = run(*pytest_cmd("suites/probes", "--target", str(probe_dirs["target"]), "--draft", str(probe_dirs["draft"])))
+    assert proc.returncode == exitcodes.BAD_INPUT, proc.stdout[-2000:]
+    assert proc.stderr.strip().startswith("ERROR: specparity: suites/probes needs --probe-engine name==version")
+    assert "\n" not in proc.stderr.strip()
+
+
+def test_probe_of_an_unread_version_is_never_ok(probe_dirs, capsys):
+    from specparity.cli import main
+
+    code = main(["probe", "--target", str(probe_dirs["target"]), "--draft", str(probe_dirs["draft"]),
+                 "--engine", "sglang==0.5.99", "--format", "json"])
+    verdicts = json.loads(capsys.readouterr().out)
+    assert code == 0
+    assert {v["status"] for v in verdicts} <= {"warn", "unknown", "fail"}, verdicts
+    warned = [v for v in verdicts if v["status"] == "warn"]
+    assert warned and all(any("0.5.99 was not read" in e for e in v["evidence"]) for v in warned)
+    code = main(["probe", "--target", str(probe_dirs["target"]), "--draft", str(probe_dirs["draft"]),
+                 "--engine", "sglang==0.5.23", "--format", "json"])
+    assert code == 0 and any(v["status"] == "ok" for v in json.loads(capsys.readouterr().out))
+
+
+def test_registry_tests_skip_with_the_reason_when_no_registry_answers(tmp_path):
+    """A machine without a package registry: the wheel-reading tests skip, say why, and pytest
+    passes; with SPECPARITY_REQUIRE_REGISTRY=1 (CI) the same tests fail instead."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(TESTS), "SPECPARITY_CACHE": str(tmp_path),
+           "PIP_NO_INDEX": "1", "PIP_FIND_LINKS": "", "PIP_CONFIG_FILE": os.devnull}
+    env.pop("SPECPARITY_REQUIRE_REGISTRY", None)
+    cmd = pytest_cmd("-rs", "tests/test_probe_sglang_source.py", "-k", "real_releases")
+    proc = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stdout[-2000:]
+    assert "3 skipped" in proc.stdout and "needs a package registry: pip download sglang==" in proc.stdout
+    required = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=300,
+                              env={**env, "SPECPARITY_REQUIRE_REGISTRY": "1"})
+    assert required.returncode == exitcodes.GATE_FAILED and "SPECPARITY_REQUIRE_REGISTRY is set" in required.stdout
