@@ -69,10 +69,11 @@ def device_baseline(engine, req):
     """The engine's baseline (``generate`` with its generation config) with the inputs on the model's device."""
     import torch
 
-    ids = torch.tensor([list(req.prompt_ids)], device=engine.model.device)
+    model = engine.target.model
+    ids = torch.tensor([list(req.prompt_ids)], device=model.device)
     t0 = time.perf_counter()
     with torch.inference_mode():
-        out = engine.model.generate(ids, attention_mask=torch.ones_like(ids), **engine._generation_kwargs(req))
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=engine.target.generation_config(req))
     new = out.sequences[0, ids.shape[1]:].tolist()  # .tolist() waits for the GPU
     return SimpleNamespace(output_ids=new, wall_s=time.perf_counter() - t0, error=None)
 
@@ -100,7 +101,7 @@ def main(argv=None) -> int:
     engine = DFlashEngine(EngineOptions(target=args.target, draft=args.draft, spec_mode=args.spec_mode,
                                         dtype=args.dtype, threads=args.threads))
     if args.device != "cpu":
-        engine.model.to(args.device)
+        engine.target.model.to(args.device)
         engine.draft.to(args.device)
     blocks = [int(b) for b in args.blocks.split(",")]
     prompts = pick_prompts(args.prompts, args.per_category)

@@ -66,6 +66,9 @@ class Divergence:
     spec_after: str
     #: (baseline position, spec position) where the streams re-align for good, or None if never.
     remerge: tuple[int, int] | None
+    #: Where the baseline margin comes from: the baseline's own decode rows, or — when the engine
+    #: did not report that row (e.g. llama.cpp) — the teacher-forced scoring of the baseline.
+    margin_source: str = "decode"
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -80,6 +83,7 @@ class Divergence:
             "baseline_after": self.baseline_after,
             "spec_after": self.spec_after,
             "remerge": list(self.remerge) if self.remerge else None,
+            "margin_source": self.margin_source,
         }
 
 
@@ -209,8 +213,11 @@ def compare(
     max_new_tokens: int,
     stop_ids: Sequence[int],
     decode: Callable[[Sequence[int]], str],
+    baseline_tf: TokenScores | None = None,
 ) -> Verdict:
-    """Classify one prompt. ``spec_tf`` is the target's teacher-forced scoring of the spec output."""
+    """Classify one prompt. ``spec_tf`` is the target's teacher-forced scoring of the spec output;
+    ``baseline_tf`` that of the baseline, used for the margin at the split when the engine did not
+    report the baseline's own row there."""
     v = Verdict(
         prompt_id,
         category,
@@ -244,7 +251,7 @@ def compare(
             v.klass, v.reason = "exact", "identical token ids and finish reason"
         return v
 
-    v.divergence = _describe_divergence(i, baseline, spec, decode)
+    v.divergence = _describe_divergence(i, baseline, spec, decode, baseline_tf)
     d = v.divergence
     if problem:
         v.klass, v.reason = "diverged", f"speculative stream: {problem} (first difference at position {i})"
@@ -259,7 +266,11 @@ def compare(
         return v
     if d.baseline_margin is None:
         v.klass = "diverged"
+        unreported = not baseline.scores.reported(i) and (baseline_tf is None or not baseline_tf.reported(i))
         v.reason = (
+            f"position {i}: the engine reported no logprobs for the baseline there, so the margin between "
+            f"{d.baseline_token.text!r} and {d.spec_token.text!r} is unknown (never assumed to be a near tie)"
+            if unreported else
             f"position {i}: spec token {d.spec_token.id} {d.spec_token.text!r} is outside the baseline's "
             f"top-{baseline.scores.k} (baseline chose {d.baseline_token.id} {d.baseline_token.text!r})"
         )
@@ -296,22 +307,28 @@ def compare(
 
 
 def _describe_divergence(
-    i: int, baseline: GenerationResult, spec: GenerationResult, decode: Callable[[Sequence[int]], str]
+    i: int, baseline: GenerationResult, spec: GenerationResult, decode: Callable[[Sequence[int]], str],
+    baseline_tf: TokenScores | None = None,
 ) -> Divergence:
     base_ids, spec_ids = baseline.output_ids, spec.output_ids
     a = base_ids[i] if i < len(base_ids) else None
     b = spec_ids[i] if i < len(spec_ids) else None
     base_margin = spec_rank = spec_margin = base_rank = None
+    margin_source = "decode"
     if a is not None and b is not None:
-        if i < len(baseline.scores):
-            lp_b = baseline.scores.logprob_of(i, b)
-            spec_rank = baseline.scores.rank_of(i, b)
+        scores = baseline.scores
+        if (i >= len(scores) or not scores.reported(i)) and baseline_tf is not None and i < len(baseline_tf) \
+                and baseline_tf.reported(i):
+            scores, margin_source = baseline_tf, "teacher-forced"
+        if i < len(scores) and scores.reported(i):
+            lp_b = scores.logprob_of(i, b)
+            spec_rank = scores.rank_of(i, b)
             if lp_b is not None:
-                base_margin = float(baseline.scores.logprobs[i]) - lp_b
+                base_margin = float(scores.logprobs[i]) - lp_b
         if i < len(spec.scores):
             lp_a = spec.scores.logprob_of(i, a)
             base_rank = spec.scores.rank_of(i, a)
-            if lp_a is not None:
+            if lp_a is not None and spec.scores.reported(i):
                 spec_margin = float(spec.scores.logprobs[i]) - lp_a
     lo = max(0, i - CONTEXT_TOKENS)
     return Divergence(
@@ -326,6 +343,7 @@ def _describe_divergence(
         baseline_after=decode(base_ids[i : i + CONTEXT_TOKENS]),
         spec_after=decode(spec_ids[i : i + CONTEXT_TOKENS]),
         remerge=_absolute(find_remerge(base_ids[i + 1 :], spec_ids[i + 1 :]), i + 1) if a is not None and b is not None else None,
+        margin_source=margin_source,
     )
 
 

@@ -30,6 +30,8 @@ class GateDecision:
     warnings: list[str]
     counts: dict[str, int]
     interrupted: bool = False
+    #: The engine could not run at all (failed health check or start-up): no verdict was reached.
+    engine_error: bool = False
 
     @property
     def status(self) -> str:
@@ -42,6 +44,8 @@ class GateDecision:
     def exit_code(self) -> int:
         if self.interrupted:
             return exitcodes.INTERRUPTED
+        if self.engine_error:
+            return exitcodes.ENGINE_ERROR
         return exitcodes.PASS if self.passed else exitcodes.GATE_FAILED
 
     def to_json(self) -> dict[str, Any]:
@@ -98,4 +102,6 @@ def decide(run: GateRun, config: GateConfig) -> GateDecision:
     if not_run:
         failures.append(f"{len(not_run)} prompt(s) never finished: {', '.join(not_run)}")
     counts_out = {k: counts[k] for k in ("exact", "near_tie", "diverged", "error")}
-    return GateDecision(not failures, failures, warnings, counts_out, interrupted=run.interrupted)
+    engine_error = run.fatal is not None and not any(r.verdict is not None or r.baseline is not None for r in run.records)
+    return GateDecision(not failures, failures, warnings, counts_out, interrupted=run.interrupted,
+                        engine_error=engine_error)

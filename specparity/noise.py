@@ -85,9 +85,11 @@ def abs_deltas(decoded: TokenScores, teacher_forced: TokenScores) -> np.ndarray:
     margin_a = decoded.logprobs[:n, None] - decoded.top_logprobs[:n]  # [n, k_a]
     margin_b = teacher_forced.logprobs[:n, None] - teacher_forced.top_logprobs[:n]  # [n, k_b]
     delta = np.abs(margin_a[:, :, None] - margin_b[:, None, :])
-    # the decoded token against itself is 0 - 0 on both sides: drop it
+    # the decoded token against itself is 0 - 0 on both sides: drop it; so are rows an engine did
+    # not report (NaN, id -1: e.g. llama.cpp's draft-accepted or byte-piece tokens)
     not_self = a_ids[:, :, None] != decoded.token_ids[:n, None, None]
-    return delta[same & not_self].astype(np.float32)
+    valid = (a_ids[:, :, None] >= 0) & np.isfinite(delta)
+    return delta[same & not_self & valid].astype(np.float32)
 
 
 def measure_noise(pairs: Iterable[tuple[TokenScores, TokenScores]]) -> NoiseStats:

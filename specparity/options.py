@@ -20,6 +20,7 @@ from specparity.engines.base import EngineOptions
 from specparity.fixtures import REPO_ROOT
 from specparity.records import DEFAULT_MAX_NEAR_TIE, GateConfig
 from specparity.prompts import Prompt, PromptFileError, load_many
+from specparity.scoring import SCORERS
 from specparity.types import DEFAULT_TOP_K
 
 DEFAULT_PROMPTS = REPO_ROOT / "prompts" / "default.jsonl"
@@ -135,6 +136,11 @@ def build_setup(raw: Mapping[str, Any], *, check_report: bool = False) -> GateSe
     named one; the default directory is created when the run starts).
     """
     engine_spec = raw.get("engine") or DEFAULT_ENGINE
+    server_flags = [flag for flag, key in (("--baseline-url", "baseline_url"), ("--spec-url", "spec_url"),
+                                           ("--preset", "preset")) if raw.get(key)]
+    if server_flags and not raw.get("engine"):
+        raise BadInput(f"{server_flags[0]}: needs --engine llamacpp, sglang or vllm (the default engine "
+                       f"{DEFAULT_ENGINE} runs in-process)")
     if "==" in engine_spec:
         raise BadInput(f"--engine {engine_spec!r}: the lossless gate takes an engine name (dflash, hf, module:factory); "
                        "for the probes' name==version use --probe-engine")
@@ -144,14 +150,23 @@ def build_setup(raw: Mapping[str, Any], *, check_report: bool = False) -> GateSe
         raise BadInput(str(exc)) from None
     info = engine_info(factory)
     local = info is None or info.local_models
+    report = raw.get("report", DEFAULT_REPORT)
+    dtype = raw.get("dtype") or "float32"
+    if info is not None and not info.dtypes and dtype != "float32":
+        raise BadInput(f"--dtype {dtype!r}: engine {info.name!r} runs the dtype its server was launched with")
     options = EngineOptions(
         target=check_model_dir("--target", raw.get("target")) if local else raw.get("target"),
         draft=check_model_dir("--draft", raw.get("draft")) if local else raw.get("draft"),
         spec_mode=raw.get("spec_mode"),
-        dtype=raw.get("dtype") or "float32",
+        dtype=dtype if info is None or info.dtypes else "server",
         num_draft_tokens=_int(raw, "num_draft_tokens", "--num-draft-tokens", 1),
         threads=_int(raw, "threads", "--threads", 1, default=1),
         extra=parse_engine_opts(raw.get("engine_opt") or []),
+        baseline_urls=tuple(raw.get("baseline_url") or ()),
+        spec_urls=tuple(raw.get("spec_url") or ()),
+        preset=raw.get("preset"),
+        request_timeout=_float(raw, "request_timeout", "--request-timeout", 1.0, default=300.0),
+        log_dir=str(Path(report) / "servers") if report else None,
     )
     try:
         options = check_options(factory, options, engine_spec)
@@ -162,7 +177,12 @@ def build_setup(raw: Mapping[str, Any], *, check_report: bool = False) -> GateSe
     if cats is not None and not categories:
         raise BadInput(f"--categories {cats!r}: expected comma-separated category names")
     prompt_files = [str(p) for p in (raw.get("prompts") or [DEFAULT_PROMPTS])]
-    report = raw.get("report", DEFAULT_REPORT)
+    scorer = raw.get("scorer") or "auto"
+    if scorer not in SCORERS:
+        raise BadInput(f"--scorer {scorer!r}: expected one of {', '.join(SCORERS)}")
+    scorer_model = check_model_dir("--scorer-model", raw.get("scorer_model"))
+    if scorer == "embedded" and not scorer_model:
+        raise BadInput("--scorer embedded: needs --scorer-model HF_DIR (the target's weights in Hugging Face format)")
     if report and check_report:
         report = check_report_dir("--report", report)
     config = GateConfig(
@@ -176,6 +196,9 @@ def build_setup(raw: Mapping[str, Any], *, check_report: bool = False) -> GateSe
         top_k=_int(raw, "top_k", "--top-k", MIN_TOP_K, default=DEFAULT_TOP_K),
         require_all_paths=bool(raw.get("require_all_paths")),
         allow_unknown_activity=bool(raw.get("allow_unknown_activity")),
+        concurrency=_int(raw, "concurrency", "--concurrency", 1),
+        scorer=scorer,
+        scorer_model=scorer_model,
     )
     return GateSetup(engine_spec, factory, options, config, select_prompts(prompt_files, categories))
 

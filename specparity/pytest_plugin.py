@@ -40,7 +40,8 @@ _OUTCOME_KEY = pytest.StashKey[dict]()
 _GATE_OPTIONS = (
     "engine", "target", "draft", "spec_mode", "num_draft_tokens", "dtype", "threads", "engine_opt", "prompts",
     "categories", "max_new_tokens", "near_tie_nats", "max_near_tie", "bit_exact", "require_all_paths",
-    "allow_unknown_activity", "top_k", "report",
+    "allow_unknown_activity", "top_k", "report", "baseline_url", "spec_url", "preset", "concurrency",
+    "request_timeout", "scorer", "scorer_model",
 )
 
 
@@ -67,6 +68,17 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                 help="do not fail when the engine reports no draft counters")
     g.addoption("--top-k", default=DEFAULT_TOP_K, help="alternatives recorded per position (>= 5)")
     g.addoption("--report", default=DEFAULT_REPORT, help=f"report directory (default {DEFAULT_REPORT}; '' for none)")
+    s = parser.getgroup("specparity servers", "specparity: engines behind HTTP (llamacpp, sglang, vllm)")
+    s.addoption("--baseline-url", action="append", default=[], metavar="URL",
+                help="a running server without speculation (repeatable: several shard the prompts)")
+    s.addoption("--spec-url", action="append", default=[], metavar="URL",
+                help="a running server with speculation (repeatable)")
+    s.addoption("--preset", default=None, help="a named launch configuration to start both servers "
+                "(specparity.engines.presets; llamacpp default: llamacpp-draft-simple)")
+    s.addoption("--concurrency", default=None, help="requests in flight per phase (default: what the engine serves)")
+    s.addoption("--request-timeout", default=None, help="seconds one request may take (default 300)")
+    s.addoption("--scorer", default="auto", help="teacher-forced scorer: auto, engine, embedded")
+    s.addoption("--scorer-model", default=None, help="HF model directory for --scorer embedded")
     from specparity.pytest_options import add_probe_options
 
     add_probe_options(parser)

@@ -14,7 +14,7 @@ from specparity.compare import Verdict
 from specparity.coverage import Coverage
 from specparity.noise import NearTieThreshold
 from specparity.prompts import Prompt
-from specparity.types import DEFAULT_TOP_K, Fingerprint, GenerationRequest, GenerationResult, TokenScores
+from specparity.types import DEFAULT_TOP_K, Fingerprint, GenerationRequest, GenerationResult, SpecStats, TokenScores
 
 DEFAULT_MAX_NEW_TOKENS = 48
 DEFAULT_MAX_NEAR_TIE = 0.25
@@ -32,6 +32,12 @@ class GateConfig:
     top_k: int = DEFAULT_TOP_K
     require_all_paths: bool = False
     allow_unknown_activity: bool = False
+    #: Requests in flight per phase; None: what the engine declares it can serve.
+    concurrency: int | None = None
+    #: Who scores tokens teacher-forced: "auto" (the engine if it can, else "embedded"), "engine",
+    #: or "embedded" (transformers on the HF weights given by ``scorer_model``).
+    scorer: str = "auto"
+    scorer_model: str | None = None
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.max_near_tie <= 1.0:
@@ -54,6 +60,7 @@ class PromptRecord:
     spec: GenerationResult | None = None
     spec_tf: TokenScores | None = None
     verdict: Verdict | None = None
+    tf_error: str | None = None  # scoring the baseline failed (the prompt is then an error)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -80,8 +87,12 @@ class Activity:
     def mean_accept_length(self) -> float | None:
         return self.emitted / self.verify_steps if self.verify_steps else None
 
-    def add(self, result: GenerationResult) -> None:
-        s = result.spec
+    @property
+    def acceptance_rate(self) -> float | None:
+        """Accepted draft tokens / proposed draft tokens."""
+        return self.accepted / self.proposed if self.proposed else None
+
+    def add(self, s: SpecStats) -> None:
         if not s.available:
             return
         self.reported_requests += 1
@@ -101,12 +112,20 @@ class GateRun:
     coverage: Coverage = field(default_factory=Coverage)
     fatal: str | None = None
     interrupted: bool = False  # Ctrl-C: the records hold what finished before it
+    scorer: str = ""  # which scorer judged the tokens, in words (the report says it)
+    concurrency: int = 1  # requests in flight per phase
+    #: Server logs and other files the report should point to: (label, path).
+    attachments: list[tuple[str, str]] = field(default_factory=list)
+    #: Run-wide counters of an engine that reports only aggregates (read around phase 2).
+    aggregate: SpecStats | None = None
 
     def activity(self, category: str | None = None) -> Activity:
         act = Activity()
         for r in self.records:
             if r.spec is not None and (category is None or r.prompt.category == category):
-                act.add(r.spec)
+                act.add(r.spec.spec)
+        if category is None and act.reported_requests == 0 and self.aggregate is not None:
+            act.add(self.aggregate)
         return act
 
     def categories(self) -> list[str]:

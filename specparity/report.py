@@ -108,12 +108,17 @@ def render_summary_md(run: GateRun, decision: GateDecision) -> str:
         coverage=run.coverage,
         details=details,
         timings=sorted(run.timings.items()),
+        scorer=run.scorer or "not chosen (the run stopped early)",
+        concurrency=run.concurrency,
+        attachments=run.attachments,
+        fatal=run.fatal,
     )
 
 
 class _UnknownFingerprint:
     engine = engine_version = dtype = "unknown"
     spec_config: dict[str, Any] = {}
+    extra: dict[str, Any] = {}
     draft = None
 
     class target:  # noqa: N801 - mirrors Fingerprint.target
@@ -141,6 +146,10 @@ def terminal_lines(run: GateRun, decision: GateDecision) -> list[str]:
         lines.append(f"engine {fp.engine} [{fp.dtype}] spec {fp.spec_config}")
     if run.threshold:
         lines.append(f"near-tie threshold: {run.threshold.describe()}")
+    if run.scorer:
+        lines.append(f"scorer: {run.scorer}")
+    if run.concurrency > 1:
+        lines.append(f"concurrency: {run.concurrency} requests in flight per phase")
     act = run.activity()
     if act.reported_requests:
         mal = act.mean_accept_length
@@ -155,7 +164,10 @@ def terminal_lines(run: GateRun, decision: GateDecision) -> list[str]:
             f"  {row.name:<14}{row.n:>4}{row.exact:>7}{row.near_tie:>5}{row.diverged:>5}{row.error:>5}{row.accept_length:>12}"
         )
     taken = run.coverage.taken()
-    lines.append("paths: " + ", ".join(f"{k} {v}" for k, v in taken.items()))
+    if run.coverage.requests_with_steps:
+        lines.append("paths: " + ", ".join(f"{k} {v}" for k, v in taken.items()))
+    else:
+        lines.append("paths: unknown (the engine reports no per-step records)")
     lines += [f"FAIL: {f}" for f in decision.failures]
     lines += [f"warning: {w}" for w in decision.warnings]
     return lines

@@ -16,17 +16,22 @@ from __future__ import annotations
 import json
 import time
 import traceback
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from pathlib import Path
-from typing import IO, Any, Callable, Sequence
+from typing import IO, Any, Callable, Iterable, Iterator, Sequence, TypeVar
 
 from specparity.compare import Verdict, compare
-from specparity.engines.base import Engine
+from specparity.engines.base import Engine, capabilities_of
 from specparity.gate import GateDecision, decide
 from specparity.noise import derive_threshold, measure_noise
 from specparity.prompts import Prompt
 from specparity.records import DEFAULT_MAX_NEW_TOKENS, GateConfig, GateRun, PromptRecord
 from specparity.report import DERIVED_FILES, write_reports
-from specparity.types import GenerationRequest, GenerationResult, TokenScores
+from specparity.scoring import Scorer, choose_scorer
+from specparity.types import GenerationRequest, GenerationResult, SpecStats, TokenScores
+
+T = TypeVar("T")
+R = TypeVar("R")
 
 RESULTS_SCHEMA = "specparity.results/1"
 JOURNAL = "results.jsonl"
@@ -88,13 +93,42 @@ def _generate_one(engine: Engine, req: GenerationRequest, speculative: bool) -> 
         return GenerationResult.failed(req.request_id, f"{type(exc).__name__}: {exc}")
 
 
-def _score(engine: Engine, req: GenerationRequest, result: GenerationResult) -> tuple[TokenScores | None, str | None]:
+def _score(scorer: Scorer, req: GenerationRequest, result: GenerationResult) -> tuple[TokenScores | None, str | None]:
     if result.error:
         return None, None
     try:
-        return engine.score(req.prompt_ids, result.output_ids, req.top_k), None
+        return scorer.score(req.prompt_ids, result.output_ids, req.top_k), None
     except Exception as exc:  # noqa: BLE001
         return None, f"teacher-forced scoring failed: {type(exc).__name__}: {exc}"
+
+
+def dispatch(items: Iterable[T], work: Callable[[T], R], concurrency: int) -> Iterator[tuple[T, R]]:
+    """Run ``work`` on every item with at most ``concurrency`` in flight; yield (item, result) in
+    completion order. ``work`` must not raise. With ``concurrency`` 1 it runs inline (in-process
+    engines: no threads). On Ctrl-C nothing new starts; requests in flight end by their timeouts."""
+    items = list(items)
+    if concurrency <= 1:
+        for item in items:
+            yield item, work(item)
+        return
+    pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="specparity")
+    pending: dict[Future, T] = {}
+    queue = iter(items)
+    try:
+        for item in queue:
+            pending[pool.submit(work, item)] = item
+            if len(pending) >= concurrency:
+                break
+        while pending:
+            done, _ = wait(pending, return_when=FIRST_COMPLETED)
+            for fut in done:
+                item = pending.pop(fut)
+                nxt = next(queue, None)
+                if nxt is not None:
+                    pending[pool.submit(work, nxt)] = nxt
+                yield item, fut.result()
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
 
 
 def run_gate(
@@ -130,13 +164,35 @@ def run_gate(
 
 def _run_phases(engine: Engine, run: GateRun, writer: ResultsWriter, say: Callable[[str], None]) -> None:
     config = run.config
+    caps = capabilities_of(engine)
+    run.concurrency = max(1, min(config.concurrency or caps.max_concurrency, caps.max_concurrency)
+                          if caps.max_concurrency > 1 else 1)
+    health = getattr(engine, "health", None)
+    if callable(health):
+        health()
     run.fingerprint = engine.fingerprint()
-    writer.write(
-        {"kind": "run", "schema": RESULTS_SCHEMA, "fingerprint": run.fingerprint.to_json(), "config": config.to_json()}
-    )
+    logs = getattr(engine, "server_logs", None)
+    run.attachments = list(logs()) if callable(logs) else []
+    scorer = choose_scorer(engine, config.scorer, config.scorer_model)
+    run.scorer = scorer.description
+    writer.write({"kind": "run", "schema": RESULTS_SCHEMA, "fingerprint": run.fingerprint.to_json(),
+                  "config": config.to_json(), "scorer": run.scorer, "concurrency": run.concurrency,
+                  "capabilities": vars(caps)})
+    try:
+        _baselines(engine, run, scorer, writer, say)
+        counters_before = _aggregate_counters(engine, caps.counters)
+        _speculative(engine, run, scorer, writer, say)
+        if counters_before is not None:
+            run.aggregate = _aggregate_delta(counters_before, _aggregate_counters(engine, caps.counters))
+            writer.write({"kind": "aggregate_counters", **run.aggregate.to_json()})
+    finally:
+        scorer.close()
+
+
+def _baselines(engine: Engine, run: GateRun, scorer: Scorer, writer: ResultsWriter, say: Callable[[str], None]) -> None:
+    """Phase 1: every prompt without speculation, scored teacher-forced; then the threshold."""
+    config = run.config
     stop_ids = tuple(engine.stop_token_ids())
-    tf_errors: dict[str, str] = {}
-    # Phase 1: baselines and the target's own noise.
     for rec in run.records:
         p = rec.prompt
         try:
@@ -146,28 +202,58 @@ def _run_phases(engine: Engine, run: GateRun, writer: ResultsWriter, say: Callab
             continue
         max_new = config.max_new_tokens or p.max_new_tokens or DEFAULT_MAX_NEW_TOKENS
         rec.request = GenerationRequest(p.id, ids, max_new, stop_ids, config.top_k)
-        rec.baseline = _timed(run.timings, "baseline_decode", lambda: _generate_one(engine, rec.request, False))
-        rec.baseline_tf, err = _timed(run.timings, "tf_scoring", lambda: _score(engine, rec.request, rec.baseline))
-        if err:
-            tf_errors[p.id] = err
-        writer.write({"kind": "baseline", "prompt_id": p.id, "baseline": rec.baseline.to_json()})
-        say(f"baseline {p.id}: {len(rec.baseline.output_ids)} tokens" + (f" ERROR {rec.baseline.error}" if rec.baseline.error else ""))
+
+    def work(rec: PromptRecord) -> tuple[GenerationResult, TokenScores | None, str | None, float, float]:
+        t0 = time.perf_counter()
+        result = _generate_one(engine, rec.request, False)
+        t1 = time.perf_counter()
+        tf, err = _score(scorer, rec.request, result)
+        return result, tf, err, t1 - t0, time.perf_counter() - t1
+
+    t_phase = time.perf_counter()
+    for rec, (result, tf, err, t_gen, t_tf) in dispatch([r for r in run.records if r.request], work, run.concurrency):
+        rec.baseline, rec.baseline_tf, rec.tf_error = result, tf, err
+        run.timings["baseline_decode"] += t_gen
+        run.timings["tf_scoring"] += t_tf
+        writer.write({"kind": "baseline", "prompt_id": rec.prompt.id, "baseline": result.to_json()})
+        say(f"baseline {rec.prompt.id}: {len(result.output_ids)} tokens" + (f" ERROR {result.error}" if result.error else ""))
+    run.timings["baseline_phase_wall"] = time.perf_counter() - t_phase
     noise = measure_noise(
         (r.baseline.scores, r.baseline_tf) for r in run.records if r.baseline is not None and r.baseline_tf is not None
     )
     run.threshold = derive_threshold(noise, config.near_tie_nats)
     writer.write({"kind": "threshold", **run.threshold.to_json()})
     say(f"near-tie threshold: {run.threshold.describe()}")
-    # Phase 2: speculative runs, classified as they finish.
+
+
+def _speculative(engine: Engine, run: GateRun, scorer: Scorer, writer: ResultsWriter,
+                 say: Callable[[str], None]) -> None:
+    """Phase 2: every prompt with speculation, scored and classified as it finishes."""
+    stop_ids = tuple(engine.stop_token_ids())
     for rec in run.records:
-        p = rec.prompt
         if rec.request is None:
+            p = rec.prompt
             rec.verdict = Verdict(p.id, p.category, "error", rec.baseline.error if rec.baseline else "not run")
             writer.write(rec.to_json())
-            continue
-        rec.spec = _timed(run.timings, "spec_decode", lambda: _generate_one(engine, rec.request, True))
-        rec.spec_tf, err = _timed(run.timings, "tf_scoring", lambda: _score(engine, rec.request, rec.spec))
-        err = err or tf_errors.get(p.id)
+
+    def work(rec: PromptRecord) -> tuple[GenerationResult, TokenScores | None, str | None, float, float]:
+        t0 = time.perf_counter()
+        result = _generate_one(engine, rec.request, True)
+        t1 = time.perf_counter()
+        if not result.error and rec.baseline_tf is not None and result.output_ids == rec.baseline.output_ids:
+            tf, err = rec.baseline_tf, None  # the same tokens under the same prefix: the same scores
+        else:
+            tf, err = _score(scorer, rec.request, result)
+        return result, tf, err, t1 - t0, time.perf_counter() - t1
+
+    t_phase = time.perf_counter()
+    todo = [r for r in run.records if r.request is not None]
+    for rec, (result, tf, err, t_gen, t_tf) in dispatch(todo, work, run.concurrency):
+        p = rec.prompt
+        rec.spec, rec.spec_tf = result, tf
+        run.timings["spec_decode"] += t_gen
+        run.timings["tf_scoring"] += t_tf
+        err = err or rec.tf_error
         run.coverage.add(rec.spec.spec)
         rec.verdict = _timed(
             run.timings,
@@ -182,12 +268,26 @@ def _run_phases(engine: Engine, run: GateRun, writer: ResultsWriter, say: Callab
                 max_new_tokens=rec.request.max_new_tokens,
                 stop_ids=stop_ids,
                 decode=engine.decode,
+                baseline_tf=rec.baseline_tf,
             ),
         )
         if err and rec.verdict.klass != "diverged":
             rec.verdict.klass, rec.verdict.reason = "error", err
         writer.write(rec.to_json())
         say(f"{p.id}: {rec.verdict.klass}")
+    run.timings["spec_phase_wall"] = time.perf_counter() - t_phase
+
+
+def _aggregate_counters(engine: Engine, kind: str) -> dict[str, int] | None:
+    """Run-wide draft counters (engines that report only aggregates, e.g. vLLM's /metrics)."""
+    read = getattr(engine, "activity_counters", None)
+    return read() if kind == "aggregate" and callable(read) else None
+
+
+def _aggregate_delta(before: dict[str, int], after: dict[str, int]) -> SpecStats:
+    delta = {k: int(after.get(k, 0)) - int(before.get(k, 0)) for k in ("proposed", "accepted", "verify_steps")}
+    return SpecStats(available=True, **delta, source=f"aggregate counters read before and after the speculative "
+                                                        f"phase ({after.get('source', 'engine')})")
 
 
 def conclude(run: GateRun) -> GateDecision:

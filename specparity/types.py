@@ -71,11 +71,18 @@ class TokenScores:
         )
 
     def logprob_of(self, position: int, token_id: int) -> float | None:
-        """Logprob of ``token_id`` at ``position`` if it is among the recorded alternatives."""
-        if token_id == int(self.token_ids[position]):
+        """Logprob of ``token_id`` at ``position`` if recorded (None: outside the recorded
+        alternatives, or a row the engine did not report — NaN)."""
+        if token_id == int(self.token_ids[position]) and np.isfinite(self.logprobs[position]):
             return float(self.logprobs[position])
         hits = np.nonzero(self.top_ids[position] == token_id)[0]
-        return float(self.top_logprobs[position, hits[0]]) if hits.size else None
+        if hits.size and np.isfinite(self.top_logprobs[position, hits[0]]):
+            return float(self.top_logprobs[position, hits[0]])
+        return None
+
+    def reported(self, position: int) -> bool:
+        """Whether the engine reported this position's row (engines may leave rows out: NaN)."""
+        return bool(np.isfinite(self.logprobs[position]))
 
     def rank_of(self, position: int, token_id: int) -> int | None:
         """0-based rank of ``token_id`` among the top-k at ``position`` (None: outside the top-k)."""

@@ -15,7 +15,7 @@ pass them, and only the accept length shows them — the gate proves losslessnes
 from __future__ import annotations
 
 import os
-import time
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -23,9 +23,10 @@ import torch
 from specparity.coverage import classify_step
 from specparity.engines.base import EngineInfo, EngineOptions, OptionSpec, engine_factory
 from specparity.engines.dflash import INFO as DFLASH_INFO
-from specparity.engines.dflash import DFlashEngine
+from specparity.engines.dflash import DFlashEngine, DFlashLoop
+from specparity.engines.inprocess import LoopOutput
 from specparity.fixtures import MODELS
-from specparity.types import GenerationRequest, GenerationResult, SpecStats, StepRecord
+from specparity.types import GenerationRequest, StepRecord
 
 BUGS = {
     "accept_past_mismatch": "accepts the first mismatching draft token too (acceptance length off by one)",
@@ -50,32 +51,29 @@ def model_options(mode: str = "dflash2", **kwargs) -> EngineOptions:
     return EngineOptions(target=str(MODELS_DIR / "target"), draft=str(MODELS_DIR / mode), spec_mode=mode, **kwargs)
 
 
-class DFlashLoopEngine(DFlashEngine):
-    def __init__(self, options: EngineOptions, bug: str | None = None):
+class BrokenDFlashLoop(DFlashLoop):
+    """A compact copy of ``dflash_generate`` (greedy) with ``bug`` switched in."""
+
+    def __init__(self, target, mode, draft_path, block_size, *, bug: str | None = None):
         if bug is not None and bug not in BUGS and bug not in BENIGN:
             raise ValueError(f"unknown bug {bug!r}; expected one of {sorted(BUGS) + sorted(BENIGN)}")
-        super().__init__(options)
+        super().__init__(target, mode, draft_path, block_size)
         self.bug = bug
         self.name = f"dflash-loop[{bug or 'correct'}]"
 
-    def fingerprint(self):
-        fp = super().fingerprint()
-        fp.engine = self.name
-        fp.spec_config = {**fp.spec_config, "loop": "tests/broken_dflash.py", "bug": self.bug}
-        return fp
+    def spec_config(self) -> dict:
+        return {**super().spec_config(), "loop": "tests/broken_dflash.py", "bug": self.bug}
 
-    def _generate_one(self, req: GenerationRequest, speculative: bool) -> GenerationResult:
-        if not speculative:
-            return super()._generate_one(req, False)
-        t0 = time.perf_counter()
-        full, rows, steps = self.loop(req.prompt_ids, req.max_new_tokens, req.stop_token_ids or self.stop_token_ids())
-        source = f"tests/broken_dflash.py ({self.bug or 'correct'})"
-        return self.result(req, full[len(req.prompt_ids):], rows, SpecStats.from_steps(steps, source), time.perf_counter() - t0)
+    def run(self, target, req: GenerationRequest) -> LoopOutput:
+        full, rows, steps = self.hand_loop(target, req.prompt_ids, req.max_new_tokens,
+                                           req.stop_token_ids or target.stop_token_ids())
+        return LoopOutput(full[len(req.prompt_ids):], rows, steps, f"tests/broken_dflash.py ({self.bug or 'correct'})")
 
     @torch.inference_mode()
-    def loop(self, prompt_ids, max_new_tokens: int, stop_ids) -> tuple[list[int], list[torch.Tensor], list[StepRecord]]:
+    def hand_loop(self, torch_target, prompt_ids, max_new_tokens: int,
+                  stop_ids) -> tuple[list[int], list[torch.Tensor], list[StepRecord]]:
         """``dflash_generate`` (temperature 0) with the bug switched in; returns prompt + output ids."""
-        dm, model, target, bug = self._dm, self.draft, self.model, self.bug
+        dm, model, target, bug = self._dm, self.draft, torch_target.model, self.bug
         block_size = self.block_size
         stops = [int(t) for t in stop_ids]
         input_ids = torch.tensor([list(prompt_ids)], dtype=torch.long)
@@ -140,12 +138,17 @@ class DFlashLoopEngine(DFlashEngine):
         return output_ids[0, :end].tolist(), rows, steps
 
 
+def DFlashLoopEngine(options: EngineOptions, bug: str | None = None) -> DFlashEngine:  # noqa: N802 - reads as a class
+    """The dflash engine with the hand-copied loop (``bug``: one of BUGS / BENIGN, None: correct)."""
+    return DFlashEngine(options, loop_factory=partial(BrokenDFlashLoop, bug=bug), name=f"dflash-loop[{bug or 'correct'}]")
+
+
 @engine_factory(EngineInfo(
     "dflash-loop",
     spec_modes=DFLASH_INFO.spec_modes,
     options={**DFLASH_INFO.options,
              "bug": OptionSpec("the deliberate bug to run (none: the correct loop)", choices=(*BUGS, *BENIGN))},
 ))
-def create(options: EngineOptions) -> DFlashLoopEngine:
+def create(options: EngineOptions) -> DFlashEngine:
     """``--engine tests/broken_dflash.py:create --engine-opt bug=<name>`` (no bug: the correct loop)."""
     return DFlashLoopEngine(options, options.extra.get("bug") or None)

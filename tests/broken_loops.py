@@ -1,10 +1,12 @@
 """Deliberately broken speculative loops, to prove the gate catches each bug.
 
-``LoopEngine`` is the embedded ``hf`` engine whose speculative path is a hand-written
-draft-and-verify loop over the same transformers models (draft proposes ``k`` tokens greedily,
-the target verifies ``[last token] + drafts`` in one pass with its KV cache, accepts the
-matching prefix, appends the bonus/correction token, crops both caches). With ``bug=None`` it
-is lossless and the gate must pass it; each bug below is a mistake real engines have shipped.
+``HandLoop`` is a hand-written draft-and-verify loop over the fixture target and draft (the draft
+proposes ``k`` tokens greedily, the target verifies ``[last token] + drafts`` in one pass with its
+KV cache, accepts the matching prefix, appends the bonus/correction token, crops both caches),
+written exactly as a team writes its own engine: a :class:`~specparity.engines.inprocess.SpeculativeLoop`
+over a :class:`~specparity.engines.inprocess.TorchTarget`, joined by ``InProcessEngine``. With
+``bug=None`` it is lossless and the gate must pass it; each bug below is a mistake real engines
+have shipped.
 """
 
 from __future__ import annotations
@@ -16,8 +18,10 @@ import torch
 
 from specparity.coverage import classify_step
 from specparity.engines.base import EngineInfo, EngineOptions, OptionSpec, engine_factory
-from specparity.engines.hf import HF_OPTIONS, HFEngine
-from specparity.types import GenerationRequest, GenerationResult, SpecStats, StepRecord
+from specparity.engines.hf import DEFAULT_DRAFT_TOKENS, HF_OPTIONS, load_draft_model
+from specparity.engines.inprocess import InProcessEngine, LoopOutput, TorchTarget, dir_artifact
+from specparity.fixtures import fixture_dir
+from specparity.types import ArtifactId, GenerationRequest, StepRecord
 
 BUGS = {
     "accept_unverified": "accepts the first rejected draft token of a block without checking it",
@@ -31,44 +35,41 @@ BUGS = {
 }
 
 
-class LoopEngine(HFEngine):
-    name = "hf-loop"
+class HandLoop:
+    """The hand-written loop; ``bug`` (a key of :data:`BUGS`) breaks it on purpose."""
 
-    def __init__(self, options: EngineOptions, bug: str | None = None):
-        super().__init__(options)
+    def __init__(self, target: TorchTarget, draft_path: str, width: int, bug: str | None = None):
         if bug is not None and bug not in BUGS:
             raise ValueError(f"unknown bug {bug!r}; expected one of {sorted(BUGS)}")
-        if self.draft is None:
-            raise ValueError("LoopEngine needs a draft model (spec_mode='draft')")
+        self.draft_path = draft_path
+        self.target_model = target.model
+        self.draft = load_draft_model(draft_path, target)
+        self.num_draft_tokens = width
         self.bug = bug
         self._stale_last: int | None = None
         self.name = f"hf-loop[{bug or 'correct'}]"
 
-    def fingerprint(self):
-        fp = super().fingerprint()
-        fp.engine = self.name
-        fp.spec_config = {**fp.spec_config, "loop": "tests/broken_loops.py", "bug": self.bug}
-        return fp
+    def spec_config(self) -> dict:
+        return {"mode": "draft", "num_draft_tokens": self.num_draft_tokens, "schedule": "constant",
+                "loop": "tests/broken_loops.py", "bug": self.bug}
 
-    def _generate_one(self, req: GenerationRequest, speculative: bool) -> GenerationResult:
-        if not speculative:
-            return super()._generate_one(req, False)
-        t0 = time.perf_counter()
-        with torch.inference_mode():
-            out, rows, steps = self._loop(req)
-        source = f"tests/broken_loops.py ({self.bug or 'correct'})"
-        return self.result(req, out, rows, SpecStats.from_steps(steps, source), time.perf_counter() - t0)
+    def draft_artifact(self) -> ArtifactId:
+        return dir_artifact(self.draft_path)
+
+    def run(self, target: TorchTarget, req: GenerationRequest) -> LoopOutput:
+        out, rows, steps = self._loop(req, target.stop_token_ids())
+        return LoopOutput(out, rows, steps, f"tests/broken_loops.py ({self.bug or 'correct'})")
 
     # ------------------------------------------------------------------ the loop
-    def _loop(self, req: GenerationRequest) -> tuple[list[int], list[torch.Tensor], list[StepRecord]]:
+    def _loop(self, req: GenerationRequest, default_stops) -> tuple[list[int], list[torch.Tensor], list[StepRecord]]:
         from transformers import DynamicCache
 
         bug = self.bug
-        stops = set(req.stop_token_ids or self.stop_token_ids())
+        stops = set(req.stop_token_ids or default_stops)
         prompt = list(req.prompt_ids)
-        t_cache = DynamicCache(config=self.model.config)
+        t_cache = DynamicCache(config=self.target_model.config)
         d_cache = DynamicCache(config=self.draft.config)
-        logits = self.model(input_ids=torch.tensor([prompt]), past_key_values=t_cache, use_cache=True).logits[0, -1]
+        logits = self.target_model(input_ids=torch.tensor([prompt]), past_key_values=t_cache, use_cache=True).logits[0, -1]
         first = int(logits.argmax())
         context = prompt + [first]  # what the models have seen (or will see next)
         out = [first]
@@ -82,7 +83,7 @@ class LoopEngine(HFEngine):
             last = context[-1]
             if bug == "stale_context" and self._stale_last is not None and len(out) == 1:
                 last = self._stale_last
-            verify = self.model(
+            verify = self.target_model(
                 input_ids=torch.tensor([[last] + drafts]), past_key_values=t_cache, use_cache=True
             ).logits[0]
             argmax = verify.argmax(-1).tolist()
@@ -137,8 +138,12 @@ class LoopEngine(HFEngine):
         return drafts
 
 
-def make(bug: str | None, options: EngineOptions) -> LoopEngine:
-    return LoopEngine(options, bug)
+def LoopEngine(options: EngineOptions, bug: str | None = None) -> InProcessEngine:  # noqa: N802 - reads as a class
+    """The hand-written loop (``bug``: one of :data:`BUGS`, None: correct) as an engine."""
+    target = TorchTarget.from_options(options)
+    width = DEFAULT_DRAFT_TOKENS if options.num_draft_tokens is None else options.num_draft_tokens
+    loop = HandLoop(target, str(options.draft or fixture_dir("draft")), width, bug)
+    return InProcessEngine(target, loop, name=loop.name)
 
 
 @engine_factory(EngineInfo(
@@ -146,7 +151,6 @@ def make(bug: str | None, options: EngineOptions) -> LoopEngine:
     spec_modes=("draft",),
     options={**HF_OPTIONS, "bug": OptionSpec("the deliberate bug to run (none: the correct loop)", choices=tuple(BUGS))},
 ))
-def create(options: EngineOptions) -> LoopEngine:
+def create(options: EngineOptions) -> InProcessEngine:
     """``--engine tests/broken_loops.py:create --engine-opt bug=<name>`` (no bug: the correct loop)."""
-    bug = options.extra.get("bug") or None
-    return LoopEngine(EngineOptions(**{**vars(options), "spec_mode": "draft"}), bug)
+    return LoopEngine(options, options.extra.get("bug") or None)

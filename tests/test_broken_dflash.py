@@ -60,7 +60,7 @@ def test_correct_copy_reproduces_dflash_generate(loop_prompts):
             engine.set_block_size(block)
             for p in loop_prompts[:3]:
                 ids = engine.encode_prompt(p.prompt, p.messages_as_dicts())
-                mine, _, steps = engine.loop(ids, MAX_NEW, engine.stop_token_ids())
+                mine, _, steps = engine.loop.hand_loop(engine.target, ids, MAX_NEW, engine.stop_token_ids())
                 ref, _, _ = engine.run_dflash(ids, MAX_NEW, engine.stop_token_ids())
                 assert mine == ref.output_ids[0].tolist(), (p.id, block)
                 assert [s.emitted for s in steps] == list(ref.acceptance_lengths), (p.id, block)

@@ -83,7 +83,7 @@ def test_matches_greedy_at_the_edges(engine, suite_ids, data):
     prompt = data.draw(
         st.one_of(
             st.sampled_from(suite_ids),
-            st.lists(st.integers(5, engine.model.config.vocab_size - 1), min_size=1, max_size=6),
+            st.lists(st.integers(5, engine.target.model.config.vocab_size - 1), min_size=1, max_size=6),
         ),
         label="prompt",
     )
@@ -150,5 +150,5 @@ def test_zero_new_tokens_with_stats(engine):
     from specparity.engines.dflash import host_timer
 
     with host_timer(dm):
-        out = dm.dflash_generate(engine.draft, engine.model, ids, 0, list(engine.stop_token_ids()), return_stats=True)
+        out = dm.dflash_generate(engine.draft, engine.target.model, ids, 0, list(engine.stop_token_ids()), return_stats=True)
     assert out.num_output_tokens == 0

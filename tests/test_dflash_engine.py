@@ -83,14 +83,14 @@ def test_spec_output_is_the_greedy_output_and_counters_are_truthful(engine, pick
 def test_counts_are_cross_checked_with_dflash(engine, picked, monkeypatch):
     """A disagreement between the hook-derived counts and dflash's acceptance_lengths is an engine
     error for that request, not a silently wrong counter."""
-    real = engine._dm.dflash_generate
+    real = engine.loop._dm.dflash_generate
 
     def lying(*args, **kwargs):
         out = real(*args, **kwargs)
         lens = list(out.acceptance_lengths)
         return SimpleNamespace(**{**vars(out), "acceptance_lengths": lens[:-1] + [lens[-1] + 1]})
 
-    monkeypatch.setattr(engine._dm, "dflash_generate", lying)
+    monkeypatch.setattr(engine.loop._dm, "dflash_generate", lying)
     res = engine.generate(_requests(engine, picked, n=1), speculative=True)[0]
     assert res.error and "acceptance_lengths" in res.error
 
@@ -98,13 +98,13 @@ def test_counts_are_cross_checked_with_dflash(engine, picked, monkeypatch):
 def test_cpu_timer_patch_is_scoped(engine, picked):
     """dflash's return_stats timer calls torch.cuda.synchronize(): the engine swaps it only during
     its own call and restores it (the package is not modified)."""
-    original = engine._dm._cuda_time
+    original = engine.loop._dm._cuda_time
     engine.generate(_requests(engine, picked, n=1, max_new=4), speculative=True)
-    assert engine._dm._cuda_time is original
+    assert engine.loop._dm._cuda_time is original
     if not torch.cuda.is_available():
         ids = torch.tensor([engine.encode_prompt("hi", None)])
         with pytest.raises(AssertionError, match="CUDA"):
-            engine._dm.dflash_generate(engine.draft, engine.model, ids, 4, [], return_stats=True)
+            engine.loop._dm.dflash_generate(engine.draft, engine.target.model, ids, 4, [], return_stats=True)
 
 
 def test_spec_scores_agree_with_teacher_forcing(engine, picked):

@@ -67,15 +67,27 @@ def test_user_engine_from_module_and_file(tmp_path, hf_options):
     eng = load_engine("specparity.engines.hf:create", hf_options)
     assert eng.name == "hf"
     eng.close()
+    # A plugin outside the repository, importing a module beside it, written the public way: a loop
+    # over a TorchTarget, joined by InProcessEngine.
+    (tmp_path / "my_loops.py").write_text(
+        "from specparity.engines.hf import AssistedLoop\n"
+        "class MyLoop(AssistedLoop):\n    name = 'mine'\n"
+    )
     f = tmp_path / "my_engine.py"
     f.write_text(
-        "from specparity.engines.hf import HFEngine\n"
-        "class Mine(HFEngine):\n    name = 'mine'\n"
-        "def factory(options):\n    return Mine(options)\n"
+        "from my_loops import MyLoop\n"
+        "from specparity.engines.inprocess import InProcessEngine, TorchTarget\n"
+        "def factory(options):\n"
+        "    target = TorchTarget.from_options(options)\n"
+        "    return InProcessEngine(target, MyLoop(target, 'draft', 3, options.draft))\n"
         "def broken(options):\n    return object()\n"
     )
     eng = load_engine(f"{f}:factory", hf_options)
-    assert eng.name == "mine"
+    assert eng.name == "mine" and eng.fingerprint().spec_config["num_draft_tokens"] == 3
+    req = GenerationRequest("p", eng.encode_prompt("The cat", None), 8, eng.stop_token_ids())
+    base, spec = eng.generate([req], speculative=False)[0], eng.generate([req], speculative=True)[0]
+    assert base.error is None and spec.error is None and spec.output_ids == base.output_ids
+    assert spec.spec.available and spec.spec.verify_steps > 0
     eng.close()
     with pytest.raises(EngineLoadError, match="without encode_prompt"):
         load_engine(f"{f}:broken", hf_options)

@@ -22,6 +22,9 @@ from specparity.engines.base import Engine, EngineInfo, EngineOptions
 BUILTIN: dict[str, str] = {
     "hf": "specparity.engines.hf:create",
     "dflash": "specparity.engines.dflash:create",
+    "llamacpp": "specparity.engines.llamacpp:create",
+    "sglang": "specparity.engines.sglang:create",
+    "vllm": "specparity.engines.vllm:create",
 }
 _REQUIRED = ("encode_prompt", "decode", "stop_token_ids", "generate", "score", "fingerprint", "close")
 
@@ -116,8 +119,15 @@ def check_options(factory: Factory, options: EngineOptions, name: str) -> Engine
         raise EngineLoadError(f"--spec-mode {options.spec_mode!r}: engine {info.name!r} takes no --spec-mode")
     if info.dtypes and options.dtype not in info.dtypes:
         raise EngineLoadError(f"--dtype {options.dtype!r}: engine {info.name!r} supports {', '.join(info.dtypes)}")
+    if not info.server and (options.baseline_urls or options.spec_urls or options.preset):
+        flag = "--baseline-url" if options.baseline_urls else "--spec-url" if options.spec_urls else "--preset"
+        raise EngineLoadError(f"{flag}: engine {info.name!r} runs in-process; server options need "
+                              "--engine llamacpp, sglang or vllm")
     parsed = {key: info.options[key].check(key, str(value)) for key, value in options.extra.items()}
-    return dataclasses.replace(options, extra=parsed)
+    checked = dataclasses.replace(options, extra=parsed)
+    if info.check is not None:
+        info.check(checked)
+    return checked
 
 
 def build_engine(factory: Factory, options: EngineOptions, spec: str, option: str = "--engine") -> Engine:

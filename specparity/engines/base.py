@@ -9,7 +9,7 @@ all of them.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Protocol, Sequence, TypeVar, runtime_checkable
+from typing import Any, Callable, Literal, Mapping, Protocol, Sequence, TypeVar, runtime_checkable
 
 from specparity.types import Fingerprint, GenerationRequest, GenerationResult, TokenScores
 
@@ -31,6 +31,45 @@ class EngineOptions:
     num_draft_tokens: int | None = None
     threads: int | None = 1
     extra: dict[str, Any] = field(default_factory=dict)
+    #: Server engines: already-running endpoints (several shard the prompts), else the engine launches.
+    baseline_urls: tuple[str, ...] = ()
+    spec_urls: tuple[str, ...] = ()
+    #: Server engines: a named launch configuration (:mod:`specparity.engines.presets`).
+    preset: str | None = None
+    #: Server engines: the read timeout of one request, seconds (no request waits unbounded).
+    request_timeout: float = 300.0
+    #: Where launched servers write their logs (the report directory, when there is one).
+    log_dir: str | None = None
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What an engine can do, so the gate answers each missing capability explicitly.
+
+    ``scoring``: ``score()`` works (teacher-forced, one pass); without it the runner scores through
+    another route and says which in the report. ``top_k``: the most alternatives per position it
+    returns (None: any). ``counters``: how speculation is counted — ``steps`` (per verify step),
+    ``request`` (per-request totals), ``aggregate`` (only run-wide totals, read by
+    ``activity_counters()`` before and after the speculative phase) or ``none``.
+    ``max_concurrency``: requests it can serve at once (in-process torch engines: 1).
+    ``deterministic``: the engine declares deterministic / batch-invariant inference (e.g. SGLang's
+    ``enable_deterministic_inference``), with where that was read.
+    """
+
+    scoring: bool = True
+    top_k: int | None = None
+    counters: Literal["steps", "request", "aggregate", "none"] = "steps"
+    max_concurrency: int = 1
+    deterministic: str | None = None
+
+
+DEFAULT_CAPABILITIES = Capabilities()
+
+
+def capabilities_of(engine: Any) -> Capabilities:
+    """An engine's declared capabilities; engines that declare none get the in-process defaults."""
+    fn = getattr(engine, "capabilities", None)
+    return fn() if callable(fn) else DEFAULT_CAPABILITIES
 
 
 #: Model dtypes the in-process engines understand (``--dtype``).
@@ -76,6 +115,11 @@ class EngineInfo:
     options: Mapping[str, OptionSpec] = field(default_factory=dict)
     dtypes: tuple[str, ...] = TORCH_DTYPES
     local_models: bool = True
+    #: Engine-specific checks of the whole option set, before anything loads or launches; raises
+    #: ``ValueError`` with one line naming the option (e.g. a server binary or a GGUF that is missing).
+    check: Callable[["EngineOptions"], None] | None = None
+    #: Whether the engine talks to servers (``--baseline-url``/``--spec-url``/``--preset`` apply).
+    server: bool = False
 
 
 F = TypeVar("F", bound=Callable[..., Any])

@@ -1,7 +1,7 @@
 """The ``dflash`` engine: the reference DFlash / DFlash2 block-diffusion decoder (PyPI ``dflash``).
 
-Baseline: the target's plain greedy decode (inherited from :class:`~specparity.engines.hf.HFEngine`).
-Speculative: ``dflash.model.dflash_generate`` with a ``DFlash2DraftModel`` (``--spec-mode dflash2``,
+Baseline: the target's plain greedy decode (:meth:`~specparity.engines.inprocess.TorchTarget.greedy`).
+Speculative (:class:`DFlashLoop`): ``dflash.model.dflash_generate`` with a ``DFlash2DraftModel`` (``--spec-mode dflash2``,
 the default) or a ``DFlashDraftModel`` (``--spec-mode dflash1``) at a configurable block size
 (``--num-draft-tokens``; default: the draft config's ``block_size``).
 
@@ -19,7 +19,6 @@ package itself is not modified). See ``docs/DFLASH.md``.
 
 from __future__ import annotations
 
-import dataclasses
 import importlib.metadata
 import json
 import time
@@ -31,17 +30,11 @@ from typing import Any, Iterator, Sequence
 
 from specparity.coverage import classify_step
 from specparity.engines.base import EngineInfo, EngineOptions, engine_factory
-from specparity.engines.common import dir_sha256, model_kind, torch_dtype
-from specparity.engines.hf import HF_OPTIONS, HFEngine
+from specparity.engines.common import torch_dtype
+from specparity.engines.hf import HF_OPTIONS
+from specparity.engines.inprocess import InProcessEngine, LoopOutput, TorchTarget, dir_artifact
 from specparity.fixtures import fixture_dir
-from specparity.types import (
-    ArtifactId,
-    Fingerprint,
-    GenerationRequest,
-    GenerationResult,
-    SpecStats,
-    StepRecord,
-)
+from specparity.types import ArtifactId, GenerationRequest, StepRecord
 
 #: spec mode -> (draft class name in config.json ``architectures``, fixture directory)
 SPEC_MODES = {"dflash2": ("DFlash2DraftModel", "dflash2"), "dflash1": ("DFlashDraftModel", "dflash1")}
@@ -177,36 +170,30 @@ def steps_from_calls(
     return steps, rows, produced
 
 
-class DFlashEngine(HFEngine):
-    """``dflash_generate`` against the target's own greedy decode, one request at a time (batch 1)."""
+class DFlashLoop:
+    """``dflash_generate`` with a DFlash2 / DFlash v1 draft at a configurable block size, its verify
+    steps rebuilt from a forward hook on the target and cross-checked with dflash's own counts."""
 
     name = "dflash"
 
-    def __init__(self, options: EngineOptions):
-        dm = _dflash_model()
-        mode = options.spec_mode or "dflash2"
+    def __init__(self, target: TorchTarget, mode: str, draft_path: str, block_size: int | None):
         if mode not in SPEC_MODES:
             raise DFlashLoadError(f"--spec-mode: the dflash engine supports {sorted(SPEC_MODES)}, got {mode!r}")
-        if options.num_draft_tokens is not None and options.num_draft_tokens < 1:
-            raise DFlashLoadError(f"--num-draft-tokens: the block size must be >= 1, got {options.num_draft_tokens}")
-        # The target, tokenizer, baseline and scoring are HFEngine's; it must not load a draft itself.
-        super().__init__(dataclasses.replace(options, spec_mode="prompt_lookup", draft=None))
-        self.options = options
-        self.spec_mode = mode
-        self._dm = dm
-        self.draft_path = str(options.draft or fixture_dir(SPEC_MODES[mode][1]))
-        self.draft_kind, self.draft_config = self._check_draft_config(Path(self.draft_path), mode)
-        self.draft = self._load_draft(dm)
-        self.block_size = int(options.num_draft_tokens or self.draft.block_size)
-        self.num_draft_tokens = self.block_size
+        if block_size is not None and block_size < 1:
+            raise DFlashLoadError(f"--num-draft-tokens: the block size must be >= 1, got {block_size}")
+        self._dm = _dflash_model()
+        self.mode = mode
+        self.target_path = target.path
+        self.draft_path = draft_path
+        self.draft_kind, self.draft_config = self._check_draft_config(Path(draft_path), mode)
+        self.draft = self._load_draft(target)
+        self.block_size = int(block_size or self.draft.block_size)
+        self._draft_artifact: ArtifactId | None = None
 
     def set_block_size(self, block_size: int) -> None:
-        """Change the block size (verify width: anchor + ``block_size - 1`` draft tokens) in place;
-        the fingerprint follows. Sweeps use this to reuse one loaded engine."""
         if int(block_size) < 1:
             raise DFlashLoadError(f"block size must be >= 1, got {block_size}")
-        self.block_size = self.num_draft_tokens = int(block_size)
-        self._fingerprint = None
+        self.block_size = int(block_size)
 
     # ------------------------------------------------------------------ loading
     @staticmethod
@@ -242,10 +229,11 @@ class DFlashEngine(HFEngine):
                 raise DFlashLoadError(f"--draft {path}: a DFlash2DraftModel config without dflash_config keys {missing}")
         return kind, cfg
 
-    def _load_draft(self, dm: Any):
+    def _load_draft(self, target: TorchTarget):
+        dm = self._dm
         cls = dm.DFlash2DraftModel if self.draft_kind == "DFlash2DraftModel" else dm.DFlashDraftModel
         draft, info = cls.from_pretrained(
-            self.draft_path, dtype=torch_dtype(self.dtype_name), output_loading_info=True, local_files_only=True
+            self.draft_path, dtype=torch_dtype(target.dtype_name), output_loading_info=True, local_files_only=True
         )
         # A tensor the checkpoint lacks keeps its init (``base_kernel`` is torch.empty); a tensor it
         # has under a name no parameter matches is dropped. Either loads "successfully" and then
@@ -258,7 +246,7 @@ class DFlashEngine(HFEngine):
                     f"{bad[:6]}{' …' if len(bad) > 6 else ''}"
                 )
         draft = draft.eval()
-        t, d = self.model.config, draft.config
+        t, d = target.model.config, draft.config
         layers = list(draft.target_layer_ids)
         problems = []
         if d.hidden_size != t.hidden_size:
@@ -279,48 +267,44 @@ class DFlashEngine(HFEngine):
                                   + "; ".join(problems))
         return draft
 
-    # ------------------------------------------------------------------ protocol
-    def fingerprint(self) -> Fingerprint:
-        if self._fingerprint is None:
-            import torch
-            import transformers
+    # ------------------------------------------------------------------ identity
+    def spec_config(self) -> dict[str, Any]:
+        draft = self.draft
+        spec: dict[str, Any] = {
+            "mode": self.mode,
+            "draft_kind": self.draft_kind,
+            "block_size": self.block_size,
+            "draft_block_size": int(draft.block_size),
+            "target_layer_ids": [int(i) for i in draft.target_layer_ids],
+            "mask_token_id": int(draft.mask_token_id),
+            "temperature": 0.0,
+        }
+        if self.draft_kind == "DFlash2DraftModel":
+            dcfg = self.draft_config.get("dflash_config") or {}
+            spec.update({k: dcfg.get(k, self.draft_config.get(k)) for k in DFLASH2_KEYS})
+        return spec
 
-            draft = self.draft
-            spec: dict[str, Any] = {
-                "mode": self.spec_mode,
-                "draft_kind": self.draft_kind,
-                "block_size": self.block_size,
-                "draft_block_size": int(draft.block_size),
-                "target_layer_ids": [int(i) for i in draft.target_layer_ids],
-                "mask_token_id": int(draft.mask_token_id),
-                "temperature": 0.0,
-            }
-            if self.draft_kind == "DFlash2DraftModel":
-                dcfg = self.draft_config.get("dflash_config") or {}
-                spec.update({k: dcfg.get(k, self.draft_config.get(k)) for k in DFLASH2_KEYS})
-            self._fingerprint = Fingerprint(
-                engine=self.name,
-                engine_version=f"dflash {_dflash_version()}, transformers {transformers.__version__}, torch {torch.__version__}",
-                target=ArtifactId(self.target_path, dir_sha256(self.target_path), model_kind(self.target_path)),
-                draft=ArtifactId(self.draft_path, dir_sha256(self.draft_path), self.draft_kind),
-                dtype=self.dtype_name,
-                spec_config=spec,
-                extra={"attn_implementation": self.attn_implementation, "threads": self.options.threads},
-            )
-        return self._fingerprint
+    def draft_artifact(self) -> ArtifactId:
+        if self._draft_artifact is None:
+            self._draft_artifact = dir_artifact(self.draft_path, self.draft_kind)
+        return self._draft_artifact
+
+    def close(self) -> None:
+        self.draft = None
 
     # ------------------------------------------------------------------ speculative path
-    def run_dflash(self, prompt_ids: Sequence[int], max_new_tokens: int, stop_ids: Sequence[int]):
+    def run_dflash(self, target: TorchTarget, prompt_ids: Sequence[int], max_new_tokens: int,
+                   stop_ids: Sequence[int]):
         """One instrumented ``dflash_generate`` call: (stats namespace, target calls, wall seconds)."""
-        torch = self._torch
-        ids = torch.tensor([list(prompt_ids)], dtype=torch.long, device=self.model.device)
-        with capture_target_calls(self.model) as calls, host_timer(self._dm), warnings.catch_warnings():
+        torch = target.torch
+        ids = torch.tensor([list(prompt_ids)], dtype=torch.long, device=target.model.device)
+        with capture_target_calls(target.model) as calls, host_timer(self._dm), warnings.catch_warnings():
             # dflash passes ``past_key_values=``; transformers >= 5.x warns it goes away in 5.40 (docs/DFLASH.md)
             warnings.filterwarnings("ignore", message=".*past_key_values.*deprecated", category=FutureWarning)
             t0 = time.perf_counter()
             stats = self._dm.dflash_generate(
                 self.draft,
-                self.model,
+                target.model,
                 ids,
                 max_new_tokens,
                 list(stop_ids),
@@ -331,13 +315,11 @@ class DFlashEngine(HFEngine):
             wall = time.perf_counter() - t0
         return stats, calls, wall
 
-    def _generate_one(self, req: GenerationRequest, speculative: bool) -> GenerationResult:
-        if not speculative:
-            return super()._generate_one(req, False)
+    def run(self, target: TorchTarget, req: GenerationRequest) -> LoopOutput:
         if req.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {req.max_new_tokens}")
-        stop = tuple(req.stop_token_ids or self._stop_ids)
-        stats, calls, wall = self.run_dflash(req.prompt_ids, req.max_new_tokens, stop)
+        stop = tuple(req.stop_token_ids or target.stop_token_ids())
+        stats, calls, wall = self.run_dflash(target, req.prompt_ids, req.max_new_tokens, stop)
         full = stats.output_ids[0].tolist()
         n = len(req.prompt_ids)
         if full[:n] != list(req.prompt_ids):
@@ -349,7 +331,48 @@ class DFlashEngine(HFEngine):
                 f"instrumentation disagrees with dflash: hook-derived tokens per step {produced} != "
                 f"acceptance_lengths {reported}"
             )
-        return self.result(req, full[n:], rows, SpecStats.from_steps(steps, SOURCE), wall)
+        return LoopOutput(full[n:], rows, steps, SOURCE, wall)
+
+
+
+class DFlashEngine(InProcessEngine):
+    """``dflash_generate`` against the target's own greedy decode, one request at a time (batch 1)."""
+
+    def __init__(self, options: EngineOptions, *, loop_factory: Any = None, name: str = "dflash"):
+        """``loop_factory(target, mode, draft_path, block_size)`` builds the loop (default
+        :class:`DFlashLoop`; the broken DFlash loops in ``tests/`` pass their own)."""
+        mode = options.spec_mode or "dflash2"
+        if mode not in SPEC_MODES:
+            raise DFlashLoadError(f"--spec-mode: the dflash engine supports {sorted(SPEC_MODES)}, got {mode!r}")
+        if options.num_draft_tokens is not None and options.num_draft_tokens < 1:
+            raise DFlashLoadError(f"--num-draft-tokens: the block size must be >= 1, got {options.num_draft_tokens}")
+        _dflash_model()  # a missing package is one clear error before the target loads
+        target = TorchTarget.from_options(options)
+        draft = str(options.draft or fixture_dir(SPEC_MODES[mode][1]))
+        loop = (loop_factory or DFlashLoop)(target, mode, draft, options.num_draft_tokens)
+        super().__init__(target, loop, name=name, version=f"dflash {_dflash_version()}")
+
+    # conveniences for sweeps and tests
+    @property
+    def spec_mode(self) -> str:
+        return self.loop.mode
+
+    @property
+    def draft(self):
+        return self.loop.draft
+
+    @property
+    def block_size(self) -> int:
+        return self.loop.block_size
+
+    def set_block_size(self, block_size: int) -> None:
+        """Change the block size (verify width: anchor + ``block_size - 1`` draft tokens) in place;
+        the fingerprint follows. Sweeps use this to reuse one loaded engine."""
+        self.loop.set_block_size(block_size)
+        self.invalidate_fingerprint()
+
+    def run_dflash(self, prompt_ids: Sequence[int], max_new_tokens: int, stop_ids: Sequence[int]):
+        return self.loop.run_dflash(self.target, prompt_ids, max_new_tokens, stop_ids)
 
 
 @engine_factory(INFO)

