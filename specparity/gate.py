@@ -82,6 +82,8 @@ def decide(run: GateRun, config: GateConfig) -> GateDecision:
     activity = run.activity()
     if activity.reported_requests == 0:
         msg = "speculation activity unknown: the engine reported no draft counters for any request"
+        if run.counters_error:
+            msg += f" (reading its aggregate counters after the speculative phase failed: {run.counters_error})"
         (warnings if config.allow_unknown_activity else failures).append(msg)
     elif activity.accepted == 0:
         failures.append(

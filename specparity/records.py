@@ -118,6 +118,10 @@ class GateRun:
     attachments: list[tuple[str, str]] = field(default_factory=list)
     #: Run-wide counters of an engine that reports only aggregates (read around phase 2).
     aggregate: SpecStats | None = None
+    #: Why the aggregate counters could not be read (the run's activity is then unknown).
+    counters_error: str | None = None
+    #: Deterministic / batch-invariant inference the engine declares, with where it was read.
+    deterministic: str | None = None
 
     def activity(self, category: str | None = None) -> Activity:
         act = Activity()

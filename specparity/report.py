@@ -112,6 +112,7 @@ def render_summary_md(run: GateRun, decision: GateDecision) -> str:
         concurrency=run.concurrency,
         attachments=run.attachments,
         fatal=run.fatal,
+        deterministic=run.deterministic,
     )
 
 
@@ -150,6 +151,8 @@ def terminal_lines(run: GateRun, decision: GateDecision) -> list[str]:
         lines.append(f"scorer: {run.scorer}")
     if run.concurrency > 1:
         lines.append(f"concurrency: {run.concurrency} requests in flight per phase")
+    if run.deterministic:
+        lines.append(f"declared determinism: {run.deterministic}")
     act = run.activity()
     if act.reported_requests:
         mal = act.mean_accept_length

@@ -173,24 +173,33 @@ def _run_phases(engine: Engine, run: GateRun, writer: ResultsWriter, say: Callab
     run.fingerprint = engine.fingerprint()
     logs = getattr(engine, "server_logs", None)
     run.attachments = list(logs()) if callable(logs) else []
+    run.deterministic = caps.deterministic
     scorer = choose_scorer(engine, config.scorer, config.scorer_model)
     run.scorer = scorer.description
     writer.write({"kind": "run", "schema": RESULTS_SCHEMA, "fingerprint": run.fingerprint.to_json(),
                   "config": config.to_json(), "scorer": run.scorer, "concurrency": run.concurrency,
                   "capabilities": vars(caps)})
     try:
-        _baselines(engine, run, scorer, writer, say)
+        if not _baselines(engine, run, scorer, writer, say):
+            return
         counters_before = _aggregate_counters(engine, caps.counters)
         _speculative(engine, run, scorer, writer, say)
         if counters_before is not None:
-            run.aggregate = _aggregate_delta(counters_before, _aggregate_counters(engine, caps.counters))
-            writer.write({"kind": "aggregate_counters", **run.aggregate.to_json()})
+            try:
+                run.aggregate = _aggregate_delta(counters_before, _aggregate_counters(engine, caps.counters))
+                writer.write({"kind": "aggregate_counters", **run.aggregate.to_json()})
+            except Exception as exc:  # noqa: BLE001 - the verdicts are written; only the activity is unknown
+                run.counters_error = f"{type(exc).__name__}: {exc}"
+                writer.write({"kind": "aggregate_counters", "error": run.counters_error})
     finally:
         scorer.close()
 
 
-def _baselines(engine: Engine, run: GateRun, scorer: Scorer, writer: ResultsWriter, say: Callable[[str], None]) -> None:
-    """Phase 1: every prompt without speculation, scored teacher-forced; then the threshold."""
+def _baselines(engine: Engine, run: GateRun, scorer: Scorer, writer: ResultsWriter, say: Callable[[str], None]) -> bool:
+    """Phase 1: every prompt without speculation, scored teacher-forced; then the threshold.
+
+    Returns False when no baseline could be measured at all (every one failed or could not be
+    scored): each prompt is then an ``error`` with its own cause and there is nothing to compare."""
     config = run.config
     stop_ids = tuple(engine.stop_token_ids())
     for rec in run.records:
@@ -215,26 +224,48 @@ def _baselines(engine: Engine, run: GateRun, scorer: Scorer, writer: ResultsWrit
         rec.baseline, rec.baseline_tf, rec.tf_error = result, tf, err
         run.timings["baseline_decode"] += t_gen
         run.timings["tf_scoring"] += t_tf
-        writer.write({"kind": "baseline", "prompt_id": rec.prompt.id, "baseline": result.to_json()})
+        writer.write({"kind": "baseline", "prompt_id": rec.prompt.id, "baseline": result.to_json(),
+                      "tf_error": err})
         say(f"baseline {rec.prompt.id}: {len(result.output_ids)} tokens" + (f" ERROR {result.error}" if result.error else ""))
     run.timings["baseline_phase_wall"] = time.perf_counter() - t_phase
-    noise = measure_noise(
-        (r.baseline.scores, r.baseline_tf) for r in run.records if r.baseline is not None and r.baseline_tf is not None
-    )
+    measured = [r for r in run.records if r.baseline is not None and not r.baseline.error and r.baseline_tf is not None]
+    if not measured and config.near_tie_nats is None:
+        for rec in run.records:
+            rec.verdict = _baseline_error(rec)
+            writer.write(rec.to_json())
+        writer.write({"kind": "threshold", "nats": None,
+                      "description": "not measured: no baseline could be decoded and scored"})
+        return False
+    noise = measure_noise((r.baseline.scores, r.baseline_tf) for r in measured)
     run.threshold = derive_threshold(noise, config.near_tie_nats)
     writer.write({"kind": "threshold", **run.threshold.to_json()})
     say(f"near-tie threshold: {run.threshold.describe()}")
+    return True
+
+
+def _baseline_error(rec: PromptRecord) -> Verdict:
+    """The verdict of a prompt whose baseline could not be used, with the first cause."""
+    p = rec.prompt
+    if rec.baseline is not None and rec.baseline.error:
+        cause = f"baseline failed: {rec.baseline.error}"
+    elif rec.tf_error:
+        cause = f"baseline {rec.tf_error}"
+    else:
+        cause = "not run"
+    return Verdict(p.id, p.category, "error", cause)
 
 
 def _speculative(engine: Engine, run: GateRun, scorer: Scorer, writer: ResultsWriter,
                  say: Callable[[str], None]) -> None:
     """Phase 2: every prompt with speculation, scored and classified as it finishes."""
     stop_ids = tuple(engine.stop_token_ids())
+    todo = []
     for rec in run.records:
-        if rec.request is None:
-            p = rec.prompt
-            rec.verdict = Verdict(p.id, p.category, "error", rec.baseline.error if rec.baseline else "not run")
+        if rec.request is None or rec.baseline is None or rec.baseline.error:
+            rec.verdict = _baseline_error(rec)  # nothing to compare against: no speculative run
             writer.write(rec.to_json())
+        else:
+            todo.append(rec)
 
     def work(rec: PromptRecord) -> tuple[GenerationResult, TokenScores | None, str | None, float, float]:
         t0 = time.perf_counter()
@@ -247,13 +278,13 @@ def _speculative(engine: Engine, run: GateRun, scorer: Scorer, writer: ResultsWr
         return result, tf, err, t1 - t0, time.perf_counter() - t1
 
     t_phase = time.perf_counter()
-    todo = [r for r in run.records if r.request is not None]
     for rec, (result, tf, err, t_gen, t_tf) in dispatch(todo, work, run.concurrency):
         p = rec.prompt
         rec.spec, rec.spec_tf = result, tf
         run.timings["spec_decode"] += t_gen
         run.timings["tf_scoring"] += t_tf
-        err = err or rec.tf_error
+        if rec.tf_error:  # the baseline's own scoring failed first: that is the cause
+            err = f"baseline {rec.tf_error}"
         run.coverage.add(rec.spec.spec)
         rec.verdict = _timed(
             run.timings,

@@ -11,7 +11,6 @@ have shipped.
 
 from __future__ import annotations
 
-import time
 from typing import Sequence
 
 import torch

@@ -9,15 +9,8 @@ from __future__ import annotations
 import os
 import signal
 
-from specparity.engines.base import EngineInfo, EngineOptions, OptionSpec, engine_factory
+from specparity.engines.base import EngineInfo, EngineOptions, OptionSpec, engine_factory, parse_positive_int
 from specparity.engines.hf import HF_OPTIONS, SPEC_MODES, HFEngine
-
-
-def _positive_int(value: str) -> int:
-    n = int(value)
-    if n < 1:
-        raise ValueError("expected an integer >= 1")
-    return n
 
 
 class InterruptingEngine(HFEngine):
@@ -39,7 +32,7 @@ class InterruptingEngine(HFEngine):
 @engine_factory(EngineInfo(
     "hf-interrupting",
     spec_modes=SPEC_MODES,
-    options={**HF_OPTIONS, "interrupt_after": OptionSpec("speculative call that sends SIGINT", parse=_positive_int)},
+    options={**HF_OPTIONS, "interrupt_after": OptionSpec("speculative call that sends SIGINT", parse=parse_positive_int)},
 ))
 def interrupting(options: EngineOptions) -> InterruptingEngine:
     return InterruptingEngine(options)

@@ -159,3 +159,30 @@ def test_v1_and_non_dflash_drafts_pass(draft, tmp_path):
     plain = load_checkpoint(pa.dense_target(tmp_path / "eagle"))
     assert probe_dflash2_format(plain, SG19).status is Status.OK
     assert probe_dflash2_format(None, SG19).status is Status.UNKNOWN
+
+
+def test_llamacpp_refuses_a_dflash_draft_that_reads_the_last_target_layer(tmp_path):
+    """Measured on llama-server 11434: the fixture DFlash2 draft (layers [0, 2, 3] of a 4-layer
+    Qwen3 target) aborts the server on the first request; a draft reading [0, 2, 2] runs. The
+    reference dflash decoder and SGLang read the last layer fine, so the rule is llama.cpp's only."""
+    import json
+    import shutil
+
+    from specparity.checkpoints import load_checkpoint
+    from specparity.fixtures import fixture_dir
+    from specparity.probes.capabilities import EngineSpec
+    from specparity.probes.draft_format import LLAMACPP_LAYER_MESSAGE, probe_dflash2_format
+    from specparity.probes.verdict import Status
+
+    target = load_checkpoint(fixture_dir("target"))
+    draft = load_checkpoint(fixture_dir("dflash2"))
+    v = probe_dflash2_format(draft, EngineSpec.parse("llamacpp==11434"), target)
+    assert v.status is Status.FAIL and v.message == LLAMACPP_LAYER_MESSAGE
+    assert "target_layer_ids=[0, 2, 3]; target has 4 layers" in v.evidence[0]
+    assert probe_dflash2_format(draft, EngineSpec.parse("sglang==0.5.23"), target).status is Status.OK
+    fixed = tmp_path / "dflash2"
+    shutil.copytree(fixture_dir("dflash2"), fixed)
+    cfg = json.loads((fixed / "config.json").read_text())
+    cfg["dflash_config"]["target_layer_ids"] = [0, 2, 2]
+    (fixed / "config.json").write_text(json.dumps(cfg))
+    assert probe_dflash2_format(load_checkpoint(fixed), EngineSpec.parse("llamacpp==11434"), target).status is Status.OK

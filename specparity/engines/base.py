@@ -150,6 +150,36 @@ def parse_int_list(value: str) -> tuple[int, ...]:
     return out
 
 
+def parse_positive_int(value: str) -> int:
+    """``--engine-opt`` values that count something (slots, tokens): an integer >= 1."""
+    try:
+        n = int(value)
+    except ValueError:
+        raise ValueError("expected an integer >= 1") from None
+    if n < 1:
+        raise ValueError("expected an integer >= 1")
+    return n
+
+
+def parse_positive_float(value: str) -> float:
+    try:
+        x = float(value)
+    except ValueError:
+        raise ValueError("expected a number > 0") from None
+    if not x > 0:
+        raise ValueError("expected a number > 0")
+    return x
+
+
+def parse_bool(value: str) -> bool:
+    v = value.strip().lower()
+    if v in ("1", "true", "yes", "on"):
+        return True
+    if v in ("0", "false", "no", "off"):
+        return False
+    raise ValueError("expected true or false")
+
+
 @runtime_checkable
 class Engine(Protocol):
     """A greedy decoder that can run with and without speculation."""

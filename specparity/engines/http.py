@@ -2,7 +2,8 @@
 
 One :class:`Endpoint` per server URL, built on a urllib3 ``PoolManager`` (thread-safe, unlike a
 shared ``requests.Session``) so the runner can keep many requests in flight. Every request has a
-connect and a read timeout — no request loop runs unbounded — and only *connection* failures are
+connect and a read timeout, and the whole answer must arrive within the read timeout (a server that
+trickles its body is cut off too) — no request loop runs unbounded — and only *connection* failures are
 retried (a refused connection never reached the server; a read timeout may have, and greedy
 generation is replayed only by the gate's own re-run, never silently). Every failure becomes a
 :class:`ServerError` whose message says what happened (refused, timed out, HTTP status and body,
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 import zlib
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -98,28 +100,31 @@ class Endpoint:
         data = None if body is None else json.dumps(body).encode()
         headers = {"Content-Type": "application/json"} if data is not None else {}
         timeout = self.timeout if timeout_s is None else Timeout(connect=self.timeout.connect_timeout, read=timeout_s)
+        started = time.monotonic()
         try:
-            r = self._pool.request(method, url, body=data, headers=headers, timeout=timeout, preload_content=True)
+            r = self._pool.request(method, url, body=data, headers=headers, timeout=timeout, preload_content=False)
+            payload = _read_body(r, url, started + (timeout.read_timeout or DEFAULT_READ_TIMEOUT_S))
         except (MaxRetryError, NewConnectionError, ProtocolError, ReadTimeoutError, Urllib3Error, OSError) as exc:
-            raise self._transport_failure(method, path, exc) from None
+            raise self._transport_failure(method, path, exc, timeout.read_timeout) from None
         self._ok()
-        resp = Response(r.status, r.data or b"", r.headers.get("Content-Type", ""))
+        resp = Response(r.status, payload, r.headers.get("Content-Type", ""))
         if r.status not in expect:
             snippet = resp.body[:300].decode("utf-8", "replace").strip()
-            raise ServerError(f"{method} {path}: HTTP {r.status}: {snippet or '(empty body)'}", status=r.status)
+            raise ServerError(f"{method} {path}: HTTP {r.status} from {self.base_url}: {snippet or '(empty body)'}",
+                              status=r.status)
         return resp
 
     def post_json(self, path: str, body: Any, **kw: Any) -> Any:
-        return self.request("POST", path, body, **kw).json(f"POST {path}")
+        return self.request("POST", path, body, **kw).json(f"POST {self.base_url}{path}")
 
     def get_json(self, path: str, **kw: Any) -> Any:
-        return self.request("GET", path, **kw).json(f"GET {path}")
+        return self.request("GET", path, **kw).json(f"GET {self.base_url}{path}")
 
     # ------------------------------------------------------------------ failure accounting
-    def _transport_failure(self, method: str, path: str, exc: BaseException) -> ServerError:
+    def _transport_failure(self, method: str, path: str, exc: BaseException, read_timeout: float | None) -> ServerError:
         cause = exc.reason if isinstance(exc, MaxRetryError) and exc.reason is not None else exc
         if isinstance(cause, (ReadTimeoutError, TimeoutError)) or "timed out" in str(cause).lower():
-            what = f"timed out after {self.timeout.read_timeout:g} s"
+            what = f"timed out after {read_timeout:g} s" if read_timeout is not None else "timed out"
         elif isinstance(cause, (NewConnectionError, ConnectionRefusedError)) or "refused" in str(cause).lower():
             what = "connection refused"
         elif isinstance(cause, ProtocolError) or "closed" in str(cause).lower() or "reset" in str(cause).lower():
@@ -139,6 +144,22 @@ class Endpoint:
 
     def close(self) -> None:
         self._pool.clear()
+
+
+def _read_body(r: urllib3.BaseHTTPResponse, url: str, deadline: float) -> bytes:
+    """The whole body, by the deadline: the read timeout bounds each socket read, so a server that
+    trickles its answer a few bytes at a time would otherwise hold the request forever."""
+    chunks = []
+    try:
+        while chunk := r.read1(1 << 16):
+            chunks.append(chunk)
+            if time.monotonic() > deadline:
+                raise ReadTimeoutError(None, url, "timed out: the answer was still arriving")  # type: ignore[arg-type]
+    except BaseException:
+        r.close()  # never hand a half-read connection back to the pool
+        raise
+    r.release_conn()
+    return b"".join(chunks)
 
 
 class Fleet:

@@ -127,27 +127,25 @@ class ServerProcess:
         return "\n".join(self.log_path.read_text(encoding="utf-8", errors="replace").splitlines()[-lines:])
 
     def stop(self, grace_s: float = 10.0) -> None:
-        """Stop the whole process group: SIGTERM, then SIGKILL after ``grace_s``."""
+        """Stop the whole process group: SIGTERM, then SIGKILL after ``grace_s`` — also when the
+        leader already exited (its children may not have)."""
         proc, self.process = self.process, None
         _LIVE.discard(self)
-        if proc is None or proc.poll() is not None:
+        if proc is None:
             return
+        _signal_group(proc.pid, signal.SIGTERM)
         try:
-            os.killpg(proc.pid, signal.SIGTERM)
             proc.wait(timeout=grace_s)
-        except (ProcessLookupError, PermissionError):
-            pass
         except subprocess.TimeoutExpired:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+            pass
+        _signal_group(proc.pid, signal.SIGKILL)  # whatever of the group is left
+        if proc.poll() is None:
             proc.wait(timeout=grace_s)
 
     def kill(self) -> None:
         """SIGKILL the process group at once (tests use it to kill a server mid-run)."""
-        if self.process is not None and self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGKILL)
+        if self.process is not None:
+            _signal_group(self.process.pid, signal.SIGKILL)
             self.process.wait(timeout=10)
 
     def __enter__(self) -> "ServerProcess":
@@ -156,6 +154,13 @@ class ServerProcess:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 def health_ok(endpoint: Endpoint) -> str | None:

@@ -43,11 +43,18 @@ from typing import Any, Sequence
 import numpy as np
 
 from specparity.cache import user_cache_dir
-from specparity.engines.base import Capabilities, EngineInfo, EngineOptions, OptionSpec, engine_factory
+from specparity.engines.base import (
+    Capabilities,
+    EngineInfo,
+    EngineOptions,
+    OptionSpec,
+    engine_factory,
+    parse_positive_int,
+)
 from specparity.engines.http import Endpoint, ServerError, check_url
 from specparity.engines.launch import ServerProcess
 from specparity.engines.presets import fill, get_preset, presets_for
-from specparity.engines.server import HFTokenizer, ServerEngine, open_session
+from specparity.engines.server import HFTokenizer, ServerEngine, artifact, open_session
 from specparity.fixtures import MANIFEST, fixture_dir
 from specparity.types import ArtifactId, GenerationRequest, GenerationResult, SpecStats, TokenScores
 
@@ -62,13 +69,6 @@ DEFAULT_PRESET = "llamacpp-draft-simple"
 FIXTURE_GGUF = {"target": "target", "draft": "draft", "dflash2": "dflash2", "dflash1": "dflash1"}
 #: The draft GGUF each spec type takes by default.
 DEFAULT_DRAFT = {"draft-simple": "draft", "draft-dflash": "dflash2-llamacpp"}
-
-
-def _positive_int(value: str) -> int:
-    n = int(value)
-    if n < 1:
-        raise ValueError("expected an integer >= 1")
-    return n
 
 
 def fixture_gguf_dir() -> Path:
@@ -149,10 +149,10 @@ OPTIONS = {
     "binary": OptionSpec("llama-server binary (default: $SPECPARITY_LLAMA_SERVER, else the newest build in the cache, "
                          "tools/llamacpp/build_llama_server.sh)"),
     "tokenizer": OptionSpec("Hugging Face tokenizer directory used to encode prompts (default: the fixture target)"),
-    "parallel": OptionSpec("server slots per launch (--parallel): requests in flight per server", parse=_positive_int),
-    "ctx_size": OptionSpec("context size per launch (-c), split across slots", parse=_positive_int),
-    "ngram_n": OptionSpec("n-gram lookup length (--spec-<type>-size-n)", parse=_positive_int),
-    "ngram_m": OptionSpec("n-gram draft length (--spec-<type>-size-m)", parse=_positive_int),
+    "parallel": OptionSpec("server slots per launch (--parallel): requests in flight per server", parse=parse_positive_int),
+    "ctx_size": OptionSpec("context size per launch (-c), split across slots", parse=parse_positive_int),
+    "ngram_n": OptionSpec("n-gram lookup length (--spec-<type>-size-n)", parse=parse_positive_int),
+    "ngram_m": OptionSpec("n-gram draft length (--spec-<type>-size-m)", parse=parse_positive_int),
     "gpu_layers": OptionSpec("layers offloaded to a GPU (-ngl / -ngld)", parse=int),
     "cache_type": OptionSpec("KV cache type for both launches (-ctk/-ctv)", choices=("f16", "f32", "bf16", "q8_0",
                                                                                      "q4_0", "q4_1", "q5_0", "q5_1")),
@@ -400,19 +400,6 @@ class LlamaCppEngine(ServerEngine):
                             max_concurrency=max(1, self.slots * len(self.spec.fleet.endpoints)))
 
 
-def _artifact(path: str | None, kind: str) -> ArtifactId | None:
-    if not path:
-        return None
-    p = Path(path)
-    if p.is_file():
-        h = hashlib.sha256()
-        with p.open("rb") as fh:
-            for chunk in iter(lambda: fh.read(1 << 20), b""):
-                h.update(chunk)
-        return ArtifactId(str(p), "sha256:" + h.hexdigest(), kind)
-    return ArtifactId(str(path), "", kind)
-
-
 @engine_factory(INFO)
 def create(options: EngineOptions) -> LlamaCppEngine:
     tokenizer = HFTokenizer(options.extra.get("tokenizer") or str(fixture_dir("target")))
@@ -438,8 +425,8 @@ def create(options: EngineOptions) -> LlamaCppEngine:
             raise
         slots = spec_launch.parallel
         target, draft = spec_launch.model, spec_launch.draft
-    return LlamaCppEngine(options, baseline, spec, tokenizer, target=_artifact(target, "gguf") or ArtifactId("", "", ""),
-                          draft=_artifact(draft, "gguf"), launches=(base_launch, spec_launch), slots=slots)
+    return LlamaCppEngine(options, baseline, spec, tokenizer, target=artifact(target, "gguf") or ArtifactId("", "", ""),
+                          draft=artifact(draft, "gguf"), launches=(base_launch, spec_launch), slots=slots)
 
 
 

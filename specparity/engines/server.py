@@ -16,6 +16,7 @@ stopping what was launched — lives here once.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from dataclasses import dataclass
@@ -23,8 +24,10 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from specparity.engines.base import Capabilities, EngineOptions
-from specparity.engines.http import Endpoint, Fleet, ServerError
+from specparity.engines.common import dir_sha256, model_kind
+from specparity.engines.http import Endpoint, Fleet, ServerError, check_url
 from specparity.engines.launch import ServerProcess
+from specparity.engines.presets import presets_for
 from specparity.types import (
     ArtifactId,
     Fingerprint,
@@ -104,6 +107,61 @@ def open_session(role: str, urls: Sequence[str], launches: Sequence[ServerProces
     return Session(role, fleet, started)
 
 
+def resolve_tokenizer_dir(options: EngineOptions, engine: str) -> str:
+    """``--engine-opt tokenizer=DIR``, else ``--target`` when it is a local directory; ValueError otherwise."""
+    tok = options.extra.get("tokenizer")
+    flag = "--engine-opt tokenizer"
+    if not tok:
+        if options.target and Path(options.target).is_dir():
+            tok, flag = options.target, "--target"
+        else:
+            what = f"--target {options.target!r} is not a local directory" if options.target else "no --target"
+            raise ValueError(f"--engine-opt tokenizer: the {engine} engine sends token ids, so it needs a local "
+                             f"Hugging Face tokenizer directory ({what}); pass --engine-opt tokenizer=DIR")
+    p = Path(tok)
+    if not p.is_dir():
+        raise ValueError(f"{flag}={tok}: not a directory")
+    if not (p / "tokenizer.json").is_file() and not (p / "tokenizer_config.json").is_file():
+        raise ValueError(f"{flag}={tok}: no tokenizer.json or tokenizer_config.json there")
+    return str(p)
+
+def check_server_flags(options: EngineOptions, engine: str) -> None:
+    """Running servers (both URLs) or a preset to launch, never both, never half; URLs well formed."""
+    if bool(options.baseline_urls) != bool(options.spec_urls):
+        missing = "--spec-url" if options.baseline_urls else "--baseline-url"
+        raise ValueError(f"{missing}: the {engine} engine needs both --baseline-url and --spec-url (or --preset to "
+                         "launch both servers)")
+    if options.baseline_urls and options.preset:
+        raise ValueError(f"--preset {options.preset}: give either --baseline-url/--spec-url (running servers) or "
+                         "--preset (launch them), not both")
+    if not options.baseline_urls and not options.preset:
+        raise ValueError(f"--baseline-url: the {engine} engine needs --baseline-url and --spec-url (running servers) "
+                         f"or --preset NAME to launch them (presets: {', '.join(presets_for(engine))})")
+    for flag, urls in (("--baseline-url", options.baseline_urls), ("--spec-url", options.spec_urls)):
+        for u in urls:
+            check_url(flag, u)
+    if options.baseline_urls and options.num_draft_tokens is not None:
+        raise ValueError(f"--num-draft-tokens: the {engine} servers at --spec-url run with their own launch setting; "
+                         "it only applies to --preset launches")
+
+def named(endpoint: Endpoint, exc: ServerError) -> ServerError:
+    """``exc`` with the endpoint's URL in its message (transport failures already name it)."""
+    if endpoint.base_url in str(exc):
+        return exc
+    return ServerError(f"{endpoint.base_url}: {exc}", transport=exc.transport, status=exc.status)
+
+def artifact(path: str | None, kind: str = "") -> ArtifactId | None:
+    """A local model directory hashed, anything else (a hub id, a server's path) named only."""
+    if not path:
+        return None
+    p = Path(path)
+    if p.is_dir():
+        return ArtifactId(str(p), dir_sha256(p), model_kind(p) or kind)
+    if p.is_file():
+        return ArtifactId(str(p), "sha256:" + hashlib.sha256(p.read_bytes()).hexdigest(), kind)
+    return ArtifactId(str(path), "", kind)
+
+
 class ServerEngine:
     """The engine protocol over a baseline session and a speculative session.
 
@@ -178,6 +236,8 @@ class ServerEngine:
 
     def _explain(self, session: Session, endpoint: Endpoint, exc: ServerError) -> str:
         msg = str(exc)
+        if endpoint.base_url not in msg:  # an adapter's own check (e.g. "answered without 'timings'")
+            msg = f"{endpoint.base_url}: {msg}"
         for proc in session.processes:
             if proc.url == endpoint.base_url and not proc.alive():
                 code = proc.process.returncode if proc.process else "?"

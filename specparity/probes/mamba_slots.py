@@ -156,7 +156,8 @@ def probe_mamba_slots(
     """Layer-kind consistency, slots per request and the ``max_running_requests`` cap."""
     hybrid, evidence, problems = linear_layer_report(target)
     if not hybrid:
-        return ok(SLOTS_PROBE, "target is not a hybrid (no linear-attention layers): no mamba state slots", evidence)
+        return ok(SLOTS_PROBE, "target is not a hybrid (no linear-attention layers): no mamba state slots", evidence,
+                  engine_independent=True)
     if problems:
         sglang = engine.name == "sglang"
         how = ("SGLang derives layer kinds from full_attention_interval alone "
@@ -202,7 +203,8 @@ def probe_mamba_exhaustion(
     """Does the SGLang that will run survive an empty mamba pool during prefix donation?"""
     hybrid, evidence, _ = linear_layer_report(target)
     if not hybrid:
-        return ok(SOURCE_PROBE, "target is not a hybrid: no mamba state pool to exhaust", evidence)
+        return ok(SOURCE_PROBE, "target is not a hybrid: no mamba state pool to exhaust", evidence,
+                  engine_independent=True)
     if engine.name != "sglang":
         return unknown(SOURCE_PROBE, f"source check is implemented for SGLang only, not {engine.name}", evidence)
     if flags.disable_radix_cache:

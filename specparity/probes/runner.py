@@ -75,9 +75,9 @@ def cap_unread(verdict: Verdict, engine: EngineSpec) -> Verdict:
     """An ``ok`` for an engine version whose source was never read becomes ``warn``, saying so:
     "0.5.99 was not read; rule taken from 0.5.23" is a prediction, not a pass."""
     note = unread_version_note(engine)
-    if note is None or verdict.status is not Status.OK:
+    if note is None or verdict.status is not Status.OK or verdict.engine_independent:
         return verdict
-    return Verdict(verdict.probe, Status.WARN, f"{verdict.summary} [unverified: {engine} was not read]",
+    return Verdict(verdict.probe, Status.WARN, f"{verdict.summary} [unverified for {engine}]",
                    [*verdict.evidence, note], action=verdict.action or f"read {engine}'s own source to confirm "
                    "(specparity probe --sglang-source WHEEL_OR_TREE) or run the live probes against it",
                    message=verdict.message, live_only=verdict.live_only)
@@ -86,7 +86,7 @@ def cap_unread(verdict: Verdict, engine: EngineSpec) -> Verdict:
 _PROBES: dict[str, Callable[[ProbeContext], Verdict]] = {
     lm_head.PROBE: lambda c: lm_head.probe_lm_head(c.target, c.draft, c.engine),
     draft_format.FP8_PROBE: lambda c: draft_format.probe_fp8_scales(c.draft, c.engine),
-    draft_format.DFLASH2_PROBE: lambda c: draft_format.probe_dflash2_format(c.draft, c.engine),
+    draft_format.DFLASH2_PROBE: lambda c: draft_format.probe_dflash2_format(c.draft, c.engine, c.target),
     mamba_slots.SLOTS_PROBE: lambda c: mamba_slots.probe_mamba_slots(c.target, c.engine, c.flags, _mamba_source(c), c.env),
     mamba_slots.SOURCE_PROBE: lambda c: mamba_slots.probe_mamba_exhaustion(c.target, c.engine, c.flags, _mamba_source(c)),
 }

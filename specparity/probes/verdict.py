@@ -36,6 +36,9 @@ class Verdict:
     action: str = ""
     message: str | None = None
     live_only: str | None = None
+    #: The verdict follows from the checkpoint alone (e.g. "not a hybrid: no mamba slots"), so it
+    #: holds for every engine version, read or not.
+    engine_independent: bool = False
 
     @property
     def failed(self) -> bool:
@@ -62,6 +65,7 @@ class Verdict:
             "action": self.action,
             "message": self.message,
             "live_only": self.live_only,
+            "engine_independent": self.engine_independent,
         }
 
 

@@ -1,0 +1,120 @@
+"""A real llama-server for tests: find it or skip (fail in CI), and a plugin engine that kills one.
+
+``require_llamacpp()`` returns ``(binary, gguf_dir)`` — the ``llama-server`` that
+``specparity.engines.llamacpp.find_binary()`` finds and the fixture GGUF directory
+(``fixture_gguf_dir()``, with ``target.gguf`` and ``draft.gguf``). When either is missing the
+calling test is skipped with the reason and the command that makes it; with
+``SPECPARITY_REQUIRE_LLAMACPP=1`` (CI, ``ci/llamacpp.sh``) it fails instead, so a CI machine that
+lost its build never goes green on skips. ``llamacpp`` is the same as a pytest fixture.
+
+``killing_llamacpp`` is a plugin engine (``--engine tests/llamacpp_fixtures.py:killing_llamacpp``):
+the real ``llamacpp`` engine, launching both servers itself, except that it SIGKILLs the
+speculative ``llama-server`` (``ServerProcess.kill()``) right after its ``kill_after``-th
+speculative request (``--engine-opt kill_after=N``, default 3) — a server dying mid-run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from specparity.engines.base import EngineInfo, EngineOptions, OptionSpec, engine_factory, parse_positive_int
+from specparity.engines.llamacpp import (
+    INFO,
+    OPTIONS,
+    LlamaCppEngine,
+    create,
+    find_binary,
+    fixture_gguf_dir,
+)
+
+REQUIRE_ENV = "SPECPARITY_REQUIRE_LLAMACPP"
+#: The GGUFs the llamacpp tests need (draft-simple's and draft-dflash's drafts).
+REQUIRED_GGUFS = ("target.gguf", "draft.gguf", "dflash2-llamacpp.gguf")
+
+
+def llamacpp_missing() -> str | None:
+    """Why no real llama-server run is possible here, or None when it is."""
+    binary = find_binary()
+    if binary is None:
+        return ("no llama-server binary (build one with `bash ci/llamacpp.sh` or "
+                "`tools/llamacpp/build_llama_server.sh`, or set $SPECPARITY_LLAMA_SERVER)")
+    if not binary.is_file() or not os.access(binary, os.X_OK):
+        return f"llama-server {binary} is not an executable file"
+    ggufs = fixture_gguf_dir()
+    missing = [name for name in REQUIRED_GGUFS if not (ggufs / name).is_file()]
+    if missing:
+        return (f"no fixture GGUF {', '.join(missing)} in {ggufs} "
+                "(convert the fixtures with `python tools/llamacpp/convert_gguf.py`)")
+    return None
+
+
+def require_llamacpp() -> tuple[Path, Path]:
+    """(llama-server binary, fixture GGUF directory); skips the calling test when either is
+    missing, or fails it when ``SPECPARITY_REQUIRE_LLAMACPP=1``."""
+    why = llamacpp_missing()
+    if why is not None:
+        if os.environ.get(REQUIRE_ENV):
+            pytest.fail(f"needs a real llama-server: {why}; {REQUIRE_ENV}=1 is set", pytrace=False)
+        pytest.skip(f"needs a real llama-server: {why}")
+    binary = find_binary()
+    assert binary is not None
+    return binary, fixture_gguf_dir()
+
+
+@pytest.fixture
+def llamacpp() -> tuple[Path, Path]:
+    """:func:`require_llamacpp` as a fixture."""
+    return require_llamacpp()
+
+
+# --------------------------------------------------------------------------- a server killed mid-run
+
+
+def _check(options: EngineOptions) -> None:
+    INFO.check(dataclasses.replace(options, extra={k: v for k, v in options.extra.items() if k != "kill_after"}))
+
+
+def arm_kill(engine: LlamaCppEngine, after: int) -> LlamaCppEngine:
+    """Make ``engine`` SIGKILL its launched speculative server right after its ``after``-th
+    speculative ``generate`` call returns."""
+    if not engine.spec.processes:
+        raise ValueError("kill_after needs a speculative server launched by the gate (no --spec-url)")
+    generate = engine.generate
+    calls = {"spec": 0}
+
+    def killing_generate(requests: Any, *, speculative: bool) -> Any:
+        out = generate(requests, speculative=speculative)
+        if speculative:
+            calls["spec"] += 1
+            if calls["spec"] == after:
+                for proc in engine.spec.processes:
+                    proc.kill()
+        return out
+
+    engine.generate = killing_generate  # type: ignore[method-assign]
+    return engine
+
+
+@engine_factory(EngineInfo(
+    "llamacpp-killing",
+    spec_modes=INFO.spec_modes,
+    options={**OPTIONS, "kill_after": OptionSpec("SIGKILL the speculative llama-server after this many speculative "
+                                                 "requests", parse=parse_positive_int)},
+    dtypes=(),
+    local_models=False,
+    check=_check,
+    server=True,
+))
+def killing_llamacpp(options: EngineOptions) -> LlamaCppEngine:
+    after = int(options.extra.get("kill_after", 3))
+    engine = create(dataclasses.replace(options, extra={k: v for k, v in options.extra.items() if k != "kill_after"}))
+    try:
+        return arm_kill(engine, after)
+    except BaseException:
+        engine.close()
+        raise

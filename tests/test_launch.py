@@ -1,0 +1,168 @@
+"""Launchers: typed fields -> argv (every llama.cpp preset), and the ServerProcess lifecycle.
+
+The lifecycle tests use a small Python HTTP server in a child process (no model): readiness waits
+on ``/health`` with a deadline while watching the process, a server that dies during start-up fails
+at once with its log, and ``stop()`` kills the whole process group (a grandchild included).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from specparity.engines.base import EngineOptions
+from specparity.engines.launch import LaunchError, ServerProcess
+from specparity.engines.llamacpp import LlamaServerLaunch, launch_configs
+from specparity.engines.presets import PRESETS, fill, get_preset
+
+TOY_SERVER = r'''
+import http.server, os, subprocess, sys, time
+delay, fail = float(sys.argv[1]), sys.argv[2] == "fail"
+port = int(sys.argv[sys.argv.index("--port") + 1])
+print("toy server starting", flush=True)
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+open(os.environ["CHILD_PID_FILE"], "w").write(str(child.pid))
+if fail:
+    print("fatal: cannot load model", flush=True)
+    sys.exit(3)
+t0 = time.time()
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        ready = time.time() - t0 > delay
+        self.send_response(200 if ready else 503)
+        self.end_headers()
+        self.wfile.write(b'{"status":"ok"}' if ready else b'{"error":"Loading model"}')
+    def log_message(self, *a):
+        pass
+http.server.HTTPServer(("127.0.0.1", port), H).serve_forever()
+'''
+
+
+def toy(tmp_path: Path, *, delay: float = 0.5, fail: bool = False, timeout: float = 20.0) -> ServerProcess:
+    script = tmp_path / "toy.py"
+    script.write_text(TOY_SERVER)
+    return ServerProcess("toy", [sys.executable, str(script)], [str(delay), "fail" if fail else "ok"],
+                         log_dir=str(tmp_path), startup_timeout_s=timeout,
+                         env={"CHILD_PID_FILE": str(tmp_path / "child.pid")})
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # a zombie is dead for our purposes
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except OSError:
+        return False
+
+
+def test_process_waits_for_health_binds_localhost_and_kills_its_group(tmp_path):
+    proc = toy(tmp_path, delay=0.6)
+    t0 = time.monotonic()
+    with proc:
+        assert time.monotonic() - t0 >= 0.5  # waited through the 503s
+        assert proc.url.startswith("http://127.0.0.1:") and proc.alive()
+        assert proc.argv()[-4:] == ["--host", "127.0.0.1", "--port", str(proc.port)]
+        child = int((tmp_path / "child.pid").read_text())
+        assert _alive(child)
+    assert not proc.alive()
+    deadline = time.monotonic() + 5
+    while _alive(child) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(child), "the server's own child outlived stop(): the process group was not killed"
+    log = proc.log_path.read_text()
+    assert log.startswith("$ ") and "toy server starting" in log
+
+
+def test_process_that_dies_during_startup_fails_at_once_with_its_log(tmp_path):
+    proc = toy(tmp_path, fail=True, timeout=60)
+    t0 = time.monotonic()
+    with pytest.raises(LaunchError, match=r"(?s)toy exited with code 3 during start-up.*fatal: cannot load model"):
+        proc.start()
+    assert time.monotonic() - t0 < 10
+    assert not proc.alive()
+    child = int((tmp_path / "child.pid").read_text())
+    deadline = time.monotonic() + 5
+    while _alive(child) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(child), "a server that died during start-up left its children running"
+
+
+def test_process_not_ready_in_time(tmp_path):
+    proc = toy(tmp_path, delay=60, timeout=1.0)
+    with pytest.raises(LaunchError, match=r"not ready after 1 s \(GET /health: HTTP 503"):
+        proc.start()
+    assert not proc.alive()
+
+
+# ------------------------------------------------------------------------------ llama.cpp argv
+
+
+def test_llama_server_argv_fields():
+    launch = LlamaServerLaunch("/bin/llama-server", "t.gguf", draft="d.gguf", spec_type="draft-simple",
+                               draft_n_max=4, ctx_size=2048, parallel=2, threads=1, gpu_layers=99, cache_type="q8_0",
+                               extra=("--metrics",))
+    assert launch.args() == ["-m", "t.gguf", "--threads", "1", "-c", "2048", "--parallel", "2", "--no-webui",
+                             "-md", "d.gguf", "--spec-type", "draft-simple", "--spec-draft-n-max", "4",
+                             "-ngl", "99", "-ngld", "99", "-ctk", "q8_0", "-ctv", "q8_0", "--metrics"]
+    ngram = LlamaServerLaunch("b", "t.gguf", spec_type="ngram-map-k", ngram_size_n=3, ngram_size_m=8)
+    assert ngram.args()[-6:] == ["--spec-type", "ngram-map-k", "--spec-ngram-map-k-size-n", "3",
+                                 "--spec-ngram-map-k-size-m", "8"]
+    assert LlamaServerLaunch("b", "t.gguf").args() == ["-m", "t.gguf", "--threads", "1", "-c", "4096", "--parallel",
+                                                       "1", "--no-webui"]
+    with pytest.raises(ValueError, match="needs a draft model"):
+        LlamaServerLaunch("b", "t.gguf", spec_type="draft-dflash").args()
+    with pytest.raises(ValueError, match="expected one of"):
+        LlamaServerLaunch("b", "t.gguf", spec_type="medusa").args()
+
+
+EXPECTED_SPEC_ARGS = {
+    "llamacpp-draft-simple": ["-md", "D.gguf", "--spec-type", "draft-simple", "--spec-draft-n-max", "4"],
+    "llamacpp-ngram-simple": ["--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", "3",
+                              "--spec-ngram-simple-size-m", "8"],
+    "llamacpp-ngram-map-k": ["--spec-type", "ngram-map-k", "--spec-ngram-map-k-size-n", "3",
+                             "--spec-ngram-map-k-size-m", "8"],
+    "llamacpp-draft-dflash": ["-md", "D.gguf", "--spec-type", "draft-dflash", "--spec-draft-n-max", "7"],
+}
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED_SPEC_ARGS))
+def test_every_llamacpp_preset_builds_its_argv(name):
+    preset = get_preset("llamacpp", name)
+    base = LlamaServerLaunch(binary="b", **fill(preset.baseline, target="T.gguf", draft="D.gguf"))
+    spec = LlamaServerLaunch(binary="b", **fill(preset.spec, target="T.gguf", draft="D.gguf"))
+    common = ["-m", "T.gguf", "--threads", "1", "-c", "4096", "--parallel", "1", "--no-webui"]
+    assert base.args() == common, "the baseline launch must run without speculation"
+    assert spec.args() == common + EXPECTED_SPEC_ARGS[name]
+
+
+def test_every_preset_is_covered():
+    assert sorted(n for n, p in PRESETS.items() if p.engine == "llamacpp") == sorted(EXPECTED_SPEC_ARGS)
+
+
+def test_launch_configs_apply_options_over_the_preset(tmp_path):
+    for name in ("target.gguf", "draft.gguf", "x.gguf"):
+        (tmp_path / name).write_bytes(b"GGUF")
+    binary = tmp_path / "llama-server"
+    binary.write_text("#!/bin/sh\n")
+    binary.chmod(0o755)
+    opts = EngineOptions(target=str(tmp_path / "target.gguf"), draft=str(tmp_path / "draft.gguf"), threads=1,
+                         extra={"binary": str(binary), "parallel": 3, "server_args": ["--metrics"]})
+    base, spec = launch_configs(opts)
+    assert spec.spec_type == "draft-simple" and spec.draft_n_max == 4 and spec.parallel == 3
+    assert base.spec_type == "none" and base.draft is None and base.extra == ("--metrics",)
+    _, spec = launch_configs(replace(opts, num_draft_tokens=6))
+    assert spec.draft_n_max == 6
+    _, spec = launch_configs(replace(opts, spec_mode="ngram-simple", num_draft_tokens=5))
+    assert (spec.spec_type, spec.ngram_size_n, spec.ngram_size_m, spec.draft) == ("ngram-simple", 3, 5, None)
+    _, spec = launch_configs(replace(opts, preset="llamacpp-draft-dflash", draft=str(tmp_path / "x.gguf")))
+    assert (spec.spec_type, spec.draft_n_max, spec.draft) == ("draft-dflash", 7, str(tmp_path / "x.gguf"))
+    with pytest.raises(ValueError, match="--draft .*nope.gguf: expected an existing .gguf file"):
+        launch_configs(replace(opts, draft=str(tmp_path / "nope.gguf")))

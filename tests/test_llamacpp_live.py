@@ -1,0 +1,130 @@
+"""The gate against a real llama.cpp ``llama-server`` on the CPU (built by ``ci/llamacpp.sh``).
+
+Live: real servers the suite starts (a baseline launch without speculation and a speculative
+launch), the fixture models converted to GGUF. Without a build these tests skip and say how to
+get one; with ``SPECPARITY_REQUIRE_LLAMACPP=1`` (CI) they fail instead.
+
+* ``pytest suites/lossless --engine llamacpp`` passes on the default suite with drafting active,
+  for a standalone draft, an n-gram mode and ``draft-dflash``, and at concurrency 2;
+* a speculative server that is not lossless (it serves another model) fails the gate;
+* the same DFlash2 draft accepts alike under the reference ``dflash`` decoder and llama.cpp, and a
+  different draft does not (``specparity.parity``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from llamacpp_fixtures import require_llamacpp
+from specparity import exitcodes
+from specparity.fixtures import REPO_ROOT
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def llamacpp():
+    """(binary, GGUF dir), or skip with how to build them (fail under SPECPARITY_REQUIRE_LLAMACPP)."""
+    return require_llamacpp()
+
+
+def gate(*args: str, report: Path) -> tuple[subprocess.CompletedProcess[str], list[dict]]:
+    cmd = [sys.executable, "-m", "pytest", "suites/lossless", "-q", "-p", "no:cacheprovider", "--engine", "llamacpp",
+           "--report", str(report), *args]
+    proc = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=900,
+                          env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    lines = [json.loads(x) for x in (report / "results.jsonl").read_text().splitlines()] if (report / "results.jsonl").exists() else []
+    return proc, lines
+
+
+def spec_totals(lines: list[dict]) -> tuple[int, int]:
+    prompts = [x for x in lines if x["kind"] == "prompt"]
+    return (sum(x["spec"]["spec"]["proposed"] for x in prompts), sum(x["spec"]["spec"]["accepted"] for x in prompts))
+
+
+def test_default_suite_passes_against_servers_the_suite_starts(llamacpp, tmp_path):
+    proc, lines = gate(report=tmp_path)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    assert "specparity lossless gate: PASS — exact 38" in out, out[-3000:]
+    proposed, accepted = spec_totals(lines)
+    assert accepted > 0 and proposed >= accepted, (proposed, accepted)
+    run = lines[0]
+    assert run["fingerprint"]["engine"] == "llamacpp" and "b11434" in run["fingerprint"]["engine_version"]
+    assert "per position to the baseline llama-server" in run["scorer"]
+    summary = (tmp_path / "summary.md").read_text()
+    assert "--spec-type draft-simple" in summary and "Log (llama-server-spec)" in summary
+    assert (tmp_path / "servers" / "llama-server-spec.log").is_file()
+
+
+@pytest.mark.parametrize("preset", ["llamacpp-ngram-simple", "llamacpp-draft-dflash"])
+def test_other_spec_types_pass_with_drafting_active(llamacpp, tmp_path, preset):
+    args = ["--preset", preset, "--categories", "repeat,code,zh_qa"]
+    if preset == "llamacpp-draft-dflash":
+        args += ["--draft", str(llamacpp[1] / "dflash2-llamacpp.gguf")]
+    proc, lines = gate(*args, report=tmp_path)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    proposed, accepted = spec_totals(lines)
+    assert accepted > 0, (preset, proposed, accepted)
+
+
+def test_concurrent_requests_on_two_slots(llamacpp, tmp_path):
+    proc, lines = gate("--engine-opt", "parallel=2", "--concurrency", "2", "--categories", "math,logic",
+                       report=tmp_path)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    assert lines[0]["concurrency"] == 2
+    assert "concurrency: 2 requests in flight per phase" in proc.stdout
+
+
+def test_a_speculative_server_serving_another_model_fails_the_gate(llamacpp, tmp_path):
+    """Not a mock: two real servers, the 'speculative' one runs the draft model as its target."""
+    from specparity.engines.llamacpp import LlamaServerLaunch
+
+    binary, gg = llamacpp
+    base = LlamaServerLaunch(str(binary), str(gg / "target.gguf")).process("base", log_dir=str(tmp_path))
+    wrong = LlamaServerLaunch(str(binary), str(gg / "draft.gguf")).process("wrong", log_dir=str(tmp_path))
+    with base, wrong:
+        proc, lines = gate("--baseline-url", base.url, "--spec-url", wrong.url, "--categories", "math",
+                           "--allow-unknown-activity", report=tmp_path / "r")
+    assert proc.returncode == exitcodes.GATE_FAILED, (proc.stdout + proc.stderr)[-3000:]
+    verdicts = [x["verdict"]["class"] for x in lines if x["kind"] == "prompt"]
+    assert verdicts.count("diverged") >= 3, verdicts
+
+
+def test_the_same_dflash2_draft_accepts_alike_in_the_reference_and_in_llamacpp(llamacpp):
+    from specparity.engines.base import EngineOptions
+    from specparity.engines.dflash import DFlashEngine
+    from specparity.engines.llamacpp import create
+    from specparity.fixtures import fixture_dir
+    from specparity.parity import compare_acceptance
+    from specparity.prompts import load_prompts
+    from specparity.records import GateConfig
+    from specparity.runner import run_gate
+
+    _, gg = llamacpp
+    prompts = [p for p in load_prompts(REPO_ROOT / "prompts" / "default.jsonl").prompts
+               if p.category in ("code", "commonsense", "repeat", "zh_qa")]
+
+    def per_category(engine):
+        try:
+            run = run_gate(engine, prompts, GateConfig(max_new_tokens=48))
+        finally:
+            engine.close()
+        assert all(r.verdict.klass == "exact" for r in run.records), [r.verdict.reason for r in run.records]
+        return {c: run.activity(c) for c in run.categories()}
+
+    variant = gg / "variants" / "dflash2-llamacpp"
+    ref = per_category(DFlashEngine(EngineOptions(draft=str(variant), spec_mode="dflash2", num_draft_tokens=8)))
+    llama = per_category(create(EngineOptions(preset="llamacpp-draft-dflash", draft=str(gg / "dflash2-llamacpp.gguf"))))
+    same = compare_acceptance(ref, llama)
+    assert not same.failures, "\n".join(same.table("dflash", "llama.cpp"))
+    ref_other = per_category(DFlashEngine(EngineOptions(draft=str(fixture_dir("dflash2")), spec_mode="dflash2",
+                                                        num_draft_tokens=8)))
+    other = compare_acceptance(ref_other, llama)
+    assert other.failures and other.overall.gap > 0.1, "\n".join(other.table("dflash", "llama.cpp"))

@@ -1,0 +1,383 @@
+"""Faults never pass: a server that misbehaves makes its prompts ``error`` with the cause, never exact.
+
+Each test drives the real gate — the ``llamacpp`` engine, ``run_gate`` and ``conclude`` in-process,
+or ``pytest suites/lossless --engine llamacpp`` as a subprocess (exit codes and summary wording) —
+against :mod:`misbehaving_server`, a llama.cpp-protocol server that replays the captured answers
+(so the same run passes when nothing is wrong: the first test) and misbehaves on purpose. The last
+test SIGKILLs a real ``llama-server`` mid-run.
+
+For every fault: the affected prompts are ``error`` and the cause names the endpoint and what
+happened; the prompts that finished stay ``exact`` in ``results.jsonl``; the journal ends with the
+verdict; the exit code is 1 (3 when the engine could not run at all). Timeouts are short and the
+dead-endpoint breaker (3 consecutive transport failures) makes later prompts fail at once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import pytest
+
+import specparity.engines.llamacpp as llamacpp
+from llamacpp_fixtures import require_llamacpp
+from misbehaving_server import MisbehavingServer, Rule
+from specparity import exitcodes
+from specparity.engines.base import EngineOptions
+from specparity.engines.http import DEAD_AFTER
+from specparity.engines.server import HFTokenizer
+from specparity.fixtures import REPO_ROOT, fixture_dir
+from specparity.gate import GateDecision
+from specparity.prompts import Prompt, load_prompts
+from specparity.records import GateConfig, GateRun
+from specparity.runner import conclude, run_gate
+
+TESTS = REPO_ROOT / "tests"
+MAX_NEW = 16
+#: ``--categories math``: five prompts, in this order.
+MATH = [p for p in load_prompts(REPO_ROOT / "prompts" / "default.jsonl").prompts if p.category == "math"]
+IDS = [p.id for p in MATH]
+URL = r"http://127\.0\.0\.1:\d+"
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> HFTokenizer:
+    return HFTokenizer(str(fixture_dir("target")))
+
+
+@pytest.fixture(autouse=True)
+def shared_tokenizer(monkeypatch: pytest.MonkeyPatch, tokenizer: HFTokenizer) -> None:
+    """``create()`` loads the tokenizer (about 2 s); every test here shares one."""
+    monkeypatch.setattr(llamacpp, "HFTokenizer", lambda path: tokenizer)
+
+
+def prompt_ids(tokenizer: HFTokenizer, prompt_id: str) -> list[int]:
+    p = next(p for p in MATH if p.id == prompt_id)
+    return tokenizer.encode_prompt(p.prompt, p.messages_as_dicts())
+
+
+@dataclass
+class Outcome:
+    run: GateRun
+    decision: GateDecision
+    journal: list[dict[str, Any]]
+    report: Path
+
+    def klass(self, pid: str) -> str:
+        return self.run.record(pid).verdict.klass
+
+    def reason(self, pid: str) -> str:
+        return self.run.record(pid).verdict.reason
+
+    def written(self) -> dict[str, dict[str, Any]]:
+        """Prompt id -> its verdict as the journal recorded it."""
+        return {x["verdict"]["prompt_id"]: x["verdict"] for x in self.journal if x["kind"] == "prompt"}
+
+
+def journal(report: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (report / "results.jsonl").read_text().splitlines()]
+
+
+def gate(tmp_path: Path, baseline: MisbehavingServer, spec: MisbehavingServer, *, timeout: float = 2.0,
+         prompts: Sequence[Prompt] = MATH) -> Outcome:
+    """The real gate, in-process: ``llamacpp.create`` against the two URLs, run, conclude."""
+    report = tmp_path / "report"
+    engine = llamacpp.create(EngineOptions(baseline_urls=(baseline.url,), spec_urls=(spec.url,),
+                                           request_timeout=timeout))
+    try:
+        run = run_gate(engine, prompts, GateConfig(max_new_tokens=MAX_NEW, report_dir=str(report), categories=["math"]))
+    finally:
+        engine.close()
+    decision = conclude(run)
+    return Outcome(run, decision, journal(report), report)
+
+
+def assert_failed(out: Outcome, causes: dict[str, Sequence[str]]) -> None:
+    """``causes``: prompt id -> regexes its error reason must match. Every other prompt is exact —
+    in the run and in the journal — and the journal ends with a FAIL verdict, exit code 1."""
+    written = out.written()
+    assert set(written) == set(IDS), f"journal lacks prompts: {set(IDS) - set(written)}"
+    for pid in IDS:
+        if pid in causes:
+            assert out.klass(pid) == "error", (pid, out.klass(pid), out.reason(pid))
+            assert written[pid]["class"] == "error" and written[pid]["reason"] == out.reason(pid)
+            for pattern in causes[pid]:
+                assert re.search(pattern, out.reason(pid)), f"{pid}: {pattern!r} not in {out.reason(pid)!r}"
+        else:
+            assert out.klass(pid) == "exact", (pid, out.klass(pid), out.reason(pid))
+            assert written[pid]["class"] == "exact"
+    final = out.journal[-1]
+    assert final["kind"] == "verdict" and final["status"] == "FAIL" and final["exit_code"] == exitcodes.GATE_FAILED
+    assert final["counts"]["error"] == len(causes) and final["counts"]["exact"] == len(IDS) - len(causes)
+    failed = [f for f in final["failures"] if "failed in the engine" in f]
+    assert failed and all(pid in failed[0] for pid in causes), final["failures"]
+    assert out.decision.exit_code == exitcodes.GATE_FAILED and not out.decision.passed
+    assert out.run.timings["total"] < 8, out.run.timings  # no prompt waited out a long timeout
+
+
+# --------------------------------------------------------------------------- nothing wrong: a pass
+
+
+def test_replayed_answers_pass_when_nothing_is_wrong(tmp_path):
+    """The fake server is faithful enough that the gate passes on it: every failure below is the
+    fault's doing."""
+    with MisbehavingServer() as base, MisbehavingServer(speculative=True) as spec:
+        out = gate(tmp_path, base, spec)
+    assert {pid: out.klass(pid) for pid in IDS} == {pid: "exact" for pid in IDS}
+    assert out.decision.passed and out.decision.exit_code == exitcodes.PASS, out.decision.failures
+    assert out.journal[-1]["kind"] == "verdict" and out.journal[-1]["status"] == "PASS"
+    act = out.run.activity()
+    assert act.accepted > 0 and act.accepted <= act.proposed
+    assert len(spec.seen) == len(IDS) and all(s.n_predict == MAX_NEW for s in spec.seen)
+    assert len(base.seen) > len(IDS)  # the baselines and their per-position scoring requests
+
+
+# --------------------------------------------------------------------------- transport faults
+
+
+def test_hang_times_out_and_the_breaker_fails_the_rest_fast(tmp_path):
+    timeout = 0.5
+    with MisbehavingServer() as base, MisbehavingServer(speculative=True, rules=[Rule("hang", from_request=2)]) as spec:
+        out = gate(tmp_path, base, spec, timeout=timeout)
+        timed_out = IDS[1:1 + DEAD_AFTER]
+        dead = IDS[1 + DEAD_AFTER:]
+        assert dead, "the breaker needs a prompt after the ones that time out"
+        assert_failed(out, {
+            **{pid: [rf"POST {URL}/completion: timed out after 0\.5 s"] for pid in timed_out},
+            **{pid: [rf"{URL} is marked dead \(3 consecutive transport failures, last: timed out after 0\.5 s\)"]
+               for pid in dead},
+        })
+        assert len(spec.seen) == 1 + DEAD_AFTER  # the prompts after the breaker never reached the server
+    for pid in timed_out:
+        assert out.run.record(pid).spec.wall_s >= timeout * 0.9
+    for pid in dead:
+        assert out.run.record(pid).spec.wall_s < 0.1, "a dead endpoint must fail at once"
+    assert out.run.timings["spec_decode"] < DEAD_AFTER * timeout + 1.5
+
+
+def test_trickled_answer_is_bounded_by_the_request_timeout(tmp_path):
+    """Headers at once, then the body a few bytes at a time: every socket read is quick, so only a
+    deadline on the whole request ends it (before the fix in http.py it ran for minutes)."""
+    timeout = 0.5
+    rule = Rule("trickle", requests={2})
+    with MisbehavingServer() as base, MisbehavingServer(speculative=True, rules=[rule], trickle_s=0.05) as spec:
+        out = gate(tmp_path, base, spec, timeout=timeout)
+    assert_failed(out, {IDS[1]: [rf"^speculative run failed: POST {URL}/completion: timed out after 0\.5 s$"]})
+    assert out.run.record(IDS[1]).spec.wall_s < 2 * timeout + 0.5
+
+
+def test_connection_closed_mid_response(tmp_path):
+    with MisbehavingServer() as base, MisbehavingServer(speculative=True, rules=[Rule("close_mid", requests={2})]) as spec:
+        out = gate(tmp_path, base, spec)
+    # one transport failure, then the server answers again: not dead, the run goes on
+    assert_failed(out, {IDS[1]: [rf"POST {URL}/completion: connection closed by the server mid-request"]})
+
+
+def test_spec_server_dies_after_two_requests_subprocess(tmp_path):
+    """The N+1-th request is dropped unanswered and the server stops listening (a crash): that
+    prompt and every later one are errors; exit code 1 and summary.md say so."""
+    with MisbehavingServer() as base, MisbehavingServer(speculative=True, die_after=2) as spec:
+        proc, report = gate_subprocess(tmp_path, base, spec)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == exitcodes.GATE_FAILED, out[-3000:]
+    assert "specparity lossless gate: FAIL — exact 2, near_tie 0, diverged 0, error 3 (5 prompts)" in out, out[-3000:]
+    lines = journal(report)
+    written = {x["verdict"]["prompt_id"]: x["verdict"] for x in lines if x["kind"] == "prompt"}
+    assert [written[p]["class"] for p in IDS] == ["exact", "exact", "error", "error", "error"]
+    assert re.search(rf"speculative run failed: POST {URL}/completion: connection closed by the server mid-request",
+                     written[IDS[2]]["reason"]), written[IDS[2]]["reason"]
+    for pid in IDS[3:]:
+        assert re.search(rf"speculative run failed: POST {URL}/completion: connection refused", written[pid]["reason"])
+    assert lines[-1]["kind"] == "verdict" and lines[-1]["exit_code"] == exitcodes.GATE_FAILED
+    summary = (report / "summary.md").read_text()
+    assert summary.startswith("# specparity lossless gate: FAIL")
+    assert f"3 prompt(s) failed in the engine: {', '.join(IDS[2:])}" in summary
+    assert "connection refused" in summary and "connection closed by the server mid-request" in summary
+    for pid in IDS[2:]:
+        assert f"FAILED suites/lossless/test_lossless.py::test_lossless[{pid}]" in out
+
+
+def test_refused_at_start_is_an_engine_error_subprocess(tmp_path):
+    """Nothing listens on the speculative URL: the health check fails before any prompt runs —
+    exit code 3 (the engine could not run), not a verdict."""
+    with MisbehavingServer() as base, MisbehavingServer(speculative=True, refuse=True) as spec:
+        proc, report = gate_subprocess(tmp_path, base, spec)
+        cause = f"spec endpoint unhealthy: GET {spec.url}/health: connection refused"
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == exitcodes.ENGINE_ERROR, out[-3000:]
+    assert cause in out and "specparity lossless gate: FAIL" in out, out[-3000:]
+    lines = journal(report)
+    assert [x["kind"] for x in lines] == ["fatal", "verdict"]  # no prompt ran, none is called exact
+    assert lines[-1]["exit_code"] == exitcodes.ENGINE_ERROR and lines[-1]["counts"]["exact"] == 0
+    assert any(cause in f for f in lines[-1]["failures"])
+    summary = (report / "summary.md").read_text()
+    assert summary.startswith("# specparity lossless gate: FAIL") and "The run stopped early" in summary
+    assert cause in summary and f"5 prompt(s) never finished: {', '.join(IDS)}" in summary
+
+
+def gate_subprocess(tmp_path: Path, base: MisbehavingServer, spec: MisbehavingServer,
+                    *extra: str) -> tuple[subprocess.CompletedProcess[str], Path]:
+    report = tmp_path / "report"
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "suites/lossless", "--engine", "llamacpp",
+           "--baseline-url", base.url, "--spec-url", spec.url, "--categories", "math", "--max-new-tokens", str(MAX_NEW),
+           "--report", str(report), "--request-timeout", "2", *extra]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(TESTS)}
+    t0 = time.monotonic()
+    proc = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=120, env=env)
+    assert time.monotonic() - t0 < 60, "the gate waited out timeouts it should not have"
+    return proc, report
+
+
+# --------------------------------------------------------------------------- answers that are wrong
+
+
+def test_http_500_on_one_prompt(tmp_path, tokenizer):
+    victim = IDS[2]
+    rule = Rule("http_500", prompt=prompt_ids(tokenizer, victim))
+    with MisbehavingServer() as base, MisbehavingServer(speculative=True, rules=[rule]) as spec:
+        out = gate(tmp_path, base, spec)
+    assert_failed(out, {victim: [rf"^speculative run failed: POST /completion: HTTP 500 from {URL}: "
+                                 r'\{"error":\{"code":500,"message":"failed to decode the batch']})
+
+
+def test_http_400_on_the_baseline(tmp_path, tokenizer):
+    victim = IDS[1]
+    rule = Rule("http_400", prompt=prompt_ids(tokenizer, victim))
+    with MisbehavingServer(rules=[rule]) as base, MisbehavingServer(speculative=True) as spec:
+        out = gate(tmp_path, base, spec)
+    # The runner still scores the speculative output of a prompt whose baseline failed, on the same
+    # baseline server, and that scoring error (the same HTTP 400 here) then replaces "baseline failed"
+    # as the reason; either way the reason names the endpoint and the answer.
+    cause = rf"POST /completion: HTTP 400 from {URL}: .*Prompt contains invalid tokens"
+    assert_failed(out, {victim: [rf"^(baseline failed: |teacher-forced scoring failed: ServerError: ){cause}"]})
+    baseline_line = next(x for x in out.journal if x["kind"] == "baseline" and x["prompt_id"] == victim)
+    assert re.search(cause, baseline_line["baseline"]["error"]), baseline_line
+
+
+def test_malformed_json(tmp_path):
+    with MisbehavingServer() as base, MisbehavingServer(speculative=True, rules=[Rule("bad_json", requests={3})]) as spec:
+        out = gate(tmp_path, base, spec)
+    assert_failed(out, {IDS[2]: [rf"POST {URL}/completion: malformed JSON in the response \('\{{\"index\":0"]})
+
+
+def test_missing_timings(tmp_path):
+    with MisbehavingServer() as base, MisbehavingServer(speculative=True, rules=[Rule("no_timings", requests={4})]) as spec:
+        out = gate(tmp_path, base, spec)
+    assert_failed(out, {IDS[3]: [rf"{URL}: /completion answered without 'timings': cannot tell whether drafting happened"]})
+
+
+def test_more_drafts_accepted_than_drafted(tmp_path):
+    rule = Rule("accepted_gt_drafted", requests={1})
+    with MisbehavingServer() as base, MisbehavingServer(speculative=True, rules=[rule]) as spec:
+        out = gate(tmp_path, base, spec)
+    assert_failed(out, {IDS[0]: [rf"{URL}: timings\.draft_n_accepted (\d+) > draft_n \d+"]})
+
+
+def test_limit_with_fewer_tokens_than_asked(tmp_path):
+    with MisbehavingServer() as base, MisbehavingServer(speculative=True, rules=[Rule("short_limit", requests={5})]) as spec:
+        out = gate(tmp_path, base, spec)
+    assert_failed(out, {IDS[4]: [rf"{URL}: returned \d+ of max_new_tokens=16 tokens and finish 'length': "
+                                 "the server stopped short without saying why"]})
+
+
+def test_probability_rows_that_match_no_token(tmp_path):
+    with MisbehavingServer() as base, MisbehavingServer(speculative=True, rules=[Rule("bad_prob_ids", requests={2})]) as spec:
+        out = gate(tmp_path, base, spec)
+    assert_failed(out, {IDS[1]: [rf"{URL}: unexpected response shape \(ValueError: completion_probabilities\[\d+\]\.id "
+                                 r"\d+ matches no remaining token\)"]})
+
+
+def test_baseline_dies_while_scoring(tmp_path, tokenizer):
+    """The baseline server dies in the middle of the second prompt's per-position scoring: the
+    first prompt stays exact, the second fails its scoring, the rest fail their baselines — the
+    last ones at once, through the breaker."""
+    probe = MisbehavingServer()
+    first_len = len(probe.model.greedy(prompt_ids(tokenizer, IDS[0]), MAX_NEW, 8)[0])
+    die_after = 1 + first_len + 1 + 2  # prompt 1 and its scoring, prompt 2 and two of its positions
+    with MisbehavingServer(die_after=die_after) as base, MisbehavingServer(speculative=True) as spec:
+        out = gate(tmp_path, base, spec)
+        assert base.dead
+    dead = rf"{URL} is marked dead \(3 consecutive transport failures, last: connection refused\)"
+    # Each prompt keeps its first cause: the second one's own scoring died; the next baselines met
+    # a refused connection; the last one the breaker. No speculative run is made without a baseline.
+    assert_failed(out, {
+        IDS[1]: [rf"^baseline teacher-forced scoring failed: ServerError: POST {URL}/completion: connection "
+                 r"(closed by the server mid-request|refused)"],
+        IDS[2]: [rf"^baseline failed: POST {URL}/completion: connection refused"],
+        IDS[3]: [rf"^baseline failed: POST {URL}/completion: connection refused"],
+        IDS[4]: [rf"^baseline failed: {dead}"],
+    })
+    first = {x["prompt_id"]: x["baseline"]["error"] for x in out.journal if x["kind"] == "baseline"}
+    assert first[IDS[0]] is None and first[IDS[1]] is None  # prompt 2 decoded; its scoring died
+    assert re.search(rf"^POST {URL}/completion: connection refused", first[IDS[2]]), first
+    assert re.search(rf"^POST {URL}/completion: connection refused", first[IDS[3]]), first
+    assert re.search(rf"^{dead}", first[IDS[4]]), first
+
+
+def _all_baselines_fail(tmp_path: Path) -> Outcome:
+    with MisbehavingServer(die_after=0) as base, MisbehavingServer(speculative=True) as spec:
+        return gate(tmp_path, base, spec)
+
+
+def test_baseline_dead_from_the_first_request_never_passes(tmp_path):
+    """Healthy at start, then every baseline request fails: the run stops before the speculative
+    phase (no threshold can be measured); it fails with exit code 1, nothing is called exact, and
+    the journal keeps each baseline's cause."""
+    out = _all_baselines_fail(tmp_path)
+    final = out.journal[-1]
+    assert final["kind"] == "verdict" and final["status"] == "FAIL" and final["exit_code"] == exitcodes.GATE_FAILED
+    assert final["counts"]["exact"] == 0 and out.decision.exit_code == exitcodes.GATE_FAILED
+    assert final["counts"]["error"] == len(IDS)
+    assert f"{len(IDS)} prompt(s) failed in the engine: {', '.join(IDS)}" in final["failures"]
+    causes = [x["baseline"]["error"] for x in out.journal if x["kind"] == "baseline"]
+    assert len(causes) == len(IDS)
+    assert re.search(rf"^POST {URL}/completion: connection closed by the server mid-request$", causes[0]), causes
+    assert re.search(rf"^{URL} is marked dead \(3 consecutive transport failures", causes[-1]), causes
+
+
+def test_baseline_dead_from_the_first_request_names_the_cause_per_prompt(tmp_path):
+    out = _all_baselines_fail(tmp_path)
+    for pid in IDS:
+        assert out.run.record(pid).verdict is not None and out.klass(pid) == "error"
+        assert re.search(rf"baseline failed: .*{URL}", out.reason(pid))
+
+
+# --------------------------------------------------------------------------- a real llama-server, killed
+
+
+def test_real_llama_server_killed_mid_run(tmp_path):
+    """Two real llama-servers launched by the gate; the speculative one is SIGKILLed right after
+    the third speculative request. The two prompts after it are errors that say the server process
+    exited and where its log is; the three before stay exact; exit code 1."""
+    require_llamacpp()
+    report = tmp_path / "report"
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "suites/lossless",
+           "--engine", f"{TESTS / 'llamacpp_fixtures.py'}:killing_llamacpp", "--engine-opt", "kill_after=3",
+           "--categories", "math", "--max-new-tokens", str(MAX_NEW), "--report", str(report), "--request-timeout", "10"]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(TESTS)}
+    proc = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=300, env=env)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == exitcodes.GATE_FAILED, out[-3000:]
+    spec_log = report / "servers" / "llama-server-spec.log"
+    assert spec_log.is_file() and "listening" in spec_log.read_text()
+    lines = journal(report)
+    written = {x["verdict"]["prompt_id"]: x["verdict"] for x in lines if x["kind"] == "prompt"}
+    assert [written[p]["class"] for p in IDS] == ["exact", "exact", "exact", "error", "error"], out[-3000:]
+    for pid in IDS[3:]:
+        reason = written[pid]["reason"]
+        assert re.search(rf"^speculative run failed: POST {URL}/completion: connection (refused|closed by the server "
+                         r"mid-request)", reason), reason
+        assert f"; the spec server process exited (-9); log {spec_log}" in reason, reason
+    final = lines[-1]
+    assert final["kind"] == "verdict" and final["status"] == "FAIL" and final["exit_code"] == exitcodes.GATE_FAILED
+    assert f"2 prompt(s) failed in the engine: {', '.join(IDS[3:])}" in final["failures"]
+    summary = (report / "summary.md").read_text()
+    assert summary.startswith("# specparity lossless gate: FAIL") and "the spec server process exited (-9)" in summary
+    assert "specparity lossless gate: FAIL — exact 3, near_tie 0, diverged 0, error 2 (5 prompts)" in out

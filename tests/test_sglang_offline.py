@@ -1,0 +1,530 @@
+"""The ``sglang`` engine adapter, tested WITHOUT a real SGLang server.
+
+Nothing here talks to SGLang: no GPU is available, so no SGLang server was ever started. The
+adapter (``specparity/engines/sglang.py``) is tested against
+
+* the response bodies in ``tests/data/sglang/`` — derived from the source of the SGLang **0.5.23**
+  wheel (and **0.5.19** for ``error_500_unknown_sampling_param_0.5.19.json``), never recorded from
+  a running server (each file's ``_source`` says so and cites ``file:line``);
+* the SGLang protocol emulator in ``tests/emulators.py``: a small HTTP server that speaks SGLang's
+  wire format as read from those sources (0.5.23, or 0.5.19 with ``version="0.5.19"``) and computes
+  tokens, logprobs and speculation counters with the committed fixture models through specparity's
+  in-process ``HFEngine``;
+* the launch commands of the field reports ``shared/seeds/000`` (section 2, SGLang 0.5.19) and
+  ``shared/seeds/003`` ("SGLang · DFlash2", "SGLang · MTP"), for the presets' argv.
+
+A pass here means the adapter agrees with what was read from SGLang's source; it does not prove
+that a live SGLang answers that way.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from emulators import DATA, REPO, TARGET, SGLangEmulator, run_lossless
+from specparity.engines import load_engine
+from specparity.engines.base import EngineOptions
+from specparity.engines.http import Endpoint, Fleet, ServerError
+from specparity.engines.launch import health_ok
+from specparity.engines.presets import PRESETS, presets_for
+from specparity.engines.server import Session
+from specparity.engines.sglang import (
+    SAMPLING_KEYS_0_5_19,
+    SAMPLING_KEYS_0_5_23,
+    SENT_SAMPLING_KEYS,
+    UNKNOWN,
+    SGLangEngine,
+    SGLangLaunch,
+    check_options,
+    generate_body,
+    launch_configs,
+    parse_generate,
+    parse_score,
+    spec_stats,
+)
+from specparity.types import GenerationRequest
+
+pytestmark = pytest.mark.offline
+
+SG = DATA / "sglang"
+
+
+def load(name: str):
+    return json.loads((SG / name).read_text())
+
+
+def body_of(name: str):
+    data = load(name)
+    return {k: v for k, v in data.items() if not k.startswith("_")} if isinstance(data, dict) else data
+
+
+# ---------------------------------------------------------------------------------------------- fakes
+
+
+class FakeEndpoint:
+    """Answers GETs from a dict of recorded bodies (for the /server_info parsing tests)."""
+
+    def __init__(self, url: str, bodies: dict[str, object]):
+        self.base_url = url
+        self.bodies = bodies
+
+    def get_json(self, path: str, **_: object):
+        if path not in self.bodies:
+            raise ServerError(f"GET {path}: HTTP 404 from {self.base_url}: Not Found", status=404)
+        return self.bodies[path]
+
+
+def engine_over(base: FakeEndpoint, spec: FakeEndpoint) -> SGLangEngine:
+    return SGLangEngine(EngineOptions(), Session("baseline", Fleet("baseline", [base]), []),
+                        Session("spec", Fleet("spec", [spec]), []), None, target=None, draft=None,
+                        launches=(None, None), max_concurrency=8)
+
+
+# ---------------------------------------------------------------------------------------------- recorded bodies
+
+
+def test_generate_spec_on_0_5_23():
+    """generate_greedy_spec_on.json (0.5.23, DFLASH block 16): ids, finish, logprob rows, counters."""
+    data = load("generate_greedy_spec_on.json")
+    ids, finish, scores, meta = parse_generate(body_of("generate_greedy_spec_on.json"), 8)
+    assert ids == data["output_ids"] and finish == "stop" and ids[-1] == 2
+    rows = data["meta_info"]["output_token_logprobs"]
+    np.testing.assert_allclose(scores.logprobs, [r[0] for r in rows], rtol=0, atol=1e-6)
+    tops = data["meta_info"]["output_top_logprobs"]
+    assert scores.top_ids.tolist() == [[e[1] for e in row] for row in tops]
+    assert all(scores.top_ids[i, 0] == ids[i] for i in range(len(ids)))  # greedy: chosen = top-1
+    s = spec_stats(meta, len(ids), "DFLASH")
+    assert (s.available, s.verify_steps, s.accepted, s.proposed) == (True, 3, 6, 45)  # 45 = 3 x (16 - 1)
+
+
+def test_generate_spec_off_0_5_23_and_the_missing_counters_trap():
+    """generate_greedy_spec_off.json (0.5.23, plain launch): no spec_* keys. From a server that
+    declares speculation, that is an error (never a silent pass); from a plain server, 'unavailable'."""
+    ids, finish, scores, meta = parse_generate(body_of("generate_greedy_spec_off.json"), 8)
+    assert finish == "stop" and len(ids) == 10 and not any(k.startswith("spec_") for k in meta)
+    with pytest.raises(ServerError, match="declares speculative_algorithm=DFLASH .* no spec_\\* keys"):
+        spec_stats(meta, len(ids), "DFLASH")
+    assert spec_stats(meta, len(ids), None).available is False
+    assert spec_stats(meta, len(ids), UNKNOWN).available is False
+    one = spec_stats(meta, 1, "DFLASH")  # a 1-token answer finished at the prefill: no verify step
+    assert one.available and one.verify_steps == 0
+
+
+def test_score_body_drops_the_null_entry():
+    """generate_score_logprob_start_len_0.json (0.5.23): entry 0 is [null, id, text] and
+    input_top_logprobs[0] is null; with logprob_start_len = len(prompt) - 1 (here 0, prompt = 1 token)
+    the continuation's rows follow. Its values equal the spec-off generation logprobs."""
+    data = load("generate_score_logprob_start_len_0.json")
+    ids = data["_request"]["input_ids"]
+    scores = parse_score(body_of("generate_score_logprob_start_len_0.json"), ids[:1], ids[1:], 8)
+    rows = data["meta_info"]["input_token_logprobs"]
+    assert rows[0][0] is None and data["meta_info"]["input_top_logprobs"][0] is None
+    np.testing.assert_allclose(scores.logprobs, [r[0] for r in rows[1:]], atol=1e-6)
+    assert 1183 not in scores.top_ids[1].tolist()  # ' capital' at rank 12: outside its own top-8 row
+    off = load("generate_greedy_spec_off.json")["meta_info"]["output_token_logprobs"]
+    np.testing.assert_allclose(scores.logprobs[5:], [r[0] for r in off[:5]], atol=1e-6)  # same positions
+    with pytest.raises(ServerError, match="has 11 entries, expected 10"):  # a body for another start
+        parse_score(body_of("generate_score_logprob_start_len_0.json"), ids[:2], ids[2:], 8)
+
+
+def test_batch_body_is_refused_and_its_items_parse():
+    """generate_batch2.json (0.5.23): a JSON array; each item is an ordinary answer; top_logprobs_num 0
+    leaves the top rows absent (not reported: id -1)."""
+    batch = load("generate_batch2.json")
+    with pytest.raises(ServerError, match="JSON array of 2 items"):
+        parse_generate(batch, 8)
+    ids0, finish0, scores0, meta0 = parse_generate(batch[0], 8)
+    ids1, finish1, _, meta1 = parse_generate(batch[1], 8)
+    assert (finish0, len(ids0), finish1, ids1[-1]) == ("length", 8, "stop", 2)
+    assert (scores0.top_ids == -1).all() and np.isnan(scores0.top_logprobs).all()
+    s0 = spec_stats(meta0, len(ids0), "DFLASH")  # 9 accepted counted before the finish truncation
+    assert (s0.verify_steps, s0.accepted, s0.proposed) == (2, 9, 30)
+    request = load("generate_batch2.request.json")
+    ours = generate_body([1, 2], 8, [2], 0)
+    assert {"input_ids", "sampling_params", "return_logprob", "top_logprobs_num"} <= set(request) & set(ours)
+
+
+def test_sent_sampling_keys_are_known_to_both_versions():
+    """error_400_unknown_sampling_param.json (0.5.23) lists the allow-list in its message; 0.5.19's
+    SamplingParams fields come from its source. An unknown key is 400 in 0.5.23 and 500 in 0.5.19
+    (error_500_unknown_sampling_param_0.5.19.json), so every key sent must be known to both."""
+    message = load("error_400_unknown_sampling_param.json")["error"]
+    allowed = set(re.findall(r"`(\w+)`", message.split("expected one of", 1)[1]))
+    assert allowed == SAMPLING_KEYS_0_5_23
+    body = generate_body([1, 2, 3], 16, [2, 0], 8, rid="x")
+    assert set(body["sampling_params"]) == SENT_SAMPLING_KEYS
+    assert SENT_SAMPLING_KEYS <= SAMPLING_KEYS_0_5_23 and SENT_SAMPLING_KEYS <= SAMPLING_KEYS_0_5_19
+    assert "seed" not in body["sampling_params"]
+    assert isinstance(body["sampling_params"]["max_new_tokens"], int)  # a float is a 400 in 0.5.23
+    assert body["sampling_params"]["ignore_eos"] is False  # true would also disable stop_token_ids
+    assert body["logprob_start_len"] == -1 and body["return_logprob"] is True and body["top_logprobs_num"] == 8
+
+
+def test_emulator_error_bodies_match_the_recorded_ones():
+    """The three 0.5.23 error shapes and the 0.5.19 500, as the emulator answers them; the adapter's
+    HTTP client names the status and the body."""
+    cases = [("error_400_unknown_sampling_param.json", "0.5.23"), ("error_400_value_error.json", "0.5.23"),
+             ("error_500_unknown_sampling_param_0.5.19.json", "0.5.19")]
+    for name, version in cases:
+        rec = load(name)
+        with SGLangEmulator(version=version) as emu:
+            endpoint = Endpoint(emu.url, connect_retries=0)
+            r = endpoint.request("POST", "/generate", rec["_request"], expect=(200, 400, 500))
+            assert r.status == rec["_http_status"], name
+            assert r.content_type.split(";")[0] == rec["_content_type"].split(";")[0], name
+            if "_body" in rec:
+                assert r.body.decode() == rec["_body"], name
+            else:
+                assert json.loads(r.body) == body_of(name), name
+            with pytest.raises(ServerError, match=f"HTTP {rec['_http_status']}"):
+                endpoint.post_json("/generate", rec["_request"])
+    rec = load("error_400_request_validation.json")
+    with SGLangEmulator() as emu:
+        r = Endpoint(emu.url).request("POST", "/generate", {"input_ids": [1, 2], "stream": "yes"}, expect=(400,))
+        got = json.loads(r.body)
+        assert list(got) == [k for k in rec if not k.startswith("_")] and got["type"] == "Bad Request"
+
+
+def test_server_info_bodies():
+    """server_info_{plain,dflash,deterministic}.json (0.5.23): the fingerprint's facts and
+    Capabilities.deterministic, read from enable_deterministic_inference."""
+    plain, dflash, det = (body_of(f"server_info_{n}.json") for n in ("plain", "dflash", "deterministic"))
+    base = FakeEndpoint("http://b", {"/server_info": plain})
+    spec = FakeEndpoint("http://s", {"/server_info": dflash})
+    engine = engine_over(base, spec)
+    info = engine.server_info(spec)
+    assert info["version"] == "sglang 0.5.23"
+    assert info["spec_config"]["speculative_algorithm"] == "DFLASH"
+    assert info["spec_config"]["speculative_num_draft_tokens"] == 16
+    assert info["summary"]["avg_spec_accept_length"] == pytest.approx(3.2716, abs=1e-3)
+    assert info["summary"]["kv_cache_dtype"] == "auto" and "launch_command" in info["summary"]
+    assert engine.server_info(base)["spec_config"] == {}
+    assert engine.declared_algorithm(spec) == "DFLASH" and engine.declared_algorithm(base) is None
+    assert engine.capabilities().deterministic is None
+    engine = engine_over(FakeEndpoint("http://b", {"/get_server_info": det}),
+                         FakeEndpoint("http://s", {"/server_info": det}))
+    said = engine.capabilities().deterministic
+    assert said.startswith("sglang /server_info enable_deterministic_inference=true")
+    assert "baseline http://b: true" in said and "spec http://s: true" in said  # /get_server_info fallback
+    assert engine.capabilities().counters == "request" and engine.capabilities().scoring
+
+
+def test_preferred_sampling_params_and_stop_strings():
+    """/generate merges the server's --preferred-sampling-params under the request's own keys: every
+    knob is sent explicitly, and a preferred key that would still change the tokens (a stop string,
+    a grammar, a logit bias) is an error naming it; so is an answer that stopped on a string."""
+    info = body_of("server_info_plain.json")
+    assert info["preferred_sampling_params"] is None
+    info["preferred_sampling_params"] = {"stop": ["\n\n"], "temperature": 0.7}
+    engine = engine_over(FakeEndpoint("http://b", {"/server_info": info}), FakeEndpoint("http://s", {}))
+    problem = engine.preferred_problem(engine.baseline.fleet.endpoints[0])
+    assert "--preferred-sampling-params sets stop" in problem and "temperature" not in problem
+    info["preferred_sampling_params"] = '{"temperature": 0.7, "top_p": 0.8}'  # overridden by what is sent
+    engine = engine_over(FakeEndpoint("http://b", {"/server_info": info}), FakeEndpoint("http://s", {}))
+    assert engine.preferred_problem(engine.baseline.fleet.endpoints[0]) is None
+    body = body_of("generate_greedy_spec_off.json")
+    body["meta_info"]["finish_reason"] = {"type": "stop", "matched": "\n\n"}
+    with pytest.raises(ServerError, match="stopped on the string/regex"):
+        parse_generate(body, 8)
+    body["meta_info"]["finish_reason"] = {"type": "abort", "message": "out of memory", "status_code": 500}
+    with pytest.raises(ServerError, match="aborted the request: 'out of memory'"):
+        parse_generate(body, 8)
+
+
+def test_emulator_shapes_match_the_recorded_bodies(tmp_path):
+    """The emulator answers with the recorded key sets and key order (model_info.json,
+    server_info_*.json, generate_greedy_spec_{on,off}.json, the score body), and health is
+    200-empty once up (health_starting_503.json is the 503-empty of a server still starting)."""
+    with SGLangEmulator(speculative=True) as spec, SGLangEmulator() as base:
+        e = Endpoint(spec.url)
+        assert set(e.get_json("/server_info")) == set(body_of("server_info_dflash.json"))
+        assert set(Endpoint(base.url).get_json("/server_info")) == set(body_of("server_info_plain.json"))
+        assert list(e.get_json("/model_info")) == list(body_of("model_info.json"))
+        r = e.request("GET", "/health")
+        assert r.status == 200 and r.body == b"" and health_ok(e) is None
+        req = load("generate_greedy_spec_on.json")["_request"]
+        ids = [1, 282, 203, 507, 318, 225, 24, 27, 389, 2, 203, 1, 281, 203]
+        req = {**req, "input_ids": ids}
+        on = e.post_json("/generate", req)
+        off = Endpoint(base.url).post_json("/generate", req)
+        rec_on, rec_off = body_of("generate_greedy_spec_on.json"), body_of("generate_greedy_spec_off.json")
+        assert list(on) == list(rec_on) and list(off) == list(rec_off)
+        spec_keys = [k for k in rec_on["meta_info"] if k.startswith("spec_")]
+        assert [k for k in on["meta_info"] if not k.startswith("spec_")] == [
+            k for k in rec_on["meta_info"] if not k.startswith("spec_")]
+        assert [k for k in on["meta_info"] if k.startswith("spec_")] == spec_keys  # 16 tokens: >= 1 verify
+        assert list(off["meta_info"]) == list(rec_off["meta_info"])
+        score_req = {**load("generate_score_logprob_start_len_0.json")["_request"], "input_ids": ids}
+        scored = Endpoint(base.url).post_json("/generate", score_req)
+        assert scored["meta_info"]["input_token_logprobs"][0] == [None, ids[0], "<|im_start|>"]
+        assert scored["meta_info"]["input_top_logprobs"][0] is None
+        assert list(scored["meta_info"]) == list(body_of("generate_score_logprob_start_len_0.json")["meta_info"])
+    rec = load("health_starting_503.json")
+    assert rec["_http_status"] == 503 and rec["_body"] == ""
+
+
+# ---------------------------------------------------------------------------------------------- launch argv
+
+#: The field reports' launch commands, verbatim (backslash-newlines joined).
+SEED_000 = ("python -m sglang.launch_server --model-path /mnt/sda6/download/qwen38-redhat-int4 "
+            "--speculative-algorithm DFLASH --speculative-draft-model-path incoai/Qwen3.8-27B-DFlash2 "
+            "--speculative-num-draft-tokens 8 --context-length 131072 --mem-fraction-static 0.92 "
+            "--max-mamba-cache-size 5 --mamba-ssm-dtype bfloat16 --cuda-graph-backend-prefill=disabled "
+            "--kv-cache-dtype fp8_e4m3 --page-size 1 --language-only")
+SEED_003_DFLASH2 = ("python -m sglang.launch_server --model-path ./FP8 --context-length 32768 "
+                    "--max-running-requests 16 --mamba-ssm-dtype bfloat16 --speculative-algorithm DFLASH "
+                    "--speculative-draft-model-path ./FP8/DFlash2-FP8 --speculative-draft-model-quantization fp8 "
+                    "--speculative-num-draft-tokens 8")
+SEED_003_MTP = ("python -m sglang.launch_server --model-path ./FP8 --context-length 32768 --max-running-requests 16 "
+                "--mamba-ssm-dtype bfloat16 --speculative-algorithm EAGLE --speculative-num-steps 3 "
+                "--speculative-eagle-topk 1 --speculative-num-draft-tokens 4")
+SPEC_FLAGS = ("--speculative-algorithm", "--speculative-draft-model-path", "--speculative-num-draft-tokens",
+              "--speculative-num-steps", "--speculative-eagle-topk", "--speculative-draft-model-quantization")
+
+
+def pairs(argv: list[str]) -> list[tuple[str, str | None]]:
+    """Flags with their values (``--a=b`` and ``--a b`` alike), order-free."""
+    out, i = [], 0
+    while i < len(argv):
+        flag = argv[i]
+        if "=" in flag:
+            name, value = flag.split("=", 1)
+            out.append((name, value))
+        elif i + 1 < len(argv) and not argv[i + 1].startswith("--"):
+            out.append((flag, argv[i + 1]))
+            i += 1
+        else:
+            out.append((flag, None))
+        i += 1
+    return sorted(out, key=lambda p: (p[0], p[1] or ""))
+
+
+def seed_pairs(command: str, *, drop_spec: bool = False, change: dict[str, str] | None = None):
+    argv = shlex.split(command)[3:]  # drop "python -m sglang.launch_server"
+    got = [p for p in pairs(argv) if not (drop_spec and p[0] in SPEC_FLAGS)]
+    got = [(f, (change or {}).get(f, v)) for f, v in got]
+    have = {f for f, _ in got}
+    got += [(f, v) for f, v in (change or {}).items() if f not in have]
+    return sorted(got, key=lambda p: (p[0], p[1] or ""))
+
+
+def argv_of(preset: str, target: str, draft: str | None):
+    return launch_configs(EngineOptions(preset=preset, target=target, draft=draft))
+
+
+EXPECTED = {
+    # preset: (target, draft, expected baseline pairs, expected spec pairs)
+    "sglang-dflash2-128k": ("/mnt/sda6/download/qwen38-redhat-int4", "incoai/Qwen3.8-27B-DFlash2",
+                            seed_pairs(SEED_000, drop_spec=True), seed_pairs(SEED_000)),
+    "sglang-nospec-128k": ("/mnt/sda6/download/qwen38-redhat-int4", None,
+                           seed_pairs(SEED_000, drop_spec=True), seed_pairs(SEED_000, drop_spec=True)),
+    # inferred in the preset (report 000 section 6, trap 4): two streams need --max-mamba-cache-size 10
+    "sglang-dflash2-128k-dual": ("/mnt/sda6/download/qwen38-redhat-int4", "incoai/Qwen3.8-27B-DFlash2",
+                                 seed_pairs(SEED_000, drop_spec=True, change={"--max-mamba-cache-size": "10",
+                                                                              "--max-running-requests": "2"}),
+                                 seed_pairs(SEED_000, change={"--max-mamba-cache-size": "10",
+                                                              "--max-running-requests": "2"})),
+    "sglang-mtp": ("./FP8", None, seed_pairs(SEED_003_MTP, drop_spec=True), seed_pairs(SEED_003_MTP)),
+    "sglang-dflash2-fp8": ("./FP8", "./FP8/DFlash2-FP8", seed_pairs(SEED_003_DFLASH2, drop_spec=True),
+                           seed_pairs(SEED_003_DFLASH2)),
+}
+
+
+def test_every_sglang_preset_has_an_expected_argv():
+    assert sorted(EXPECTED) == presets_for("sglang")
+
+
+@pytest.mark.parametrize("preset", sorted(EXPECTED))
+def test_preset_argv_matches_the_field_reports(preset):
+    target, draft, want_base, want_spec = EXPECTED[preset]
+    base, spec = argv_of(preset, target, draft)
+    assert pairs(base.args()) == want_base
+    assert pairs(spec.args()) == want_spec
+    # every flag is a ServerArgs field of 0.5.23 (server_info_plain.json lists all 546), spelled
+    # --field-name; --tp-size, never --tp
+    fields = set(body_of("server_info_plain.json"))
+    for flag, _ in pairs(spec.args()) + pairs(base.args()):
+        assert flag[2:].replace("-", "_") in fields, flag
+    proc = spec.process("sglang-spec", log_dir=None)
+    assert proc.argv()[:3] == [sys.executable, "-m", "sglang.launch_server"]
+    assert proc.argv()[-4:-2] == ["--host", "127.0.0.1"] and proc.argv()[-2] == "--port"
+
+
+def test_launch_options_and_argv_edges():
+    base, spec = launch_configs(EngineOptions(preset="sglang-mtp", target="./FP8", num_draft_tokens=6,
+                                              extra={"tp_size": 2, "deterministic": True,
+                                                     "server_args": ["--enable-metrics"]}))
+    assert ("--tp-size", "2") in pairs(spec.args()) and ("--tp", "2") not in pairs(spec.args())
+    assert ("--speculative-num-draft-tokens", "6") in pairs(spec.args())
+    assert ("--enable-deterministic-inference", None) in pairs(base.args())
+    assert base.args()[-1] == "--enable-metrics"
+    assert spec.spec_config()["speculative_algorithm"] == "EAGLE"
+    with pytest.raises(ValueError, match="needs speculative_draft_model_path"):
+        SGLangLaunch("m", speculative_algorithm="DFLASH").args()
+    with pytest.raises(ValueError, match="speculative_num_draft_tokens is set but speculative_algorithm is not"):
+        SGLangLaunch("m", speculative_num_draft_tokens=4).args()
+    with pytest.raises(ValueError, match="--preset sglang-dflash2-fp8: this preset needs --draft"):
+        launch_configs(EngineOptions(preset="sglang-dflash2-fp8", target="./FP8"))
+    with pytest.raises(ValueError, match="--num-draft-tokens: preset sglang-nospec-128k launches no"):
+        launch_configs(EngineOptions(preset="sglang-nospec-128k", target="t", num_draft_tokens=4))
+
+
+def test_seed_commands_are_verbatim():
+    """The commands above are copied from the field reports (skipped where shared/seeds is absent)."""
+    seeds = Path(os.environ.get("SPECPARITY_SEEDS", REPO.parent / "shared" / "seeds"))
+    files = sorted(seeds.glob("00[03]_*.txt")) if seeds.is_dir() else []
+    if len(files) != 2:
+        pytest.skip(f"field reports 000/003 not found under {seeds} (set SPECPARITY_SEEDS)")
+    text = " ".join(" ".join(f.read_text().replace("\\\n", " ").replace("\\ ", " ").split()) for f in files)
+    for command in (SEED_000, SEED_003_DFLASH2, SEED_003_MTP):
+        assert command in text, command
+
+
+def test_presets_name_only_launch_fields():
+    for name in presets_for("sglang"):
+        for values in (PRESETS[name].baseline, PRESETS[name].spec):
+            SGLangLaunch(**{k: ("x" if v in ("@target", "@draft") else v) for k, v in values.items()})
+
+
+# ---------------------------------------------------------------------------------------------- options
+
+
+@pytest.mark.parametrize("options, message", [
+    (EngineOptions(baseline_urls=("http://127.0.0.1:1",), target=str(TARGET)),
+     "--spec-url: the sglang engine needs both --baseline-url and --spec-url"),
+    (EngineOptions(target=str(TARGET)), "--baseline-url: the sglang engine needs --baseline-url and --spec-url"),
+    (EngineOptions(baseline_urls=("localhost:1",), spec_urls=("http://127.0.0.1:2",), target=str(TARGET)),
+     "--baseline-url 'localhost:1': expected http://host:port"),
+    (EngineOptions(baseline_urls=("http://a:1",), spec_urls=("http://a:2",), preset="sglang-mtp", target=str(TARGET)),
+     "--preset sglang-mtp: give either --baseline-url/--spec-url"),
+    (EngineOptions(baseline_urls=("http://a:1",), spec_urls=("http://a:2",), target="org/hub-model"),
+     "--engine-opt tokenizer: the sglang engine sends token ids"),
+    (EngineOptions(baseline_urls=("http://a:1",), spec_urls=("http://a:2",), extra={"tokenizer": "/nonexistent"}),
+     "--engine-opt tokenizer=/nonexistent: not a directory"),
+    (EngineOptions(baseline_urls=("http://a:1",), spec_urls=("http://a:2",), target=str(TARGET), num_draft_tokens=4),
+     "--num-draft-tokens: the sglang servers at --spec-url run with their own launch setting"),
+])
+def test_check_options_one_line(options, message):
+    with pytest.raises(ValueError) as err:
+        check_options(options)
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+# ---------------------------------------------------------------------------------------------- over HTTP
+
+
+@pytest.fixture(scope="module")
+def servers():
+    with SGLangEmulator() as base, SGLangEmulator(speculative=True) as spec:
+        yield base, spec
+
+
+def engine_for(base_url: str, spec_url: str):
+    return load_engine("sglang", EngineOptions(baseline_urls=(base_url,), spec_urls=(spec_url,), target=str(TARGET)))
+
+
+def request_for(engine, text: str, n: int = 16) -> GenerationRequest:
+    ids = engine.encode_prompt(None, [{"role": "user", "content": text}])
+    return GenerationRequest("p1", ids, n, engine.stop_token_ids(), 8)
+
+
+def test_generate_and_score_over_http(servers):
+    base, spec = servers
+    engine = engine_for(base.url, spec.url)
+    try:
+        req = request_for(engine, "What is 12 + 9?")
+        b = engine.generate([req], speculative=False)[0]
+        s = engine.generate([req], speculative=True)[0]
+        assert b.error is None and s.error is None
+        assert b.output_ids == s.output_ids and b.spec.available is False
+        assert s.spec.available and s.spec.verify_steps > 0 and s.spec.accepted > 0
+        assert s.spec.proposed == s.spec.verify_steps * 4  # verify_ct x (speculative_num_draft_tokens 5 - 1)
+        tf = engine.score(req.prompt_ids, b.output_ids, 8)
+        np.testing.assert_allclose(tf.logprobs, b.scores.logprobs, atol=1e-4)
+        assert tf.top_ids[:, 0].tolist() == b.output_ids
+        sent = [body for method, path, body in spec.requests if path == "/generate"][-1]
+        assert set(sent["sampling_params"]) <= SAMPLING_KEYS_0_5_19 & SAMPLING_KEYS_0_5_23
+        fp = engine.fingerprint()
+        assert fp.engine_version == "sglang 0.5.23" and fp.spec_config["speculative_algorithm"] == "STANDALONE"
+        assert fp.target.sha256.startswith("sha256")
+    finally:
+        engine.close()
+
+
+def test_misconfigured_servers_are_errors(servers):
+    """A baseline URL that speculates, and a speculative server that reports no counters."""
+    base, spec = servers
+    engine = engine_for(spec.url, spec.url)
+    try:
+        r = engine.generate([request_for(engine, "What is 30 - 14?")], speculative=False)[0]
+        assert "the baseline server declares speculative_algorithm=STANDALONE" in r.error and spec.url in r.error
+    finally:
+        engine.close()
+    with SGLangEmulator(speculative=True, drop_spec_fields=True) as silent:
+        engine = engine_for(base.url, silent.url)
+        try:
+            r = engine.generate([request_for(engine, "What is 30 - 14?")], speculative=True)[0]
+            assert "declares speculative_algorithm=STANDALONE" in r.error and "no spec_* keys" in r.error
+            assert silent.url in r.error
+        finally:
+            engine.close()
+
+
+def test_0_5_19_server_and_deterministic_flag(servers):
+    """0.5.19: the same body is accepted (no 500), the counters come with the aliases; a server
+    declaring enable_deterministic_inference reaches Capabilities.deterministic."""
+    base, _ = servers
+    with SGLangEmulator(speculative=True, version="0.5.19") as old, SGLangEmulator(declares_deterministic=True) as det:
+        engine = engine_for(det.url, old.url)
+        try:
+            r = engine.generate([request_for(engine, "What is 12 + 9?")], speculative=True)[0]
+            assert r.error is None and r.spec.available and r.spec.verify_steps > 0
+            info = Endpoint(old.url).get_json("/server_info")
+            assert info["version"] == "0.5.19" and "launch_command" not in info
+            caps = engine.capabilities()
+            assert caps.deterministic and "enable_deterministic_inference=true" in caps.deterministic
+            assert f"baseline {det.url}: true" in caps.deterministic and f"spec {old.url}: false" in caps.deterministic
+        finally:
+            engine.close()
+
+
+def test_gate_end_to_end_passes(servers, tmp_path):
+    """`pytest suites/lossless --engine sglang --baseline-url … --spec-url …` over two emulators: exit 0,
+    every math prompt exact, speculation active (per-request counters from meta_info)."""
+    base, spec = servers
+    proc, records = run_lossless("sglang", base.url, spec.url, tmp_path / "report", "--target", str(TARGET))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    prompts = [r for r in records if r["kind"] == "prompt"]
+    assert len(prompts) == 5 and all(r["verdict"]["class"] == "exact" for r in prompts)
+    accepted = sum(r["spec"]["spec"]["accepted"] for r in prompts)
+    assert accepted > 0 and all(r["spec"]["spec"]["available"] for r in prompts)
+    run = next(r for r in records if r["kind"] == "run")
+    assert run["capabilities"]["counters"] == "request" and run["fingerprint"]["engine"] == "sglang"
+    assert records[-1]["kind"] == "verdict" and records[-1]["status"] == "PASS"
+
+
+def test_gate_end_to_end_server_dies(servers, tmp_path):
+    """A speculative server that stops answering after 2 requests: exit 1, the 2 finished prompts
+    kept in results.jsonl, the others `error` with a cause naming the endpoint."""
+    base, _ = servers
+    with SGLangEmulator(speculative=True, die_after=2) as dying:
+        proc, records = run_lossless("sglang", base.url, dying.url, tmp_path / "report",
+                                     "--engine-opt", f"tokenizer={TARGET}")
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-2000:]
+    prompts = [r for r in records if r["kind"] == "prompt"]
+    assert len(prompts) == 5
+    exact = [r for r in prompts if r["verdict"]["class"] == "exact"]
+    errors = [r for r in prompts if r["verdict"]["class"] == "error"]
+    assert len(exact) == 2 and len(errors) == 3
+    for r in errors:
+        assert dying.url in r["verdict"]["reason"], r["verdict"]["reason"]
+    assert records[-1]["kind"] == "verdict" and records[-1]["status"] == "FAIL"
+    assert "3 prompt(s) failed in the engine" in proc.stdout

@@ -1,0 +1,329 @@
+"""The ``vllm`` engine adapter, tested WITHOUT a real vLLM server.
+
+Nothing here talks to vLLM: no GPU is available, so no vLLM server was ever started. The adapter
+(``specparity/engines/vllm.py``) is tested against
+
+* the response bodies and ``/metrics`` expositions in ``tests/data/vllm/`` — derived from the source
+  of the vLLM **0.33.0** wheel, never recorded from a running server (each file's ``_source`` says
+  so and cites ``file:line``; ``metrics.md`` for the two ``.txt`` files);
+* the vLLM protocol emulator in ``tests/emulators.py``: a small HTTP server that speaks vLLM 0.33's
+  OpenAI completions format as read from that source and computes tokens, logprobs and the
+  Prometheus speculation counters with the committed fixture models through specparity's
+  in-process ``HFEngine``; its ``spec_disabled_for_logprobs`` switch reproduces what vLLM
+  **0.11–0.13** did to logprob requests under the ngram/suffix proposers (read in those wheels:
+  drafting silently skipped, counters never move).
+
+vLLM launch commands are not given in the field reports (report 003 names vLLM + MTP without
+flags), so the vllm-* presets' argv are checked against the flags read in the 0.33.0 source.
+
+A pass here means the adapter agrees with what was read from vLLM's source; it does not prove that
+a live vLLM answers that way.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import numpy as np
+import pytest
+
+from emulators import DATA, TARGET, VLLMEmulator, run_lossless
+from specparity.engines import load_engine
+from specparity.engines.base import EngineOptions
+from specparity.engines.http import Endpoint, ServerError
+from specparity.engines.presets import presets_for
+from specparity.engines.vllm import (
+    SPEC_COUNTERS,
+    VLLMLaunch,
+    check_options,
+    completion_body,
+    launch_configs,
+    parse_completion,
+    parse_metrics,
+    parse_prompt_logprobs,
+    parse_token_key,
+    request_spec_stats,
+    top_k_disabled,
+)
+from specparity.types import GenerationRequest
+
+pytestmark = pytest.mark.offline
+
+VL = DATA / "vllm"
+
+
+def load(name: str):
+    return json.loads((VL / name).read_text())
+
+
+def body_of(name: str):
+    return {k: v for k, v in load(name).items() if not k.startswith("_")}
+
+
+# ---------------------------------------------------------------------------------------------- recorded bodies
+
+
+def test_completion_with_token_id_keys():
+    """completions_greedy_logprobs8_token_ids.json (0.33.0): ids from "token_id:N", cross-checked
+    against choices[0].token_ids; rows sorted, the greedy token first."""
+    data = load("completions_greedy_logprobs8_token_ids.json")
+    ids, finish, scores, choice = parse_completion(body_of("completions_greedy_logprobs8_token_ids.json"), 8)
+    assert ids == data["choices"][0]["token_ids"] and finish == "stop" and choice["stop_reason"] is None
+    np.testing.assert_allclose(scores.logprobs, data["choices"][0]["logprobs"]["token_logprobs"], atol=1e-6)
+    assert scores.top_ids[:, 0].tolist() == ids
+    assert (np.diff(scores.top_logprobs, axis=1) <= 0).all()
+    bad = body_of("completions_greedy_logprobs8_token_ids.json")
+    bad["choices"][0]["token_ids"] = ids[:-1]
+    with pytest.raises(ServerError, match="disagree with logprobs.tokens"):
+        parse_completion(bad, 8)
+
+
+def test_text_keys_are_refused():
+    """completions_greedy_logprobs8_text_keys.json (0.33.0): without return_tokens_as_token_ids the keys
+    are decoded strings and collide (7 keys at position 6): never parsed as if they were exact."""
+    data = load("completions_greedy_logprobs8_text_keys.json")
+    assert len(data["choices"][0]["logprobs"]["top_logprobs"][6]) == 7
+    with pytest.raises(ValueError, match="ignored return_tokens_as_token_ids"):
+        parse_completion(body_of("completions_greedy_logprobs8_text_keys.json"), 8)
+    assert parse_token_key("token_id:1587") == 1587
+
+
+def test_per_request_spec_metrics():
+    """completions_greedy_spec_request_metrics.json (0.33.0, --per-request-spec-decode-metrics
+    summary): 3 verify steps, 6 of 21 drafts accepted."""
+    s = request_spec_stats(body_of("completions_greedy_spec_request_metrics.json"))
+    assert (s.available, s.proposed, s.accepted, s.verify_steps) == (True, 21, 6, 3)
+    assert request_spec_stats(body_of("completions_greedy_logprobs8_token_ids.json")) is None  # metrics: null
+
+
+def test_prompt_logprobs_scoring():
+    """completions_echo_scoring.json (0.33.0): choices[0].prompt_logprobs = [null, {"<id>": {logprob,
+    rank, decoded_token}}, ...]; the actual token first (position 2: rank 12, outside the top 8, so
+    the dict has 9 entries). Equal to the SGLang scores of the same toy model."""
+    data = load("completions_echo_scoring.json")
+    ids = data["_request"]["prompt"]
+    rows = data["choices"][0]["prompt_logprobs"]
+    assert rows[0] is None and len(rows[2]) == 9
+    scores = parse_prompt_logprobs(rows, ids[:1], ids[1:], 8)
+    np.testing.assert_allclose(scores.logprobs, data["choices"][0]["logprobs"]["token_logprobs"][1:11], atol=1e-6)
+    assert 1183 not in scores.top_ids[1].tolist() and scores.top_ids[1, 0] == 1354
+    assert (np.diff(scores.top_logprobs, axis=1) <= 0).all()
+    sglang = json.loads((DATA / "sglang" / "generate_score_logprob_start_len_0.json").read_text())
+    np.testing.assert_allclose(scores.logprobs, [r[0] for r in sglang["meta_info"]["input_token_logprobs"][1:]],
+                               atol=1e-6)
+    with pytest.raises(ValueError, match="has 12 positions, expected 11"):
+        parse_prompt_logprobs(rows + [None], ids[:1], ids[1:], 8)
+
+
+def test_metrics_expositions():
+    """metrics_before.txt / metrics_after.txt (0.33.0 exposition): the three counters summed over
+    labels; the delta is the request of completions_greedy_spec_request_metrics.json."""
+    before = parse_metrics((VL / "metrics_before.txt").read_text())
+    after = parse_metrics((VL / "metrics_after.txt").read_text())
+    assert before == {"proposed": 0, "accepted": 0, "verify_steps": 0, "spec_families": True}
+    assert after == {"proposed": 21, "accepted": 6, "verify_steps": 3, "spec_families": True}
+    plain = "# HELP vllm:num_requests_running x\n# TYPE vllm:num_requests_running gauge\n" \
+            'vllm:num_requests_running{engine="0",model_name="m"} 0.0\n'
+    assert parse_metrics(plain)["spec_families"] is False
+    two_engines = (VL / "metrics_after.txt").read_text().replace('engine="0"', 'engine="1"')
+    summed = parse_metrics((VL / "metrics_after.txt").read_text() + "\n".join(
+        line for line in two_engines.splitlines() if line.startswith("vllm:spec_decode_num_draft")) + "\n")
+    assert summed["verify_steps"] == 6 and summed["proposed"] == 42  # summed over the engine label
+
+
+def test_request_body_matches_the_recorded_request():
+    """Every sampling knob of the recorded request, with the same values (vLLM fills unset ones from
+    generation_config.json); min_p 0 (> 1e-5 is a 400 with speculation); top_k per version."""
+    rec = load("completions_greedy_logprobs8_token_ids.json")["_request"]
+    ours = completion_body("org/toy-2k", rec["prompt"], 16, [], logprobs=8, top_k=top_k_disabled("0.33.0"))
+    for key in ("model", "prompt", "max_tokens", "temperature", "top_p", "top_k", "min_p", "repetition_penalty",
+                "presence_penalty", "frequency_penalty", "logprobs", "return_tokens_as_token_ids",
+                "return_token_ids", "stop_token_ids", "ignore_eos"):
+        assert ours[key] == rec[key], key
+    assert top_k_disabled(body_of("version.json")["version"]) == 0
+    assert top_k_disabled("0.10.2") == -1 and top_k_disabled(None) == -1
+
+
+def test_emulator_bodies_match_the_recorded_ones():
+    """The emulator's answers have the recorded key order; its 400s equal error_400_max_logprobs.json
+    and error_400_min_p_with_spec.json byte for byte; /v1/models and /version as recorded."""
+    with VLLMEmulator(speculative=True) as spec:
+        e = Endpoint(spec.url)
+        for name in ("error_400_max_logprobs.json", "error_400_min_p_with_spec.json"):
+            rec = load(name)
+            req = {**rec["_request"], "model": spec.served, "top_p": 1.0, "top_k": 0,
+                   "repetition_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0,
+                   "min_p": rec["_request"].get("min_p", 0.0)}
+            r = e.request("POST", "/v1/completions", req, expect=(400,))
+            assert json.loads(r.body) == body_of(name), name
+        models = e.get_json("/v1/models")
+        assert list(models["data"][0]) == list(body_of("models.json")["data"][0])
+        assert e.get_json("/version") == body_of("version.json")
+        rec = body_of("completions_greedy_logprobs8_token_ids.json")
+        req = load("completions_greedy_logprobs8_token_ids.json")["_request"]
+        got = e.post_json("/v1/completions", {**req, "model": spec.served, "prompt": [1, 282, 203, 507, 318, 225]})
+        assert list(got) == list(rec) and list(got["choices"][0]) == list(rec["choices"][0])
+        assert list(got["usage"]) == list(rec["usage"])
+        assert list(got["choices"][0]["logprobs"]) == list(rec["choices"][0]["logprobs"])
+        assert all(t.startswith("token_id:") for t in got["choices"][0]["logprobs"]["tokens"])
+        assert got["system_fingerprint"].startswith("vllm-0.33.0-")
+        text = e.request("GET", "/metrics").body.decode()
+        assert [f for f in parse_metrics(text) if f in SPEC_COUNTERS] == list(SPEC_COUNTERS)
+        want = {(fam.split()[2], fam.split()[3]) for fam in (VL / "metrics_before.txt").read_text().splitlines()
+                if fam.startswith("# TYPE")}
+        have = {(fam.split()[2], fam.split()[3]) for fam in text.splitlines() if fam.startswith("# TYPE")}
+        assert want <= have  # the same families with the same types
+
+
+# ---------------------------------------------------------------------------------------------- launch argv
+
+
+def test_every_vllm_preset_argv():
+    """vllm-mtp / vllm-ngram: `vllm serve MODEL --speculative-config JSON` (flags read in 0.33.0:
+    vllm/engine/arg_utils.py:1864; batch invariance is the env var VLLM_BATCH_INVARIANT only)."""
+    assert presets_for("vllm") == ["vllm-mtp", "vllm-ngram"]
+    want = {"vllm-mtp": {"method": "mtp", "num_speculative_tokens": 3},
+            "vllm-ngram": {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4,
+                           "prompt_lookup_min": 2}}
+    for name in presets_for("vllm"):
+        base, spec = launch_configs(EngineOptions(preset=name, target="/models/int8"))
+        assert base.args() == ["/models/int8"]
+        args = spec.args()
+        assert args[:2] == ["/models/int8", "--speculative-config"] and json.loads(args[2]) == want[name]
+        assert len(args) == 3
+        proc = spec.process("vllm-spec", log_dir=None)
+        assert proc.argv()[0].endswith("vllm") and proc.argv()[1] == "serve" and proc.env == {}
+        assert proc.argv()[-4:-2] == ["--host", "127.0.0.1"]
+
+
+def test_launch_options():
+    base, spec = launch_configs(EngineOptions(preset="vllm-mtp", target="/m", num_draft_tokens=5,
+                                              extra={"batch_invariant": True, "max_logprobs": 32,
+                                                     "per_request_metrics": "summary", "entrypoint": "api_server",
+                                                     "server_args": ["--max-model-len", "8192"]}))
+    assert json.loads(spec.args()[3])["num_speculative_tokens"] == 5
+    assert spec.args()[:2] == ["--model", "/m"]
+    assert ["--max-logprobs", "32"] == spec.args()[4:6] and "--per-request-spec-decode-metrics" in spec.args()
+    assert "--per-request-spec-decode-metrics" not in base.args() and base.args()[-2:] == ["--max-model-len", "8192"]
+    assert spec.process("s", log_dir=None).env == {"VLLM_BATCH_INVARIANT": "1"}
+    assert spec.program == [sys.executable, "-m", "vllm.entrypoints.openai.api_server"]
+    assert not any("batch-invariant" in a for a in spec.args() + base.args())
+    with pytest.raises(ValueError, match="per_request_spec_decode_metrics needs speculative_config"):
+        VLLMLaunch("m", per_request_spec_decode_metrics="summary").args()
+
+
+@pytest.mark.parametrize("options, message", [
+    (EngineOptions(spec_urls=("http://127.0.0.1:1",), target=str(TARGET)),
+     "--baseline-url: the vllm engine needs both --baseline-url and --spec-url"),
+    (EngineOptions(preset="vllm-mtp", extra={"tokenizer": str(TARGET)}),
+     "--preset vllm-mtp: this preset needs --target"),
+    (EngineOptions(baseline_urls=("http://a:1",), spec_urls=("ftp://a:2",), target=str(TARGET)),
+     "--spec-url 'ftp://a:2': expected http://host:port"),
+    (EngineOptions(baseline_urls=("http://a:1",), spec_urls=("http://a:2",)),
+     "--engine-opt tokenizer: the vllm engine sends token ids"),
+])
+def test_check_options_one_line(options, message):
+    with pytest.raises(ValueError) as err:
+        check_options(options)
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+# ---------------------------------------------------------------------------------------------- over HTTP
+
+
+@pytest.fixture(scope="module")
+def servers():
+    with VLLMEmulator() as base, VLLMEmulator(speculative=True) as spec:
+        yield base, spec
+
+
+def engine_for(base_url: str, spec_url: str, **extra: object):
+    return load_engine("vllm", EngineOptions(baseline_urls=(base_url,), spec_urls=(spec_url,),
+                                             extra={"tokenizer": str(TARGET), **{k: str(v) for k, v in extra.items()}}))
+
+
+def request_for(engine, text: str, k: int = 8) -> GenerationRequest:
+    ids = engine.encode_prompt(None, [{"role": "user", "content": text}])
+    return GenerationRequest("p1", ids, 16, engine.stop_token_ids(), k)
+
+
+def test_generate_score_and_counters_over_http(servers):
+    base, spec = servers
+    engine = engine_for(base.url, spec.url)
+    try:
+        req = request_for(engine, "What is 12 + 9?")
+        before = engine.activity_counters()
+        b = engine.generate([req], speculative=False)[0]
+        s = engine.generate([req], speculative=True)[0]
+        after = engine.activity_counters()
+        assert b.error is None and s.error is None and b.output_ids == s.output_ids
+        assert s.spec.available is False and "run-wide" in s.spec.source  # aggregate only
+        assert after["accepted"] > before["accepted"] and after["verify_steps"] > before["verify_steps"]
+        assert spec.url in after["source"]
+        tf = engine.score(req.prompt_ids, b.output_ids, 8)
+        np.testing.assert_allclose(tf.logprobs, b.scores.logprobs, atol=1e-4)
+        assert tf.top_ids[:, 0].tolist() == b.output_ids
+        caps = engine.capabilities()
+        assert (caps.counters, caps.top_k, caps.scoring, caps.deterministic) == ("aggregate", 20, True, None)
+        sent = [body for _, path, body in spec.requests if path == "/v1/completions"][-1]
+        assert sent["top_k"] == 0 and sent["return_tokens_as_token_ids"] and sent["logprobs"] == 8
+        fp = engine.fingerprint()
+        assert fp.engine_version == "vllm 0.33.0" and fp.target.path == str(TARGET)
+        r = engine.generate([request_for(engine, "What is 12 + 9?", k=21)], speculative=True)[0]
+        assert "--max-logprobs 20" in r.error
+    finally:
+        engine.close()
+
+
+def test_misconfigured_servers_and_per_request_metrics(servers):
+    base, spec = servers
+    engine = engine_for(spec.url, base.url)  # swapped: the baseline speculates, the spec server does not
+    try:
+        req = request_for(engine, "What is 30 - 14?")
+        r = engine.generate([req], speculative=False)[0]
+        assert "the baseline server exposes vllm:spec_decode_* counters" in r.error and spec.url in r.error
+        r = engine.generate([req], speculative=True)[0]
+        assert "launched without --speculative-config" in r.error and base.url in r.error
+    finally:
+        engine.close()
+    with VLLMEmulator(speculative=True, per_request_metrics=True) as detailed:
+        engine = engine_for(base.url, detailed.url)
+        try:
+            s = engine.generate([request_for(engine, "What is 30 - 14?")], speculative=True)[0]
+            assert s.spec.available and s.spec.accepted > 0 and "metrics.speculative_decoding" in s.spec.source
+        finally:
+            engine.close()
+
+
+def test_gate_end_to_end_passes(servers, tmp_path):
+    """`pytest suites/lossless --engine vllm --baseline-url … --spec-url …` over two emulators: exit 0,
+    every math prompt exact, speculation active (the /metrics counters moved)."""
+    base, spec = servers
+    proc, records = run_lossless("vllm", base.url, spec.url, tmp_path / "report", "--engine-opt",
+                                 f"tokenizer={TARGET}")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    prompts = [r for r in records if r["kind"] == "prompt"]
+    assert len(prompts) == 5 and all(r["verdict"]["class"] == "exact" for r in prompts)
+    agg = next(r for r in records if r["kind"] == "aggregate_counters")
+    assert agg["accepted"] > 0 and agg["verify_steps"] > 0 and "vllm:spec_decode_num_drafts_total" in agg["source"]
+    run = next(r for r in records if r["kind"] == "run")
+    assert run["capabilities"]["counters"] == "aggregate"
+    assert records[-1]["kind"] == "verdict" and records[-1]["status"] == "PASS"
+
+
+def test_gate_end_to_end_speculation_disabled_for_logprobs(servers, tmp_path):
+    """vLLM 0.11–0.13 behaviour (ngram/suffix proposers skipped logprob requests silently): every
+    token matches, but the counters never moved — the gate fails as "speculation inactive", exit 1."""
+    base, _ = servers
+    with VLLMEmulator(speculative=True, spec_disabled_for_logprobs=True) as lazy:
+        proc, records = run_lossless("vllm", base.url, lazy.url, tmp_path / "report", "--target", str(TARGET))
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-2000:]
+    prompts = [r for r in records if r["kind"] == "prompt"]
+    assert len(prompts) == 5 and all(r["verdict"]["class"] == "exact" for r in prompts)
+    agg = next(r for r in records if r["kind"] == "aggregate_counters")
+    assert (agg["proposed"], agg["accepted"], agg["verify_steps"]) == (0, 0, 0)
+    verdict = records[-1]
+    assert verdict["kind"] == "verdict" and verdict["status"] == "FAIL"
+    assert any(f.startswith("speculation inactive") for f in verdict["failures"])
+    assert "speculation inactive" in proc.stdout
