@@ -54,7 +54,7 @@ from specparity.engines.base import (
 from specparity.engines.http import Endpoint, ServerError, check_url
 from specparity.engines.launch import ServerProcess
 from specparity.engines.presets import fill, get_preset, presets_for
-from specparity.engines.server import HFTokenizer, ServerEngine, artifact, open_session
+from specparity.engines.server import HFTokenizer, ServerEngine, artifact, open_sessions
 from specparity.fixtures import MANIFEST, fixture_dir
 from specparity.types import ArtifactId, GenerationRequest, GenerationResult, SpecStats, TokenScores
 
@@ -403,28 +403,22 @@ class LlamaCppEngine(ServerEngine):
 @engine_factory(INFO)
 def create(options: EngineOptions) -> LlamaCppEngine:
     tokenizer = HFTokenizer(options.extra.get("tokenizer") or str(fixture_dir("target")))
+    base_launch = spec_launch = None
+    processes = None
     if options.baseline_urls:
-        base_launch = spec_launch = None
-        baseline = open_session("baseline", options.baseline_urls, [], read_timeout_s=options.request_timeout)
-        spec = open_session("spec", options.spec_urls, [], read_timeout_s=options.request_timeout)
-        slots = 1
+        target, draft = options.target, options.draft
+    else:
+        base_launch, spec_launch = launch_configs(options)
+        processes = (base_launch.process("llama-server-baseline", log_dir=options.log_dir),
+                     spec_launch.process("llama-server-spec", log_dir=options.log_dir))
+        target, draft = spec_launch.model, spec_launch.draft
+    baseline, spec = open_sessions(options, processes)
+    slots = spec_launch.parallel if spec_launch else 1
+    if spec_launch is None:
         try:
             slots = int(spec.fleet.endpoints[0].get_json("/props", timeout_s=30.0).get("total_slots") or 1)
         except (ServerError, ValueError, TypeError):
             pass
-        target, draft = options.target, options.draft
-    else:
-        base_launch, spec_launch = launch_configs(options)
-        baseline = open_session("baseline", [], [base_launch.process("llama-server-baseline", log_dir=options.log_dir)],
-                                read_timeout_s=options.request_timeout)
-        try:
-            spec = open_session("spec", [], [spec_launch.process("llama-server-spec", log_dir=options.log_dir)],
-                                read_timeout_s=options.request_timeout)
-        except BaseException:
-            baseline.close()
-            raise
-        slots = spec_launch.parallel
-        target, draft = spec_launch.model, spec_launch.draft
     return LlamaCppEngine(options, baseline, spec, tokenizer, target=artifact(target, "gguf") or ArtifactId("", "", ""),
                           draft=artifact(draft, "gguf"), launches=(base_launch, spec_launch), slots=slots)
 

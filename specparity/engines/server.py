@@ -107,6 +107,26 @@ def open_session(role: str, urls: Sequence[str], launches: Sequence[ServerProces
     return Session(role, fleet, started)
 
 
+def open_sessions(options: EngineOptions,
+                  processes: tuple[ServerProcess, ServerProcess] | None = None) -> tuple[Session, Session]:
+    """The baseline and speculative sessions: the running servers of ``--baseline-url`` /
+    ``--spec-url``, or ``processes`` (baseline, speculative) started here — the baseline stopped
+    again when the speculative one fails to come up."""
+    timeout = options.request_timeout
+    if options.baseline_urls:
+        return (open_session("baseline", options.baseline_urls, [], read_timeout_s=timeout),
+                open_session("spec", options.spec_urls, [], read_timeout_s=timeout))
+    if processes is None:
+        raise ValueError("no server to connect to or launch")
+    baseline = open_session("baseline", [], [processes[0]], read_timeout_s=timeout)
+    try:
+        spec = open_session("spec", [], [processes[1]], read_timeout_s=timeout)
+    except BaseException:
+        baseline.close()
+        raise
+    return baseline, spec
+
+
 def resolve_tokenizer_dir(options: EngineOptions, engine: str) -> str:
     """``--engine-opt tokenizer=DIR``, else ``--target`` when it is a local directory; ValueError otherwise."""
     tok = options.extra.get("tokenizer")

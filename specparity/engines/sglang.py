@@ -72,7 +72,7 @@ from specparity.engines.server import (
     artifact,
     check_server_flags,
     named,
-    open_session,
+    open_sessions,
     resolve_tokenizer_dir,
 )
 from specparity.types import ArtifactId, GenerationRequest, GenerationResult, SpecStats, TokenScores
@@ -557,32 +557,23 @@ def create(options: EngineOptions) -> SGLangEngine:
     tokenizer = HFTokenizer(resolve_tokenizer_dir(options, "sglang"))
     ex = options.extra
     concurrency = int(ex.get("max_concurrency") or DEFAULT_CONCURRENCY)
-    if options.baseline_urls:
-        launches: tuple[SGLangLaunch | None, SGLangLaunch | None] = (None, None)
-        baseline = open_session("baseline", options.baseline_urls, [], read_timeout_s=options.request_timeout)
-        spec = open_session("spec", options.spec_urls, [], read_timeout_s=options.request_timeout)
-        target, draft = options.target, options.draft
-    else:
-        base_launch, spec_launch = launch_configs(options)
-        launches = (base_launch, spec_launch)
+    launches: tuple[SGLangLaunch | None, SGLangLaunch | None] = (None, None)
+    processes = None
+    target, draft = options.target, options.draft
+    if not options.baseline_urls:
+        base_launch, spec_launch = launches = launch_configs(options)
         timeout = float(ex.get("startup_timeout") or DEFAULT_STARTUP_TIMEOUT_S)
         python = ex.get("python")
         env_b = {"CUDA_VISIBLE_DEVICES": ex["baseline_gpus"]} if ex.get("baseline_gpus") else {}
         env_s = {"CUDA_VISIBLE_DEVICES": ex["spec_gpus"]} if ex.get("spec_gpus") else {}
-        baseline = open_session("baseline", [], [base_launch.process("sglang-baseline", log_dir=options.log_dir,
-                                                                     startup_timeout_s=timeout, python=python,
-                                                                     env=env_b)],
-                                read_timeout_s=options.request_timeout)
-        try:
-            spec = open_session("spec", [], [spec_launch.process("sglang-spec", log_dir=options.log_dir,
-                                                                 startup_timeout_s=timeout, python=python, env=env_s)],
-                                read_timeout_s=options.request_timeout)
-        except BaseException:
-            baseline.close()
-            raise
+        processes = (base_launch.process("sglang-baseline", log_dir=options.log_dir, startup_timeout_s=timeout,
+                                         python=python, env=env_b),
+                     spec_launch.process("sglang-spec", log_dir=options.log_dir, startup_timeout_s=timeout,
+                                         python=python, env=env_s))
         if spec_launch.max_running_requests and "max_concurrency" not in ex:
             concurrency = min(concurrency, spec_launch.max_running_requests)
         target, draft = spec_launch.model_path, spec_launch.speculative_draft_model_path
+    baseline, spec = open_sessions(options, processes)
     concurrency *= max(1, len(spec.fleet.endpoints))
     engine = SGLangEngine(options, baseline, spec, tokenizer, target=artifact(target) or ArtifactId("", "", ""),
                           draft=artifact(draft), launches=launches, max_concurrency=concurrency)

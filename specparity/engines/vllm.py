@@ -73,7 +73,7 @@ from specparity.engines.server import (
     artifact,
     check_server_flags,
     named,
-    open_session,
+    open_sessions,
     resolve_tokenizer_dir,
 )
 from specparity.engines.sglang import DEFAULT_CONCURRENCY
@@ -610,29 +610,19 @@ def create(options: EngineOptions) -> VLLMEngine:
     ex = options.extra
     concurrency = int(ex.get("max_concurrency") or DEFAULT_CONCURRENCY)
     max_logprobs = int(ex.get("max_logprobs") or DEFAULT_MAX_LOGPROBS)
-    if options.baseline_urls:
-        launches: tuple[VLLMLaunch | None, VLLMLaunch | None] = (None, None)
-        baseline = open_session("baseline", options.baseline_urls, [], read_timeout_s=options.request_timeout)
-        spec = open_session("spec", options.spec_urls, [], read_timeout_s=options.request_timeout)
-        target, draft = options.target, options.draft
-    else:
-        base_launch, spec_launch = launch_configs(options)
-        launches = (base_launch, spec_launch)
+    launches: tuple[VLLMLaunch | None, VLLMLaunch | None] = (None, None)
+    processes = None
+    target, draft = options.target, options.draft
+    if not options.baseline_urls:
+        base_launch, spec_launch = launches = launch_configs(options)
         timeout = float(ex.get("startup_timeout") or DEFAULT_STARTUP_TIMEOUT_S)
         env_b = {"CUDA_VISIBLE_DEVICES": ex["baseline_gpus"]} if ex.get("baseline_gpus") else {}
         env_s = {"CUDA_VISIBLE_DEVICES": ex["spec_gpus"]} if ex.get("spec_gpus") else {}
-        baseline = open_session("baseline", [], [base_launch.process("vllm-baseline", log_dir=options.log_dir,
-                                                                     startup_timeout_s=timeout, env=env_b)],
-                                read_timeout_s=options.request_timeout)
-        try:
-            spec = open_session("spec", [], [spec_launch.process("vllm-spec", log_dir=options.log_dir,
-                                                                 startup_timeout_s=timeout, env=env_s)],
-                                read_timeout_s=options.request_timeout)
-        except BaseException:
-            baseline.close()
-            raise
+        processes = (base_launch.process("vllm-baseline", log_dir=options.log_dir, startup_timeout_s=timeout, env=env_b),
+                     spec_launch.process("vllm-spec", log_dir=options.log_dir, startup_timeout_s=timeout, env=env_s))
         target = spec_launch.model
         draft = (spec_launch.speculative_config or {}).get("model") or options.draft
+    baseline, spec = open_sessions(options, processes)
     concurrency *= max(1, len(spec.fleet.endpoints))
     engine = VLLMEngine(options, baseline, spec, tokenizer, target=artifact(target) or ArtifactId("", "", ""),
                         draft=artifact(draft), launches=launches, max_concurrency=concurrency,
