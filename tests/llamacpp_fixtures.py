@@ -34,7 +34,7 @@ from specparity.engines.llamacpp import (
 
 REQUIRE_ENV = "SPECPARITY_REQUIRE_LLAMACPP"
 #: The GGUFs the llamacpp tests need (draft-simple's and draft-dflash's drafts).
-REQUIRED_GGUFS = ("target.gguf", "draft.gguf", "dflash2-llamacpp.gguf")
+REQUIRED_GGUFS = ("target.gguf", "draft.gguf", "dflash2-llamacpp.gguf", "hybrid.gguf")
 
 
 def llamacpp_missing() -> str | None:

@@ -130,6 +130,7 @@ EXPECTED_SPEC_ARGS = {
     "llamacpp-ngram-map-k": ["--spec-type", "ngram-map-k", "--spec-ngram-map-k-size-n", "3",
                              "--spec-ngram-map-k-size-m", "8"],
     "llamacpp-draft-dflash": ["-md", "D.gguf", "--spec-type", "draft-dflash", "--spec-draft-n-max", "7"],
+    "llamacpp-draft-mtp": ["--spec-type", "draft-mtp", "--spec-draft-n-max", "4"],
 }
 
 

@@ -60,8 +60,11 @@ from specparity.types import ArtifactId, GenerationRequest, GenerationResult, Sp
 
 SPEC_TYPES = ("draft-simple", "draft-eagle3", "draft-mtp", "draft-dflash", "draft-dspark", "ngram-simple",
               "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache")
-#: Spec types that need a draft model (``-md``).
-DRAFT_TYPES = ("draft-simple", "draft-eagle3", "draft-mtp", "draft-dflash", "draft-dspark")
+#: Spec types that need a draft model (``-md``). ``draft-mtp`` drafts with the target's own MTP head
+#: when no ``-md`` is given (``common/speculative.cpp``: an MTP context over the target model).
+DRAFT_TYPES = ("draft-simple", "draft-eagle3", "draft-dflash", "draft-dspark")
+#: Spec types that take a draft model when one is given.
+OPTIONAL_DRAFT_TYPES = ("draft-mtp",)
 #: Spec types with ``--spec-<type>-size-n/-size-m`` flags.
 NGRAM_SIZED = ("ngram-simple", "ngram-map-k", "ngram-map-k4v")
 DEFAULT_PRESET = "llamacpp-draft-simple"
@@ -111,9 +114,9 @@ class LlamaServerLaunch:
         if self.spec_type != "none":
             if self.spec_type not in SPEC_TYPES:
                 raise ValueError(f"spec type {self.spec_type!r}: expected one of {', '.join(SPEC_TYPES)}")
-            if self.spec_type in DRAFT_TYPES:
-                if not self.draft:
-                    raise ValueError(f"spec type {self.spec_type} needs a draft model")
+            if self.spec_type in DRAFT_TYPES and not self.draft:
+                raise ValueError(f"spec type {self.spec_type} needs a draft model")
+            if self.draft and self.spec_type in DRAFT_TYPES + OPTIONAL_DRAFT_TYPES:
                 a += ["-md", self.draft]
             a += ["--spec-type", self.spec_type]
             if self.draft_n_max is not None:
@@ -169,6 +172,10 @@ def _resolve_paths(options: EngineOptions, spec_type: str) -> tuple[str, str | N
         flag = "--target" if options.target else "the fixture target GGUF"
         raise ValueError(f"{flag} {target}: expected an existing .gguf file" + ("" if options.target else f"; {hint}"))
     draft = None
+    if spec_type in OPTIONAL_DRAFT_TYPES and options.draft:
+        draft = options.draft
+        if not Path(draft).is_file() or not draft.endswith(".gguf"):
+            raise ValueError(f"--draft {draft}: expected an existing .gguf file")
     if spec_type in DRAFT_TYPES:
         default = DEFAULT_DRAFT.get(spec_type)
         draft = options.draft or (str(ggufs / f"{default}.gguf") if default else None)
@@ -215,7 +222,7 @@ def launch_configs(options: EngineOptions) -> tuple[LlamaServerLaunch, LlamaServ
         spec_values["ngram_size_n"] = ex["ngram_n"]
     if "ngram_m" in ex:
         spec_values["ngram_size_m"] = ex["ngram_m"]
-    if spec_type in DRAFT_TYPES:
+    if spec_type in DRAFT_TYPES + OPTIONAL_DRAFT_TYPES:
         spec_values["draft"] = draft
     return LlamaServerLaunch(**base_values), LlamaServerLaunch(**spec_values)
 

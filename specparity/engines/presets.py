@@ -58,6 +58,10 @@ PRESETS: dict[str, Preset] = {
         Preset("llamacpp-ngram-map-k", "llamacpp", "n-gram map (n=3, m=8)",
                baseline=dict(_LLAMA_COMMON),
                spec={**_LLAMA_COMMON, "spec_type": "ngram-map-k", "ngram_size_n": 3, "ngram_size_m": 8}),
+        Preset("llamacpp-draft-mtp", "llamacpp", "the target's own MTP head (no draft model), 4 draft tokens "
+               "(fixtures/models/hybrid carries one)",
+               baseline=dict(_LLAMA_COMMON),
+               spec={**_LLAMA_COMMON, "spec_type": "draft-mtp", "draft_n_max": 4}),
         Preset("llamacpp-draft-dflash", "llamacpp", "DFlash2 block-diffusion draft (7 draft tokens = block 8 - 1; "
                "llama.cpp's own default is 3)",
                baseline=dict(_LLAMA_COMMON),
@@ -125,3 +129,14 @@ def fill(values: dict[str, Any], *, target: str | None, draft: str | None) -> di
             value = draft
         out[key] = value
     return out
+
+
+def preset_launch_values(engine: str, name: str | None, *, target: str | None,
+                         draft: str | None) -> tuple[Preset, dict[str, Any], dict[str, Any]]:
+    """(preset, baseline values, speculative values) with ``@target``/``@draft`` filled; every
+    error names ``--preset``."""
+    preset = get_preset(engine, name or "")
+    try:
+        return preset, fill(preset.baseline, target=target, draft=draft), fill(preset.spec, target=target, draft=draft)
+    except ValueError as exc:
+        raise ValueError(f"--preset {preset.name}: {exc}") from None

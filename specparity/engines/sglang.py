@@ -65,7 +65,7 @@ from specparity.engines.base import (
 )
 from specparity.engines.http import Endpoint, ServerError
 from specparity.engines.launch import ServerProcess
-from specparity.engines.presets import fill, get_preset
+from specparity.engines.presets import preset_launch_values
 from specparity.engines.server import (
     HFTokenizer,
     ServerEngine,
@@ -229,12 +229,7 @@ OPTIONS = {
 
 def launch_configs(options: EngineOptions) -> tuple[SGLangLaunch, SGLangLaunch]:
     """The baseline and speculative launches of ``--preset``, overridden by explicit options (ValueError)."""
-    preset = get_preset("sglang", options.preset or "")
-    try:
-        base = fill(preset.baseline, target=options.target, draft=options.draft)
-        spec = fill(preset.spec, target=options.target, draft=options.draft)
-    except ValueError as exc:
-        raise ValueError(f"--preset {preset.name}: {exc}") from None
+    preset, base, spec = preset_launch_values("sglang", options.preset, target=options.target, draft=options.draft)
     ex = options.extra
     common: dict[str, Any] = {}
     if "tp_size" in ex:

@@ -66,7 +66,7 @@ from specparity.engines.base import (
 )
 from specparity.engines.http import Endpoint, ServerError
 from specparity.engines.launch import ServerProcess
-from specparity.engines.presets import fill, get_preset
+from specparity.engines.presets import fill, preset_launch_values
 from specparity.engines.server import (
     HFTokenizer,
     ServerEngine,
@@ -197,12 +197,7 @@ OPTIONS = {
 
 def launch_configs(options: EngineOptions) -> tuple[VLLMLaunch, VLLMLaunch]:
     """The baseline and speculative launches of ``--preset``, overridden by explicit options (ValueError)."""
-    preset = get_preset("vllm", options.preset or "")
-    try:
-        base = fill(preset.baseline, target=options.target, draft=options.draft)
-        spec = fill(preset.spec, target=options.target, draft=options.draft)
-    except ValueError as exc:
-        raise ValueError(f"--preset {preset.name}: {exc}") from None
+    preset, base, spec = preset_launch_values("vllm", options.preset, target=options.target, draft=options.draft)
     if isinstance(spec.get("speculative_config"), dict):
         sc = fill(spec["speculative_config"], target=options.target, draft=options.draft)
         if options.num_draft_tokens is not None:

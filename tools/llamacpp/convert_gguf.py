@@ -70,6 +70,7 @@ FIXTURE_MODELS = {
     "draft": (FIXTURES / "models" / "draft", False),
     "dflash2": (FIXTURES / "models" / "dflash2", True),
     "dflash1": (FIXTURES / "models" / "dflash1", True),
+    "hybrid": (FIXTURES / "models" / "hybrid", False),
 }
 DFLASH_ARCHS = {"DFlashDraftModel", "DFlash2DraftModel"}
 #: A DFlash2 draft llama.cpp can run: the fixture's weights with feature layers that avoid the
