@@ -16,7 +16,8 @@ from __future__ import annotations
 import json
 import time
 import traceback
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from functools import partial
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 from typing import IO, Any, Callable, Iterable, Iterator, Sequence, TypeVar
 
@@ -102,31 +103,37 @@ def _score(scorer: Scorer, req: GenerationRequest, result: GenerationResult) -> 
         return None, f"teacher-forced scoring failed: {type(exc).__name__}: {exc}"
 
 
+Decoded = tuple[GenerationResult, TokenScores | None, str | None, float, float]
+
+
+def _decode_and_score(engine: Engine, scorer: Scorer, speculative: bool, rec: PromptRecord) -> Decoded:
+    """One request and its teacher-forced scores: (result, scores, scoring error, decode s, scoring s).
+
+    A speculative output identical to the baseline reuses the baseline's scores: the same tokens
+    under the same prefix score the same."""
+    t0 = time.perf_counter()
+    result = _generate_one(engine, rec.request, speculative)
+    t1 = time.perf_counter()
+    if speculative and not result.error and rec.baseline_tf is not None and result.output_ids == rec.baseline.output_ids:
+        tf, err = rec.baseline_tf, None
+    else:
+        tf, err = _score(scorer, rec.request, result)
+    return result, tf, err, t1 - t0, time.perf_counter() - t1
+
+
 def dispatch(items: Iterable[T], work: Callable[[T], R], concurrency: int) -> Iterator[tuple[T, R]]:
     """Run ``work`` on every item with at most ``concurrency`` in flight; yield (item, result) in
     completion order. ``work`` must not raise. With ``concurrency`` 1 it runs inline (in-process
     engines: no threads). On Ctrl-C nothing new starts; requests in flight end by their timeouts."""
-    items = list(items)
     if concurrency <= 1:
         for item in items:
             yield item, work(item)
         return
     pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="specparity")
-    pending: dict[Future, T] = {}
-    queue = iter(items)
     try:
-        for item in queue:
-            pending[pool.submit(work, item)] = item
-            if len(pending) >= concurrency:
-                break
-        while pending:
-            done, _ = wait(pending, return_when=FIRST_COMPLETED)
-            for fut in done:
-                item = pending.pop(fut)
-                nxt = next(queue, None)
-                if nxt is not None:
-                    pending[pool.submit(work, nxt)] = nxt
-                yield item, fut.result()
+        futures = {pool.submit(work, item): item for item in items}
+        for fut in as_completed(futures):
+            yield futures[fut], fut.result()
     finally:
         pool.shutdown(wait=False, cancel_futures=True)
 
@@ -212,13 +219,7 @@ def _baselines(engine: Engine, run: GateRun, scorer: Scorer, writer: ResultsWrit
         max_new = config.max_new_tokens or p.max_new_tokens or DEFAULT_MAX_NEW_TOKENS
         rec.request = GenerationRequest(p.id, ids, max_new, stop_ids, config.top_k)
 
-    def work(rec: PromptRecord) -> tuple[GenerationResult, TokenScores | None, str | None, float, float]:
-        t0 = time.perf_counter()
-        result = _generate_one(engine, rec.request, False)
-        t1 = time.perf_counter()
-        tf, err = _score(scorer, rec.request, result)
-        return result, tf, err, t1 - t0, time.perf_counter() - t1
-
+    work = partial(_decode_and_score, engine, scorer, False)
     t_phase = time.perf_counter()
     for rec, (result, tf, err, t_gen, t_tf) in dispatch([r for r in run.records if r.request], work, run.concurrency):
         rec.baseline, rec.baseline_tf, rec.tf_error = result, tf, err
@@ -267,16 +268,7 @@ def _speculative(engine: Engine, run: GateRun, scorer: Scorer, writer: ResultsWr
         else:
             todo.append(rec)
 
-    def work(rec: PromptRecord) -> tuple[GenerationResult, TokenScores | None, str | None, float, float]:
-        t0 = time.perf_counter()
-        result = _generate_one(engine, rec.request, True)
-        t1 = time.perf_counter()
-        if not result.error and rec.baseline_tf is not None and result.output_ids == rec.baseline.output_ids:
-            tf, err = rec.baseline_tf, None  # the same tokens under the same prefix: the same scores
-        else:
-            tf, err = _score(scorer, rec.request, result)
-        return result, tf, err, t1 - t0, time.perf_counter() - t1
-
+    work = partial(_decode_and_score, engine, scorer, True)
     t_phase = time.perf_counter()
     for rec, (result, tf, err, t_gen, t_tf) in dispatch(todo, work, run.concurrency):
         p = rec.prompt

@@ -40,6 +40,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
+from specparity.engines.llamacpp import byte_decoder
+
 DATA = Path(__file__).resolve().parent / "data" / "llamacpp"
 TOKENIZER_JSON = Path(__file__).resolve().parents[1] / "fixtures" / "models" / "target" / "tokenizer.json"
 
@@ -77,25 +79,12 @@ def _compact(obj: Any) -> bytes:
 # ----------------------------------------------------------------------------------------- the model
 
 
-def _byte_decoder() -> dict[str, int]:
-    """GPT-2 byte-level BPE: the printable character standing for each byte."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return {chr(c): b for b, c in zip(bs, cs)}
-
-
 class Vocab:
     """Token id -> bytes, read from the fixture target's ``tokenizer.json`` (no transformers)."""
 
     def __init__(self, path: Path = TOKENIZER_JSON):
         tok = json.loads(path.read_text(encoding="utf-8"))
-        dec = _byte_decoder()
+        dec = byte_decoder()
         self.bytes: dict[int, bytes] = {}
         for piece, idx in tok["model"]["vocab"].items():
             self.bytes[int(idx)] = bytes(dec[ch] for ch in piece) if all(ch in dec for ch in piece) else piece.encode()

@@ -68,8 +68,6 @@ OPTIONAL_DRAFT_TYPES = ("draft-mtp",)
 #: Spec types with ``--spec-<type>-size-n/-size-m`` flags.
 NGRAM_SIZED = ("ngram-simple", "ngram-map-k", "ngram-map-k4v")
 DEFAULT_PRESET = "llamacpp-draft-simple"
-#: Fixture GGUFs per HF fixture directory (``tools/llamacpp/convert_gguf.py``).
-FIXTURE_GGUF = {"target": "target", "draft": "draft", "dflash2": "dflash2", "dflash1": "dflash1"}
 #: The draft GGUF each spec type takes by default.
 DEFAULT_DRAFT = {"draft-simple": "draft", "draft-dflash": "dflash2-llamacpp"}
 
@@ -258,7 +256,7 @@ def utf8_complete_len(data: bytes) -> int:
     return n
 
 
-def _byte_decoder() -> dict[str, int]:
+def byte_decoder() -> dict[str, int]:
     """GPT-2 byte-level BPE: the printable character standing for each byte."""
     bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
     cs = bs[:]
@@ -275,7 +273,7 @@ def byte_piece_tokens(tokenizer: Any) -> list[int]:
     """Ids whose bytes end in an incomplete UTF-8 character (byte-level BPE vocabularies): the
     tokens whose probability rows llama-server drops."""
     tok = getattr(tokenizer, "tok", tokenizer)
-    dec = _byte_decoder()
+    dec = byte_decoder()
     out = []
     for token, idx in tok.get_vocab().items():
         if token in tok.all_special_tokens or not all(ch in dec for ch in token):
