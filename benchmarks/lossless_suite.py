@@ -30,7 +30,7 @@ from specparity.records import GateConfig  # noqa: E402
 from specparity.noise import measure_noise  # noqa: E402
 from specparity.prompts import load_prompts  # noqa: E402
 from specparity.runner import run_gate  # noqa: E402
-from specparity.types import GenerationResult, SpecStats, TokenScores  # noqa: E402
+from specparity.types import DEFAULT_TOP_K, GenerationResult, SpecStats, TokenScores  # noqa: E402
 
 
 def pytest_wall(engine: str | None) -> float:
@@ -55,7 +55,7 @@ def split(engine_name: str) -> tuple[dict[str, float], int, int]:
     return dict(run.timings), len(prompts), tokens
 
 
-def synthetic(n: int, k: int = 8, seed: int = 0) -> tuple[list[int], TokenScores]:
+def synthetic(n: int, k: int = DEFAULT_TOP_K, seed: int = 0) -> tuple[list[int], TokenScores]:
     rng = np.random.default_rng(seed)
     ids = rng.integers(1, 4000, n)
     top_ids = np.concatenate([ids[:, None], rng.integers(4000, 8000, (n, k - 1))], axis=1)

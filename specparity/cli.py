@@ -24,9 +24,9 @@ INPUT_ERRORS = (CheckpointError, EngineSpecError, SourceError, ValueError, OSErr
 
 def _run_probe(args: argparse.Namespace) -> int:
     from specparity.probes import live
-    from specparity.probes.report import print_report
-    from specparity.probes.runner import ProbeInputs, prepare, run_static
-    from specparity.probes.verdict import Status
+    from specparity.probes.table import print_report
+    from specparity.probes.inputs import ProbeInputs, prepare, run_static
+    from specparity.probes.finding import Status
 
     ctx = prepare(ProbeInputs(args.target, args.draft, args.engine, args.launch_flags, args.sglang_source, args.wheel_cache))
     live_spec = None
@@ -58,7 +58,7 @@ def _run_probe(args: argparse.Namespace) -> int:
 
 def add_probe_command(sub: Any) -> None:
     from specparity.probes.live import DEFAULT_FLOOR, DEFAULT_RELATIVE
-    from specparity.probes.runner import DEFAULT_WHEEL_CACHE
+    from specparity.probes.inputs import DEFAULT_WHEEL_CACHE
 
     p = sub.add_parser(
         "probe",

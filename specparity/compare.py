@@ -10,6 +10,12 @@ Every prompt gets one class:
 * ``diverged``  — anything else: a margin above the threshold, a speculative token outside the
   baseline's top-k, a length/finish mismatch not explained by an earlier flip, a token past a
   stop or past the limit, or a later token the target would not have chosen.
+* ``drifted``   — the tokens are identical (or split only at a near tie), but the speculative
+  run's own per-position logprobs moved away from the baseline's by more than the target's
+  measured noise allows (the drift bound, :mod:`specparity.noise`): the loop corrupted the
+  target's computation (a KV cache cropped one short, wrong positions) and the argmax happened to
+  survive. The next prompt, or the next dtype, will not be so lucky. Rows an engine did not report
+  are not compared; a prompt with no comparable row says so in ``drift``.
 * ``error``     — the engine failed on this prompt (kept separate so a crash is never "exact").
 
 Verdicts compare token ids, never text: text is decoded only for display.
@@ -23,10 +29,11 @@ from typing import Any, Callable, Literal, Sequence
 
 import numpy as np
 
+from specparity.noise import position_deltas
 from specparity.types import GenerationResult, TokenScores
 
-Klass = Literal["exact", "near_tie", "diverged", "error"]
-CLASSES: tuple[Klass, ...] = ("exact", "near_tie", "diverged", "error")
+Klass = Literal["exact", "near_tie", "drifted", "diverged", "error"]
+CLASSES: tuple[Klass, ...] = ("exact", "near_tie", "drifted", "diverged", "error")
 
 #: How many tokens of context to show around a divergence.
 CONTEXT_TOKENS = 8
@@ -106,6 +113,42 @@ class TFViolation:
 
 
 @dataclass
+class Drift:
+    """The speculative run's own rows against the baseline's over the tokens they share.
+
+    ``max_nats``: the largest |Δmargin| at any compared position (None: no position had a row on
+    both sides — an engine that reports no per-position logprobs for its speculative run);
+    ``start``: the first position above ``bound`` (None: within it); ``over``: how many positions
+    are above it; ``checked``: positions compared.
+    """
+
+    bound: float
+    max_nats: float | None
+    start: int | None
+    over: int
+    checked: int
+
+    def to_json(self) -> dict[str, Any]:
+        return vars(self).copy()
+
+    def describe(self) -> str:
+        return (
+            f"the speculative run's own logprobs drift from the baseline's by up to {self.max_nats:.4g} nats "
+            f"from position {self.start} ({self.over} of {self.checked} positions above the drift bound {self.bound:.3g})"
+        )
+
+
+def measure_drift(baseline: TokenScores, spec: TokenScores, upto: int, bound: float) -> Drift:
+    """Compare the two runs' rows at positions ``< upto`` (where their tokens agree)."""
+    deltas = position_deltas(baseline, spec)[:upto]
+    seen = np.isfinite(deltas)
+    if not seen.any():
+        return Drift(bound, None, None, 0, 0)
+    over = np.flatnonzero(seen & (np.nan_to_num(deltas, nan=0.0) > bound))
+    return Drift(bound, float(np.nanmax(deltas)), int(over[0]) if over.size else None, int(over.size), int(seen.sum()))
+
+
+@dataclass
 class Verdict:
     prompt_id: str
     category: str
@@ -118,6 +161,7 @@ class Verdict:
     baseline_finish: str = ""
     spec_finish: str = ""
     threshold: float = 0.0
+    drift: Drift | None = None  # None: no drift bound (nothing measured) or the run failed
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -132,6 +176,7 @@ class Verdict:
             "baseline_finish": self.baseline_finish,
             "spec_finish": self.spec_finish,
             "threshold": self.threshold,
+            "drift": self.drift.to_json() if self.drift else None,
         }
 
 
@@ -161,8 +206,10 @@ def tf_violations(spec_ids: Sequence[int], tf: TokenScores, start: int = 0) -> l
     bad = np.flatnonzero(ids != argmax)
     if not bad.size:
         return []
-    scored = tf.token_ids[start:n][bad] == ids[bad]
     margins = tf.top_logprobs[start:n, 0][bad] - tf.logprobs[start:n][bad]
+    # a row that did not score the token (id -1) or scored it as NaN gives no margin: "unknown",
+    # which the caller treats as outside the top-k, never as a small margin
+    scored = (tf.token_ids[start:n][bad] == ids[bad]) & np.isfinite(margins)
     return [
         TFViolation(int(j) + start, int(ids[j]), int(argmax[j]), float(m) if ok else None)
         for j, m, ok in zip(bad.tolist(), margins.tolist(), scored.tolist())
@@ -214,10 +261,11 @@ def compare(
     stop_ids: Sequence[int],
     decode: Callable[[Sequence[int]], str],
     baseline_tf: TokenScores | None = None,
+    drift_nats: float | None = None,
 ) -> Verdict:
     """Classify one prompt. ``spec_tf`` is the target's teacher-forced scoring of the spec output;
     ``baseline_tf`` that of the baseline, used for the margin at the split when the engine did not
-    report the baseline's own row there."""
+    report the baseline's own row there; ``drift_nats`` the latent-drift bound (None: not checked)."""
     v = Verdict(
         prompt_id,
         category,
@@ -238,6 +286,9 @@ def compare(
         v.tf_violations = tf_violations(spec.output_ids, spec_tf)
     base_ids, spec_ids = baseline.output_ids, spec.output_ids
     i = first_mismatch(base_ids, spec_ids)
+    if drift_nats is not None:
+        v.drift = measure_drift(baseline.scores, spec.scores, len(base_ids) if i is None else i, drift_nats)
+    drifted = v.drift is not None and v.drift.start is not None
 
     problem = _stream_problem(spec, max_new_tokens, stops)
     if i is None:
@@ -247,11 +298,13 @@ def compare(
             )
         elif problem:
             v.klass, v.reason = "diverged", f"speculative stream: {problem}"
+        elif drifted:
+            v.klass, v.reason = "drifted", f"identical token ids, but {v.drift.describe()}"
         else:
             v.klass, v.reason = "exact", "identical token ids and finish reason"
         return v
 
-    v.divergence = _describe_divergence(i, baseline, spec, decode, baseline_tf)
+    v.divergence = _describe_divergence(i, baseline, spec, decode, baseline_tf, spec_tf)
     d = v.divergence
     if problem:
         v.klass, v.reason = "diverged", f"speculative stream: {problem} (first difference at position {i})"
@@ -297,6 +350,13 @@ def compare(
             f"{len(later)} such position(s)"
         )
         return v
+    if drifted:
+        v.klass = "drifted"
+        v.reason = (
+            f"near-tie flip at position {i} (margin {d.baseline_margin:.3g}), but before it {v.drift.describe()}: "
+            f"the flip follows a corrupted computation, not numeric noise"
+        )
+        return v
     v.klass = "near_tie"
     merged = f", re-merges at {d.remerge[0]}/{d.remerge[1]}" if d.remerge else ", does not re-merge"
     v.reason = (
@@ -308,7 +368,7 @@ def compare(
 
 def _describe_divergence(
     i: int, baseline: GenerationResult, spec: GenerationResult, decode: Callable[[Sequence[int]], str],
-    baseline_tf: TokenScores | None = None,
+    baseline_tf: TokenScores | None = None, spec_tf: TokenScores | None = None,
 ) -> Divergence:
     base_ids, spec_ids = baseline.output_ids, spec.output_ids
     a = base_ids[i] if i < len(base_ids) else None
@@ -325,6 +385,15 @@ def _describe_divergence(
             spec_rank = scores.rank_of(i, b)
             if lp_b is not None:
                 base_margin = float(scores.logprobs[i]) - lp_b
+        if (base_margin is None and spec_tf is not None and i < len(spec_tf) and spec_tf.reported(i)
+                and int(spec_tf.top_ids[i, 0]) == a):
+            # Up to position i both streams share the prefix, so the teacher-forced row that scored
+            # the speculative token there is the baseline's row too (its argmax is the baseline's
+            # token), and it holds b's exact logprob even when b is outside every top-k.
+            lp_b = spec_tf.logprob_of(i, b)
+            if lp_b is not None:
+                base_margin = float(spec_tf.top_logprobs[i, 0]) - lp_b
+                margin_source = "teacher-forced (the speculative stream's row at the split: same prefix)"
         if i < len(spec.scores):
             lp_a = spec.scores.logprob_of(i, a)
             base_rank = spec.scores.rank_of(i, a)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 from specparity.types import SpecStats, StepRecord
 
@@ -34,37 +34,6 @@ def step_kind(step: StepRecord) -> str:
     return "all" if step.accepted >= step.proposed else "partial"
 
 
-def classify_step(
-    proposed_ids: Sequence[int],
-    emitted_ids: Sequence[int],
-    *,
-    nominal_width: int,
-    budget_before: int,
-    stop_ids: Iterable[int],
-) -> StepRecord:
-    """Build a :class:`StepRecord` from what a loop proposed and what it appended.
-
-    ``accepted`` counts leading draft tokens that made it into the output. The step is cut by the
-    limit when the nominal block (draft width + bonus) did not fit in the tokens left, and cut by a
-    stop token when a *drafted and accepted* token was a stop token (so the block ended inside).
-    """
-    stops = set(stop_ids)
-    accepted = 0
-    for p, e in zip(proposed_ids, emitted_ids):
-        if p != e:
-            break
-        accepted += 1
-    # In a correct loop the token after the accepted drafts is the target's own (bonus or
-    # correction) and differs from the draft at that position, so the matching prefix is exactly
-    # the accepted count. When every emitted token is an accepted draft, the block was truncated.
-    cut = None
-    if emitted_ids and accepted == len(emitted_ids):
-        cut = "stop" if emitted_ids[-1] in stops else "limit"
-    elif nominal_width + 1 > budget_before:
-        cut = "limit"
-    return StepRecord(len(proposed_ids), accepted, len(emitted_ids), cut)
-
-
 @dataclass
 class Coverage:
     steps: int = 0
@@ -74,6 +43,9 @@ class Coverage:
     cut_stop: int = 0
     requests_with_steps: int = 0
     requests_without_steps: int = 0  # engine gave totals only
+    #: path -> requests (prompts) that took it at least once: a bug on a path needs prompts that
+    #: reach it, and a path reached by a single prompt is one prompt edit away from untested.
+    prompts: Counter = field(default_factory=Counter)
 
     def add(self, stats: SpecStats) -> None:
         if not stats.available:
@@ -82,6 +54,7 @@ class Coverage:
             self.requests_without_steps += 1
             return
         self.requests_with_steps += 1
+        before = self.taken()
         for s in stats.steps:
             self.steps += 1
             self.kinds[step_kind(s)] += 1
@@ -90,6 +63,9 @@ class Coverage:
                 self.cut_limit += 1
             elif s.cut == "stop":
                 self.cut_stop += 1
+        for path, n in self.taken().items():
+            if n > before[path]:
+                self.prompts[path] += 1
 
     def taken(self) -> dict[str, int]:
         return {
@@ -100,11 +76,12 @@ class Coverage:
             "cut_stop": self.cut_stop,
         }
 
-    def missing(self) -> list[str]:
-        """Paths never taken; empty when the engine reports no per-step records (unknown, not missing)."""
+    def missing(self, min_prompts: int = 1) -> list[str]:
+        """Paths taken on fewer than ``min_prompts`` prompts; empty when the engine reports no
+        per-step records (unknown, not missing)."""
         if self.requests_with_steps == 0:
             return []
-        return [p for p, n in self.taken().items() if n == 0]
+        return [p for p in PATHS if self.prompts[p] < min_prompts]
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -115,5 +92,6 @@ class Coverage:
             "cut_stop": self.cut_stop,
             "requests_with_steps": self.requests_with_steps,
             "requests_without_steps": self.requests_without_steps,
+            "prompts": {p: self.prompts[p] for p in PATHS},
             "missing": self.missing(),
         }

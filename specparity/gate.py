@@ -1,15 +1,18 @@
 """Gate policy: what a run must show to pass.
 
-Policy (README "What each class means"):
+Policy (README "What each class means"), from :class:`~specparity.records.GatePolicy`:
 
-* any ``diverged`` or ``error`` prompt fails;
-* ``near_tie`` prompts are allowed up to ``max_near_tie`` (a fraction of prompts); ``strict``
+* any ``diverged`` or ``error`` prompt fails; so does a ``drifted`` one unless ``drift`` is
+  ``warn``;
+* a gate that could not be calibrated (scorer refused, threshold above its ceiling) fails with
+  the engine-error exit code: nothing was judged;
+* ``near_tie`` prompts are allowed up to ``max_near_tie`` (a fraction of prompts); ``bit_exact``
   demands bit-exactness;
 * a run in which speculation never accepted a single draft token fails as "speculation inactive":
   an exact match proves nothing if the draft never ran. An engine that reports no counters at all
   fails too unless ``allow_unknown_activity`` is set;
 * a path never taken (reject, partial accept, full accept, block cut by the limit or by a stop
-  token) is a warning, or a failure with ``require_all_paths``.
+  token) is a warning; with ``require_paths`` N, a path taken on fewer than N prompts fails.
 """
 
 from __future__ import annotations
@@ -20,7 +23,8 @@ from typing import Any
 
 from specparity import exitcodes
 from specparity.coverage import PATHS
-from specparity.records import GateConfig, GateRun
+from specparity.compare import CLASSES
+from specparity.records import GatePolicy, GateRun
 
 
 @dataclass
@@ -59,41 +63,57 @@ class GateDecision:
         }
 
 
-def decide(run: GateRun, config: GateConfig) -> GateDecision:
-    """Apply the policy to a finished (or partly finished) run."""
+def _ids(run: GateRun, klass: str) -> str:
+    return ", ".join(r.prompt.id for r in run.records if r.verdict and r.verdict.klass == klass)
+
+
+def decide(run: GateRun, policy: GatePolicy | None = None) -> GateDecision:
+    """Apply the policy (default: the run's own) to a finished (or partly finished) run."""
+    policy = policy or run.config.policy
     counts = Counter(r.verdict.klass for r in run.records if r.verdict is not None)
     total = sum(counts.values())
     failures: list[str] = []
     warnings: list[str] = []
+    if run.calibration_error:
+        failures.append(f"the gate could not be calibrated, so nothing was judged: {run.calibration_error}")
+    if counts["drifted"]:
+        msg = (f"{counts['drifted']} prompt(s) drifted: identical tokens (or a near tie) but the speculative run's "
+               f"logprobs left the target's noise: {_ids(run, 'drifted')}")
+        (failures if policy.drift == "fail" else warnings).append(msg)
     if counts["diverged"]:
-        ids = [r.prompt.id for r in run.records if r.verdict and r.verdict.klass == "diverged"]
-        failures.append(f"{counts['diverged']} prompt(s) diverged: {', '.join(ids)}")
-    if counts["error"]:
-        ids = [r.prompt.id for r in run.records if r.verdict and r.verdict.klass == "error"]
-        failures.append(f"{counts['error']} prompt(s) failed in the engine: {', '.join(ids)}")
+        failures.append(f"{counts['diverged']} prompt(s) diverged: {_ids(run, 'diverged')}")
+    if counts["error"] and not run.calibration_error:
+        failures.append(f"{counts['error']} prompt(s) failed in the engine: {_ids(run, 'error')}")
     if counts["near_tie"]:
         frac = counts["near_tie"] / total
-        if config.strict:
+        if policy.bit_exact:
             failures.append(f"--bit-exact: {counts['near_tie']} near-tie flip(s) where bit-exactness is required")
-        elif frac > config.max_near_tie:
+        elif frac > policy.max_near_tie:
             failures.append(
-                f"{counts['near_tie']}/{total} near-tie prompts ({frac:.0%}) exceed --max-near-tie {config.max_near_tie:.0%}"
+                f"{counts['near_tie']}/{total} near-tie prompts ({frac:.0%}) exceed --max-near-tie {policy.max_near_tie:.0%}"
             )
     activity = run.activity()
     if activity.reported_requests == 0:
         msg = "speculation activity unknown: the engine reported no draft counters for any request"
         if run.counters_error:
             msg += f" (reading its aggregate counters after the speculative phase failed: {run.counters_error})"
-        (warnings if config.allow_unknown_activity else failures).append(msg)
+        (warnings if policy.allow_unknown_activity else failures).append(msg)
     elif activity.accepted == 0:
         failures.append(
             f"speculation inactive: {activity.proposed} draft tokens proposed over {activity.verify_steps} verify "
             f"steps and none accepted; an exact match proves nothing if the draft never ran"
         )
-    missing = run.coverage.missing()
-    for path in missing:
-        msg = f"path never taken: {PATHS[path]} ({path})"
-        (failures if config.require_all_paths else warnings).append(msg)
+    for path in run.coverage.missing(max(1, policy.require_paths)):
+        n = run.coverage.prompts[path]
+        if policy.require_paths:
+            failures.append(f"path taken on {n} prompt(s), fewer than --require-all-paths {policy.require_paths}: "
+                            f"{PATHS[path]} ({path})")
+        else:
+            warnings.append(f"path never taken: {PATHS[path]} ({path})")
+    for rec in run.calibration_records:
+        if rec.baseline is None or rec.baseline.error or rec.tf_error:
+            cause = rec.baseline.error if rec.baseline is not None and rec.baseline.error else rec.tf_error or "not run"
+            warnings.append(f"calibration prompt {rec.prompt.id} could not be measured: {cause}")
     if run.coverage.requests_with_steps == 0 and activity.reported_requests:
         warnings.append("path coverage unknown: the engine reports totals only, no per-step records")
     if run.interrupted:
@@ -103,7 +123,8 @@ def decide(run: GateRun, config: GateConfig) -> GateDecision:
     not_run = [r.prompt.id for r in run.records if r.verdict is None]
     if not_run:
         failures.append(f"{len(not_run)} prompt(s) never finished: {', '.join(not_run)}")
-    counts_out = {k: counts[k] for k in ("exact", "near_tie", "diverged", "error")}
-    engine_error = run.fatal is not None and not any(r.verdict is not None or r.baseline is not None for r in run.records)
+    counts_out = {k: counts[k] for k in CLASSES}
+    engine_error = bool(run.calibration_error) or (
+        run.fatal is not None and not any(r.verdict is not None or r.baseline is not None for r in run.records))
     return GateDecision(not failures, failures, warnings, counts_out, interrupted=run.interrupted,
                         engine_error=engine_error)

@@ -12,6 +12,18 @@ estimate of the true maximum from finitely many samples, hence a headroom multip
 
 Measured on the fixtures (``prompts/default.jsonl``, 1,024 positions): fp32 max |Δmargin|
 ≈ 4e-5 nats; bf16 ≈ 0.31 nats (one to two bf16 steps of logits around 16–32).
+
+Two more numbers come from the same measurement:
+
+* a **ceiling** on a measured threshold (default 2 nats, a 7:1 probability ratio, far above any
+  dtype's noise here): a larger measurement means the scorer or the target is not fit to judge
+  near ties (a scorer off by one position measured 57.85 nats and excused an 8.98-nat bug), so it
+  is refused unless the user raises the ceiling on purpose;
+* the **drift bound** for latent drift (identical tokens whose speculative rows moved): a loop
+  that leaves the target's computation intact stays within the target's own noise (measured on
+  the fixtures: at most 1.3 × max |Δmargin| in fp32, 0.9 × in bf16), a loop that corrupts the KV
+  cache moves rows by 7–100 000 ×; the bound is 4 × the measured max, and it never follows
+  ``--near-tie-nats``.
 """
 
 from __future__ import annotations
@@ -27,6 +39,14 @@ from specparity.types import TokenScores
 DEFAULT_MULTIPLIER = 1.5
 #: Below this the threshold is float32 resolution of a logprob near 0, not a measurement.
 FLOOR_NATS = 1e-6
+#: A measured threshold above this is refused (``--near-tie-ceiling`` raises it on purpose).
+DEFAULT_CEILING_NATS = 2.0
+#: Latent-drift bound: this many times the largest margin noise measured on the baseline.
+DRIFT_MULTIPLIER = 4.0
+
+
+class CalibrationError(ValueError):
+    """The measurement cannot be trusted to judge near ties (one line, naming the evidence)."""
 
 
 @dataclass
@@ -46,20 +66,33 @@ class NearTieThreshold:
     source: Literal["measured", "override"]
     noise: NoiseStats | None
     multiplier: float
+    ceiling: float = DEFAULT_CEILING_NATS
+    #: Which prompts the noise was measured on, in words (the summary says it).
+    calibration: str = ""
+
+    @property
+    def drift_nats(self) -> float | None:
+        """The latent-drift bound: from the measured noise only (None: nothing was measured)."""
+        if self.noise is None or self.noise.pairs == 0:
+            return None
+        return max(FLOOR_NATS, DRIFT_MULTIPLIER * self.noise.max_abs_delta)
 
     def describe(self) -> str:
         if self.source == "override":
             extra = ""
             if self.noise is not None:
                 extra = f" (measured noise for reference: max |Δmargin| {self.noise.max_abs_delta:.3g})"
-            return f"{self.nats:.4g} nats, set by --near-tie-nats{extra}"
+            return f"{self.nats:.4g} nats, set by --near-tie-nats{extra}{self._calibrated()}"
         assert self.noise is not None
         return (
             f"{self.nats:.4g} nats, measured: {self.multiplier:g} × max |Δmargin| "
             f"{self.noise.max_abs_delta:.3g} between incremental decode and teacher-forced scoring "
             f"of the baseline ({self.noise.pairs} token pairs over {self.noise.positions} positions; "
-            f"p99 {self.noise.p99_abs_delta:.3g})"
+            f"p99 {self.noise.p99_abs_delta:.3g}; ceiling {self.ceiling:g}){self._calibrated()}"
         )
+
+    def _calibrated(self) -> str:
+        return f"; calibrated on {self.calibration}" if self.calibration else ""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -67,29 +100,50 @@ class NearTieThreshold:
             "source": self.source,
             "multiplier": self.multiplier,
             "noise": self.noise.to_json() if self.noise else None,
+            "ceiling": self.ceiling,
+            "drift_nats": self.drift_nats,
+            "calibration": self.calibration,
             "description": self.describe(),
         }
 
 
-def abs_deltas(decoded: TokenScores, teacher_forced: TokenScores) -> np.ndarray:
-    """|Δmargin| for every (position, alternative) pair both passes recorded.
+def _margin_deltas(a: TokenScores, b: TokenScores) -> tuple[np.ndarray, np.ndarray]:
+    """|Δmargin| ``[n, k_a, k_b]`` between two scorings of the same tokens, and the mask of the
+    (position, alternative) pairs both recorded.
 
-    The margin at a position is ``logprob(decoded token) − logprob(alternative)``; the decoded
-    token is the same in both passes (teacher forcing scores exactly the decoded tokens).
+    The margin at a position is ``logprob(chosen token) − logprob(alternative)``; the chosen token
+    is the same on both sides (both scored the same stream).
     """
-    n = min(len(decoded), len(teacher_forced))
+    n = min(len(a), len(b))
+    a_ids, b_ids = a.top_ids[:n], b.top_ids[:n]
+    same = a_ids[:, :, None] == b_ids[:, None, :]  # [n, k_a, k_b]
+    margin_a = a.logprobs[:n, None] - a.top_logprobs[:n]  # [n, k_a]
+    margin_b = b.logprobs[:n, None] - b.top_logprobs[:n]  # [n, k_b]
+    with np.errstate(invalid="ignore"):
+        delta = np.abs(margin_a[:, :, None] - margin_b[:, None, :])
+    # the chosen token against itself is 0 - 0 on both sides: drop it; so are rows an engine did
+    # not report (NaN, id -1: e.g. llama.cpp's draft-accepted or byte-piece tokens)
+    not_self = a_ids[:, :, None] != a.token_ids[:n, None, None]
+    valid = (a_ids[:, :, None] >= 0) & np.isfinite(delta)
+    return delta, same & not_self & valid
+
+
+def abs_deltas(decoded: TokenScores, teacher_forced: TokenScores) -> np.ndarray:
+    """|Δmargin| for every (position, alternative) pair both passes recorded."""
+    if min(len(decoded), len(teacher_forced)) == 0:
+        return np.zeros(0, np.float32)
+    delta, mask = _margin_deltas(decoded, teacher_forced)
+    return delta[mask].astype(np.float32)
+
+
+def position_deltas(a: TokenScores, b: TokenScores) -> np.ndarray:
+    """The largest |Δmargin| at each position (NaN where the two share no reported pair)."""
+    n = min(len(a), len(b))
     if n == 0:
         return np.zeros(0, np.float32)
-    a_ids, b_ids = decoded.top_ids[:n], teacher_forced.top_ids[:n]
-    same = a_ids[:, :, None] == b_ids[:, None, :]  # [n, k_a, k_b]
-    margin_a = decoded.logprobs[:n, None] - decoded.top_logprobs[:n]  # [n, k_a]
-    margin_b = teacher_forced.logprobs[:n, None] - teacher_forced.top_logprobs[:n]  # [n, k_b]
-    delta = np.abs(margin_a[:, :, None] - margin_b[:, None, :])
-    # the decoded token against itself is 0 - 0 on both sides: drop it; so are rows an engine did
-    # not report (NaN, id -1: e.g. llama.cpp's draft-accepted or byte-piece tokens)
-    not_self = a_ids[:, :, None] != decoded.token_ids[:n, None, None]
-    valid = (a_ids[:, :, None] >= 0) & np.isfinite(delta)
-    return delta[same & not_self & valid].astype(np.float32)
+    delta, mask = _margin_deltas(a, b)
+    worst = np.where(mask, delta, -np.inf).reshape(n, -1).max(axis=1, initial=-np.inf)
+    return np.where(np.isfinite(worst), worst, np.nan).astype(np.float32)
 
 
 def measure_noise(pairs: Iterable[tuple[TokenScores, TokenScores]]) -> NoiseStats:
@@ -104,15 +158,26 @@ def measure_noise(pairs: Iterable[tuple[TokenScores, TokenScores]]) -> NoiseStat
 
 
 def derive_threshold(
-    noise: NoiseStats | None, override: float | None = None, multiplier: float = DEFAULT_MULTIPLIER
+    noise: NoiseStats | None, override: float | None = None, multiplier: float = DEFAULT_MULTIPLIER,
+    ceiling: float = DEFAULT_CEILING_NATS, calibration: str = "",
 ) -> NearTieThreshold:
+    """The near-tie threshold: ``override`` if given, else ``multiplier`` × the measured noise,
+    refused (:class:`CalibrationError`) when the measurement exceeds ``ceiling``."""
     if override is not None:
         if override < 0:
             raise ValueError(f"--near-tie-nats: expected a non-negative number of nats, got {override}")
-        return NearTieThreshold(float(override), "override", noise, multiplier)
+        return NearTieThreshold(float(override), "override", noise, multiplier, ceiling, calibration)
     if noise is None or noise.pairs == 0:
         raise ValueError(
             "cannot measure the near-tie threshold: no baseline positions were scored "
             "(every baseline failed or produced no tokens); pass --near-tie-nats to set it"
         )
-    return NearTieThreshold(max(FLOOR_NATS, multiplier * noise.max_abs_delta), "measured", noise, multiplier)
+    nats = max(FLOOR_NATS, multiplier * noise.max_abs_delta)
+    if nats > ceiling:
+        raise CalibrationError(
+            f"the measured near-tie threshold {nats:.4g} nats ({multiplier:g} × max |Δmargin| "
+            f"{noise.max_abs_delta:.4g} between decode and teacher-forced scoring over {noise.pairs} token pairs) "
+            f"exceeds the ceiling {ceiling:g} nats: a flip that large is not numeric noise, so either the scorer "
+            f"or the target is not fit to judge near ties; raise --near-tie-ceiling only if this noise is real"
+        )
+    return NearTieThreshold(nats, "measured", noise, multiplier, ceiling, calibration)

@@ -18,7 +18,8 @@ from typing import Any, Mapping, Sequence
 from specparity.engines import EngineLoadError, Factory, check_options, engine_info, resolve_factory
 from specparity.engines.base import EngineOptions
 from specparity.fixtures import REPO_ROOT
-from specparity.records import DEFAULT_MAX_NEAR_TIE, GateConfig
+from specparity.noise import DEFAULT_CEILING_NATS
+from specparity.records import DEFAULT_MAX_NEAR_TIE, DRIFT_POLICIES, GateConfig, GatePolicy
 from specparity.prompts import Prompt, PromptFileError, load_many
 from specparity.scoring import SCORERS
 from specparity.types import DEFAULT_TOP_K
@@ -44,12 +45,14 @@ class GateSetup:
     engine_options: EngineOptions
     config: GateConfig
     prompts: list[Prompt] = field(default_factory=list)
+    #: The prompts the noise is measured on (None: the selected prompts themselves).
+    calibration: list[Prompt] | None = None
 
 
 def _int(raw: Mapping[str, Any], key: str, flag: str, minimum: int, default: int | None = None) -> int | None:
-    value = raw.get(key, default)
+    value = raw.get(key)
     if value is None:
-        return None
+        return default
     if isinstance(value, bool) or not isinstance(value, int):
         try:
             value = int(str(value))
@@ -62,9 +65,9 @@ def _int(raw: Mapping[str, Any], key: str, flag: str, minimum: int, default: int
 
 def _float(raw: Mapping[str, Any], key: str, flag: str, lo: float, hi: float | None = None,
            default: float | None = None) -> float | None:
-    value = raw.get(key, default)
+    value = raw.get(key)
     if value is None:
-        return None
+        return default
     try:
         value = float(value)
     except (TypeError, ValueError):
@@ -73,6 +76,19 @@ def _float(raw: Mapping[str, Any], key: str, flag: str, lo: float, hi: float | N
     if not math.isfinite(value) or value < lo or (hi is not None and value > hi):
         raise BadInput(f"{flag} {value:g}: expected a number {bounds}")
     return value
+
+
+def _require_paths(value: Any) -> int:
+    """``--require-all-paths [N]``: the option takes an optional count, so a test path written
+    right after it is read as the count; say how to write it."""
+    try:
+        n = int(value or 0)
+    except (TypeError, ValueError):
+        n = -1
+    if n < 0:
+        raise BadInput(f"--require-all-paths {value!r}: expected an integer >= 0 (write --require-all-paths=N, "
+                       "or put the option after the test paths)")
+    return n
 
 
 def check_model_dir(flag: str, path: str | None) -> str | None:
@@ -115,11 +131,14 @@ def parse_engine_opts(items: Sequence[str]) -> dict[str, str]:
     return extra
 
 
-def select_prompts(files: Sequence[str], categories: Sequence[str] | None) -> list[Prompt]:
+def load_prompt_files(files: Sequence[str]) -> list[Prompt]:
     try:
-        prompts = load_many(files)
+        return load_many(files)
     except PromptFileError as exc:
         raise BadInput(str(exc)) from None
+
+
+def select_prompts(prompts: list[Prompt], categories: Sequence[str] | None) -> list[Prompt]:
     if categories:
         known = {p.category for p in prompts}
         unknown = sorted(set(categories) - known)
@@ -177,6 +196,19 @@ def build_setup(raw: Mapping[str, Any], *, check_report: bool = False) -> GateSe
     if cats is not None and not categories:
         raise BadInput(f"--categories {cats!r}: expected comma-separated category names")
     prompt_files = [str(p) for p in (raw.get("prompts") or [DEFAULT_PROMPTS])]
+    suite = load_prompt_files(prompt_files)
+    calibration_source = raw.get("calibration") or "suite"
+    if calibration_source == "suite":
+        calibration: list[Prompt] | None = suite
+    elif calibration_source == "selected":
+        calibration = None
+    elif Path(calibration_source).is_file():
+        calibration = load_prompt_files([calibration_source])
+    else:
+        raise BadInput(f"--calibration {calibration_source!r}: expected suite, selected or a prompt file (JSONL)")
+    drift = raw.get("drift_policy") or "fail"
+    if drift not in DRIFT_POLICIES:
+        raise BadInput(f"--drift-policy {drift!r}: expected one of {', '.join(DRIFT_POLICIES)}")
     scorer = raw.get("scorer") or "auto"
     if scorer not in SCORERS:
         raise BadInput(f"--scorer {scorer!r}: expected one of {', '.join(SCORERS)}")
@@ -190,15 +222,20 @@ def build_setup(raw: Mapping[str, Any], *, check_report: bool = False) -> GateSe
         categories=categories,
         max_new_tokens=_int(raw, "max_new_tokens", "--max-new-tokens", 1),
         near_tie_nats=_float(raw, "near_tie_nats", "--near-tie-nats", 0.0),
-        max_near_tie=_float(raw, "max_near_tie", "--max-near-tie", 0.0, 1.0, default=DEFAULT_MAX_NEAR_TIE),
-        strict=bool(raw.get("bit_exact")),
+        near_tie_ceiling=_float(raw, "near_tie_ceiling", "--near-tie-ceiling", 1e-6, default=DEFAULT_CEILING_NATS),
+        calibration=calibration_source,
         report_dir=report or None,
         top_k=_int(raw, "top_k", "--top-k", MIN_TOP_K, default=DEFAULT_TOP_K),
-        require_all_paths=bool(raw.get("require_all_paths")),
-        allow_unknown_activity=bool(raw.get("allow_unknown_activity")),
         concurrency=_int(raw, "concurrency", "--concurrency", 1),
         scorer=scorer,
         scorer_model=scorer_model,
+        policy=GatePolicy(
+            max_near_tie=_float(raw, "max_near_tie", "--max-near-tie", 0.0, 1.0, default=DEFAULT_MAX_NEAR_TIE),
+            bit_exact=bool(raw.get("bit_exact")),
+            require_paths=_require_paths(raw.get("require_all_paths")),
+            allow_unknown_activity=bool(raw.get("allow_unknown_activity")),
+            drift=drift,
+        ),
     )
-    return GateSetup(engine_spec, factory, options, config, select_prompts(prompt_files, categories))
+    return GateSetup(engine_spec, factory, options, config, select_prompts(suite, categories), calibration)
 

@@ -11,8 +11,8 @@ import warnings
 from typing import Any
 
 from specparity.probes.live import DEFAULT_FLOOR, DEFAULT_RELATIVE
-from specparity.probes.runner import DEFAULT_WHEEL_CACHE
-from specparity.probes.verdict import Status, Verdict
+from specparity.probes.inputs import DEFAULT_WHEEL_CACHE
+from specparity.probes.finding import Status, Finding
 
 
 def add_probe_options(parser: Any) -> None:
@@ -41,7 +41,7 @@ def add_probe_options(parser: Any) -> None:
                     help="concurrent shared-prefix requests in the mamba stress probe")
 
 
-def check_verdict(verdict: Verdict) -> None:
+def check_verdict(verdict: Finding) -> None:
     """Turn a verdict into a test outcome: fail -> failed test with the evidence, unknown -> skip
     with the reason, warn -> pass with a warning in the summary, ok -> pass."""
     import pytest

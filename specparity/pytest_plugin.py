@@ -31,6 +31,7 @@ from specparity.options import (
     GateSetup,
     build_setup,
 )
+from specparity.noise import DEFAULT_CEILING_NATS
 from specparity.records import DEFAULT_MAX_NEAR_TIE
 from specparity.types import DEFAULT_TOP_K
 
@@ -41,7 +42,7 @@ _GATE_OPTIONS = (
     "engine", "target", "draft", "spec_mode", "num_draft_tokens", "dtype", "threads", "engine_opt", "prompts",
     "categories", "max_new_tokens", "near_tie_nats", "max_near_tie", "bit_exact", "require_all_paths",
     "allow_unknown_activity", "top_k", "report", "baseline_url", "spec_url", "preset", "concurrency",
-    "request_timeout", "scorer", "scorer_model",
+    "request_timeout", "scorer", "scorer_model", "near_tie_ceiling", "calibration", "drift_policy",
 )
 
 
@@ -63,7 +64,15 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--near-tie-nats", default=None, help="near-tie threshold in nats (default: measured)")
     g.addoption("--max-near-tie", default=DEFAULT_MAX_NEAR_TIE, help="allowed fraction of near-tie prompts")
     g.addoption("--bit-exact", action="store_true", help="demand bit-exactness: a near-tie flip fails")
-    g.addoption("--require-all-paths", action="store_true", help="fail when a speculative path was never taken")
+    g.addoption("--require-all-paths", nargs="?", const=1, default=0, metavar="N",
+                help="fail when a speculative path is taken on fewer than N prompts (N defaults to 1)")
+    g.addoption("--near-tie-ceiling", default=None, metavar="NATS",
+                help=f"refuse a measured near-tie threshold above this (default {DEFAULT_CEILING_NATS:g} nats)")
+    g.addoption("--calibration", default="suite", metavar="SET",
+                help="what the noise is measured on: suite (every prompt of the prompt files, default), "
+                "selected (only the prompts that run), or a prompt file")
+    g.addoption("--drift-policy", default="fail", help="a drifted prompt (identical tokens, rows beyond the "
+                "noise): fail (default) or warn")
     g.addoption("--allow-unknown-activity", action="store_true",
                 help="do not fail when the engine reports no draft counters")
     g.addoption("--top-k", default=DEFAULT_TOP_K, help="alternatives recorded per position (>= 5)")
@@ -245,7 +254,7 @@ def gate_session(request: pytest.FixtureRequest) -> SessionRun:
         return SessionRun(run, decision, paths)
 
     try:
-        run = run_gate(engine, prompts, gc)
+        run = run_gate(engine, prompts, gc, calibration=setup.calibration)
     except GateInterrupted as stopped:
         finish(stopped.run)
         raise

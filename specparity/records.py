@@ -12,43 +12,75 @@ from typing import Any
 
 from specparity.compare import Verdict
 from specparity.coverage import Coverage
-from specparity.noise import NearTieThreshold
+from specparity.noise import DEFAULT_CEILING_NATS, NearTieThreshold
 from specparity.prompts import Prompt
-from specparity.types import DEFAULT_TOP_K, Fingerprint, GenerationRequest, GenerationResult, SpecStats, TokenScores
+from specparity.types import DEFAULT_TOP_K, Fingerprint, GenerationRequest, GenerationResult, SpecStats, TokenScores, accept_length
 
 DEFAULT_MAX_NEW_TOKENS = 48
 DEFAULT_MAX_NEAR_TIE = 0.25
+DRIFT_POLICIES = ("fail", "warn")
+
+
+@dataclass
+class GatePolicy:
+    """What a run must show to pass (applied by :func:`specparity.gate.decide`), apart from how it runs.
+
+    ``bit_exact``: a near tie fails. ``max_near_tie``: the fraction of near-tie prompts allowed.
+    ``require_paths``: each speculative path must be taken on at least this many prompts (0: a path
+    never taken is a warning). ``drift``: what a ``drifted`` prompt does (``fail`` or ``warn``).
+    """
+
+    max_near_tie: float = DEFAULT_MAX_NEAR_TIE
+    bit_exact: bool = False
+    require_paths: int = 0
+    allow_unknown_activity: bool = False
+    drift: str = "fail"
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.max_near_tie <= 1.0:
+            raise ValueError(f"--max-near-tie: expected a fraction in [0, 1], got {self.max_near_tie}")
+        if self.drift not in DRIFT_POLICIES:
+            raise ValueError(f"--drift-policy: expected one of {', '.join(DRIFT_POLICIES)}, got {self.drift!r}")
+        if self.require_paths < 0:
+            raise ValueError(f"--require-all-paths: expected a count >= 1, got {self.require_paths}")
+
+    def to_json(self) -> dict[str, Any]:
+        return vars(self).copy()
 
 
 @dataclass
 class GateConfig:
+    """How a run is made (prompts, limits, scorer, calibration) and, in ``policy``, what passes."""
+
     prompts: list[str] = field(default_factory=list)
     categories: list[str] | None = None
     max_new_tokens: int | None = None  # None: each prompt's own, else DEFAULT_MAX_NEW_TOKENS
     near_tie_nats: float | None = None  # None: measured from the baseline
-    max_near_tie: float = DEFAULT_MAX_NEAR_TIE
-    strict: bool = False
+    #: A measured threshold above this is refused (the scorer or the target cannot judge near ties).
+    near_tie_ceiling: float = DEFAULT_CEILING_NATS
+    #: What the noise is measured on: "suite" (every prompt of the prompt files, whatever is
+    #: selected), "selected" (only the prompts that run), or a prompt file (a fixed set).
+    calibration: str = "suite"
     report_dir: str | None = None
     top_k: int = DEFAULT_TOP_K
-    require_all_paths: bool = False
-    allow_unknown_activity: bool = False
     #: Requests in flight per phase; None: what the engine declares it can serve.
     concurrency: int | None = None
     #: Who scores tokens teacher-forced: "auto" (the engine if it can, else "embedded"), "engine",
     #: or "embedded" (transformers on the HF weights given by ``scorer_model``).
     scorer: str = "auto"
     scorer_model: str | None = None
+    policy: GatePolicy = field(default_factory=GatePolicy)
 
     def __post_init__(self) -> None:
-        if not 0.0 <= self.max_near_tie <= 1.0:
-            raise ValueError(f"--max-near-tie: expected a fraction in [0, 1], got {self.max_near_tie}")
         if self.max_new_tokens is not None and self.max_new_tokens < 1:
             raise ValueError(f"--max-new-tokens: expected an integer >= 1, got {self.max_new_tokens}")
         if self.top_k < 5:
             raise ValueError(f"--top-k: expected >= 5 alternatives per position, got {self.top_k}")
+        if not self.near_tie_ceiling > 0:
+            raise ValueError(f"--near-tie-ceiling: expected a number of nats > 0, got {self.near_tie_ceiling}")
 
     def to_json(self) -> dict[str, Any]:
-        return vars(self).copy()
+        return {**vars(self), "policy": self.policy.to_json()}
 
 
 @dataclass
@@ -85,7 +117,7 @@ class Activity:
 
     @property
     def mean_accept_length(self) -> float | None:
-        return self.emitted / self.verify_steps if self.verify_steps else None
+        return accept_length(self.emitted, self.verify_steps)
 
     @property
     def acceptance_rate(self) -> float | None:
@@ -99,7 +131,7 @@ class Activity:
         self.proposed += s.proposed
         self.accepted += s.accepted
         self.verify_steps += s.verify_steps
-        self.emitted += sum(x.emitted for x in s.steps) if s.steps is not None else s.accepted + s.verify_steps
+        self.emitted += s.emitted
 
 
 @dataclass
@@ -122,6 +154,16 @@ class GateRun:
     counters_error: str | None = None
     #: Deterministic / batch-invariant inference the engine declares, with where it was read.
     deterministic: str | None = None
+    #: The prompts the noise is measured on, when given apart from the selection (empty: the
+    #: selected prompts themselves).
+    calibration_ids: list[str] = field(default_factory=list)
+    #: Baselines run only to measure the noise (calibration prompts that are not selected).
+    calibration_records: list[PromptRecord] = field(default_factory=list)
+    #: Why the gate could not be calibrated (scorer refused, threshold above the ceiling): nothing
+    #: was judged, and the engine or its scorer is to blame, not the speculative loop.
+    calibration_error: str | None = None
+    #: The scorer check's findings (:class:`specparity.calibration.ScorerCheck`), as JSON.
+    scorer_check: dict[str, Any] | None = None
 
     def activity(self, category: str | None = None) -> Activity:
         act = Activity()

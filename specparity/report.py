@@ -11,8 +11,10 @@ from typing import Any
 
 import jinja2
 
+from specparity.compare import CLASSES
 from specparity.coverage import PATHS
 from specparity.gate import GateDecision
+from specparity.noise import DRIFT_MULTIPLIER
 from specparity.records import DEFAULT_MAX_NEW_TOKENS, GateRun
 
 _TEMPLATES = Path(__file__).parent / "templates"
@@ -27,6 +29,7 @@ class CategoryRow:
     n: int
     exact: int
     near_tie: int
+    drifted: int
     diverged: int
     error: int
     proposed: int
@@ -48,6 +51,7 @@ def category_rows(run: GateRun) -> list[CategoryRow]:
                 len(recs),
                 classes.count("exact"),
                 classes.count("near_tie"),
+                classes.count("drifted"),
                 classes.count("diverged"),
                 classes.count("error"),
                 act.proposed,
@@ -88,13 +92,43 @@ def _env() -> jinja2.Environment:
     return env
 
 
+def drift_line(run: GateRun) -> str:
+    """How latent drift was checked, in one line (the summary and the terminal say it)."""
+    bound = run.threshold.drift_nats if run.threshold else None
+    if bound is None:
+        return "not checked (no noise was measured)"
+    judged = [r.verdict for r in run.records if r.verdict is not None and r.verdict.drift is not None]
+    unchecked = sum(1 for v in judged if v.drift.checked == 0)
+    worst = max((v.drift.max_nats for v in judged if v.drift.max_nats is not None), default=None)
+    line = (f"bound {bound:.3g} nats ({DRIFT_MULTIPLIER:g} × the measured max |Δmargin|, whatever --near-tie-nats says); "
+            f"rows compared on {len(judged) - unchecked} prompt(s)")
+    if worst is not None:
+        line += f", largest drift {worst:.3g} nats"
+    if unchecked:
+        line += (f"; not checked on {unchecked} prompt(s): the engine reported no per-position logprobs for the "
+                 f"speculative run there")
+    return line
+
+
+def scorer_check_line(run: GateRun) -> str:
+    c = run.scorer_check
+    if not c:
+        return "not run"
+    if not c["clear_positions"]:
+        return "nothing to check: no baseline position had a clear margin"
+    verdict = "passed" if c["passed"] else "FAILED"
+    return (f"{verdict}: the scorer's argmax is the baseline's token at {c['clear_positions'] - c['disagreements']} of "
+            f"{c['clear_positions']} positions whose decode margin exceeds {c['clear_nats']:g} nats")
+
+
 def render_summary_md(run: GateRun, decision: GateDecision) -> str:
     details = []
     for r in run.records:
         v = r.verdict
         if v is None or v.klass == "exact":
             continue
-        details.append({"id": r.prompt.id, "klass": v.klass, "reason": v.reason, "div": v.divergence, "tf": v.tf_violations})
+        details.append({"id": r.prompt.id, "klass": v.klass, "reason": v.reason, "div": v.divergence,
+                        "tf": v.tf_violations, "drift": v.drift})
     taken = run.coverage.taken()
     fp = run.fingerprint
     return _env().get_template("summary.md.j2").render(
@@ -104,7 +138,11 @@ def render_summary_md(run: GateRun, decision: GateDecision) -> str:
         n_prompts=len(run.records),
         max_new_tokens=run.config.max_new_tokens or f"per prompt (default {DEFAULT_MAX_NEW_TOKENS})",
         categories=category_rows(run),
-        paths=[(name, desc, taken[name]) for name, desc in PATHS.items()],
+        paths=[(name, desc, taken[name], run.coverage.prompts[name]) for name, desc in PATHS.items()],
+        classes=CLASSES,
+        drift=drift_line(run),
+        scorer_check=scorer_check_line(run),
+        calibration_error=run.calibration_error,
         coverage=run.coverage,
         details=details,
         timings=sorted(run.timings.items()),
@@ -139,14 +177,16 @@ def terminal_lines(run: GateRun, decision: GateDecision) -> list[str]:
     c = decision.counts
     lines = [
         f"specparity lossless gate: {decision.status} — "
-        f"exact {c['exact']}, near_tie {c['near_tie']}, diverged {c['diverged']}, error {c['error']} "
-        f"({len(run.records)} prompts)",
+        + ", ".join(f"{k} {c[k]}" for k in CLASSES) + f" ({len(run.records)} prompts)",
     ]
     if run.fingerprint:
         fp = run.fingerprint
         lines.append(f"engine {fp.engine} [{fp.dtype}] spec {fp.spec_config}")
     if run.threshold:
         lines.append(f"near-tie threshold: {run.threshold.describe()}")
+        lines.append(f"latent drift: {drift_line(run)}")
+    if run.scorer_check:
+        lines.append(f"scorer check: {scorer_check_line(run)}")
     if run.scorer:
         lines.append(f"scorer: {run.scorer}")
     if run.concurrency > 1:
@@ -160,15 +200,16 @@ def terminal_lines(run: GateRun, decision: GateDecision) -> list[str]:
             f"speculation: {act.accepted}/{act.proposed} draft tokens accepted over {act.verify_steps} verify steps"
             + (f", accept length {mal:.2f}" if mal is not None else "")
         )
-    header = f"  {'category':<14}{'n':>4}{'exact':>7}{'tie':>5}{'div':>5}{'err':>5}{'accept len':>12}"
+    header = f"  {'category':<14}{'n':>4}{'exact':>7}{'tie':>5}{'drift':>6}{'div':>5}{'err':>5}{'accept len':>12}"
     lines.append(header)
     for row in category_rows(run):
         lines.append(
-            f"  {row.name:<14}{row.n:>4}{row.exact:>7}{row.near_tie:>5}{row.diverged:>5}{row.error:>5}{row.accept_length:>12}"
+            f"  {row.name:<14}{row.n:>4}{row.exact:>7}{row.near_tie:>5}{row.drifted:>6}{row.diverged:>5}{row.error:>5}"
+            f"{row.accept_length:>12}"
         )
     taken = run.coverage.taken()
     if run.coverage.requests_with_steps:
-        lines.append("paths: " + ", ".join(f"{k} {v}" for k, v in taken.items()))
+        lines.append("paths (steps/prompts): " + ", ".join(f"{k} {v}/{run.coverage.prompts[k]}" for k, v in taken.items()))
     else:
         lines.append("paths: unknown (the engine reports no per-step records)")
     lines += [f"FAIL: {f}" for f in decision.failures]

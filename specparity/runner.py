@@ -3,7 +3,12 @@
 Two phases, so the near-tie threshold is fixed before any speculative output is seen:
 
 1. every prompt greedily without speculation, then teacher-forced scoring of the same tokens —
-   the difference is the target's own numeric noise, from which the threshold is derived;
+   the difference is the target's own numeric noise, from which the threshold (and the drift
+   bound) is derived. The noise is measured on a calibration set that does not depend on which
+   prompts were selected (by default every prompt of the prompt files: the unselected ones run a
+   baseline only), and the scorer is checked against the baselines before it judges anything
+   (:mod:`specparity.calibration`); a scorer that fails, or a threshold above its ceiling, stops
+   the run before phase 2;
 2. every prompt with speculation, teacher-forced scoring of the speculative output under its own
    prefix, and the comparison.
 
@@ -21,10 +26,11 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 from typing import IO, Any, Callable, Iterable, Iterator, Sequence, TypeVar
 
+from specparity.calibration import Sample, require_fit_scorer
 from specparity.compare import Verdict, compare
 from specparity.engines.base import Engine, capabilities_of
 from specparity.gate import GateDecision, decide
-from specparity.noise import derive_threshold, measure_noise
+from specparity.noise import CalibrationError, derive_threshold, measure_noise
 from specparity.prompts import Prompt
 from specparity.records import DEFAULT_MAX_NEW_TOKENS, GateConfig, GateRun, PromptRecord
 from specparity.report import DERIVED_FILES, write_reports
@@ -84,23 +90,41 @@ def _timed(timings: dict[str, float], key: str, fn: Callable[[], Any]) -> Any:
 
 
 def _generate_one(engine: Engine, req: GenerationRequest, speculative: bool) -> GenerationResult:
-    """An engine that raises instead of returning ``failed`` still yields a result for this prompt."""
+    """An engine that raises instead of returning ``failed`` still yields a result for this prompt;
+    one that breaks the protocol's row contract gets this prompt's error, naming what it broke."""
     try:
         results = engine.generate([req], speculative=speculative)
         if len(results) != 1:
             return GenerationResult.failed(req.request_id, f"engine returned {len(results)} results for 1 request")
-        return results[0]
+        result = results[0]
     except Exception as exc:  # noqa: BLE001
         return GenerationResult.failed(req.request_id, f"{type(exc).__name__}: {exc}")
+    if not result.error:
+        result.error = rows_problem(result.scores, len(result.output_ids), req.top_k, "per-position logprobs")
+    return result
+
+
+def rows_problem(scores: TokenScores, n: int, top_k: int, what: str) -> str | None:
+    """Why ``scores`` cannot serve as ``n`` rows of ``top_k`` alternatives (None: they can).
+
+    Fewer alternatives than asked would make every "outside the top-k" verdict a guess."""
+    if len(scores) != n:
+        return f"the engine returned {len(scores)} rows of {what} for {n} tokens"
+    if n and scores.k < top_k:
+        return (f"the engine returned {scores.k} alternatives per position in its {what}, fewer than the "
+                f"--top-k {top_k} asked")
+    return None
 
 
 def _score(scorer: Scorer, req: GenerationRequest, result: GenerationResult) -> tuple[TokenScores | None, str | None]:
     if result.error:
         return None, None
     try:
-        return scorer.score(req.prompt_ids, result.output_ids, req.top_k), None
+        scores = scorer.score(req.prompt_ids, result.output_ids, req.top_k)
     except Exception as exc:  # noqa: BLE001
         return None, f"teacher-forced scoring failed: {type(exc).__name__}: {exc}"
+    problem = rows_problem(scores, len(result.output_ids), req.top_k, "teacher-forced scores")
+    return (None, f"teacher-forced scoring failed: {problem}") if problem else (scores, None)
 
 
 Decoded = tuple[GenerationResult, TokenScores | None, str | None, float, float]
@@ -143,9 +167,14 @@ def run_gate(
     prompts: Sequence[Prompt],
     config: GateConfig,
     *,
+    calibration: Sequence[Prompt] | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> GateRun:
     """Run both phases over ``prompts``; never raises for a per-prompt failure.
+
+    ``calibration``: the prompts the noise is measured on (the selected ones among them are
+    reused, the others run a baseline only); None measures on ``prompts`` themselves, so the
+    threshold then depends on the selection, and the summary says so.
 
     Ctrl-C ends the run with :class:`GateInterrupted` (a ``KeyboardInterrupt``) carrying the
     partial run, after the journal has recorded the interruption.
@@ -153,6 +182,10 @@ def run_gate(
     say = progress or (lambda _msg: None)
     writer = ResultsWriter(config.report_dir)
     run = GateRun(fingerprint=None, config=config, records=[PromptRecord(p) for p in prompts])
+    selected = {p.id for p in prompts}
+    if calibration is not None and config.calibration != "selected":
+        run.calibration_ids = [p.id for p in calibration]
+        run.calibration_records = [PromptRecord(p) for p in calibration if p.id not in selected]
     t_start = time.perf_counter()
     try:
         _run_phases(engine, run, writer, say)
@@ -209,7 +242,7 @@ def _baselines(engine: Engine, run: GateRun, scorer: Scorer, writer: ResultsWrit
     scored): each prompt is then an ``error`` with its own cause and there is nothing to compare."""
     config = run.config
     stop_ids = tuple(engine.stop_token_ids())
-    for rec in run.records:
+    for rec in run.records + run.calibration_records:
         p = rec.prompt
         try:
             ids = engine.encode_prompt(p.prompt, p.messages_as_dicts())
@@ -221,15 +254,41 @@ def _baselines(engine: Engine, run: GateRun, scorer: Scorer, writer: ResultsWrit
 
     work = partial(_decode_and_score, engine, scorer, False)
     t_phase = time.perf_counter()
-    for rec, (result, tf, err, t_gen, t_tf) in dispatch([r for r in run.records if r.request], work, run.concurrency):
+    calibration_only = {id(r) for r in run.calibration_records}
+    todo = [r for r in run.records + run.calibration_records if r.request]
+    for rec, (result, tf, err, t_gen, t_tf) in dispatch(todo, work, run.concurrency):
         rec.baseline, rec.baseline_tf, rec.tf_error = result, tf, err
         run.timings["baseline_decode"] += t_gen
         run.timings["tf_scoring"] += t_tf
-        writer.write({"kind": "baseline", "prompt_id": rec.prompt.id, "baseline": result.to_json(),
-                      "tf_error": err})
+        writer.write({"kind": "calibration" if id(rec) in calibration_only else "baseline", "prompt_id": rec.prompt.id,
+                      "baseline": result.to_json(), "tf_error": err})
         say(f"baseline {rec.prompt.id}: {len(result.output_ids)} tokens" + (f" ERROR {result.error}" if result.error else ""))
     run.timings["baseline_phase_wall"] = time.perf_counter() - t_phase
-    measured = [r for r in run.records if r.baseline is not None and not r.baseline.error and r.baseline_tf is not None]
+    return _calibrate(run, scorer, writer, say)
+
+
+def _calibration_label(run: GateRun, n: int) -> str:
+    extra = len(run.calibration_records)
+    source = run.config.calibration if run.calibration_ids else "selected"
+    if source == "selected":
+        return f"the {n} prompt(s) that ran (the threshold depends on which prompts were selected)"
+    if source == "suite":
+        return f"every prompt of the prompt files ({n} measured, {extra} of them run only for calibration)"
+    return f"the calibration set {source} ({n} prompts measured)"
+
+
+def _calibrate(run: GateRun, scorer: Scorer, writer: ResultsWriter, say: Callable[[str], None]) -> bool:
+    """Measure the noise on the calibration set, check the scorer, derive the threshold.
+
+    Returns False when nothing can be judged: no baseline could be measured (each prompt is then an
+    ``error`` with its own cause), or the calibration was refused (``run.calibration_error``)."""
+    config = run.config
+    if run.calibration_ids:
+        ids = set(run.calibration_ids)
+        pool = [r for r in run.records if r.prompt.id in ids] + run.calibration_records
+    else:
+        pool = run.records
+    measured = [r for r in pool if r.baseline is not None and not r.baseline.error and r.baseline_tf is not None]
     if not measured and config.near_tie_nats is None:
         for rec in run.records:
             rec.verdict = _baseline_error(rec)
@@ -237,9 +296,22 @@ def _baselines(engine: Engine, run: GateRun, scorer: Scorer, writer: ResultsWrit
         writer.write({"kind": "threshold", "nats": None,
                       "description": "not measured: no baseline could be decoded and scored"})
         return False
-    noise = measure_noise((r.baseline.scores, r.baseline_tf) for r in measured)
-    run.threshold = derive_threshold(noise, config.near_tie_nats)
-    writer.write({"kind": "threshold", **run.threshold.to_json()})
+    samples = [Sample(r.prompt.id, r.baseline.output_ids, r.baseline.scores, r.baseline_tf) for r in measured]
+    try:
+        check = require_fit_scorer(samples, config.near_tie_ceiling, run.scorer)
+        run.scorer_check = check.to_json()
+        noise = measure_noise((r.baseline.scores, r.baseline_tf) for r in measured)
+        run.threshold = derive_threshold(noise, config.near_tie_nats, ceiling=config.near_tie_ceiling,
+                                         calibration=_calibration_label(run, len(measured)))
+    except CalibrationError as exc:
+        run.calibration_error = str(exc)
+        writer.write({"kind": "calibration_refused", "error": run.calibration_error, "scorer_check": run.scorer_check})
+        for rec in run.records:
+            rec.verdict = Verdict(rec.prompt.id, rec.prompt.category, "error", f"not judged: {exc}")
+            writer.write(rec.to_json())
+        say(f"calibration refused: {exc}")
+        return False
+    writer.write({"kind": "threshold", **run.threshold.to_json(), "scorer_check": run.scorer_check})
     say(f"near-tie threshold: {run.threshold.describe()}")
     return True
 
@@ -292,6 +364,7 @@ def _speculative(engine: Engine, run: GateRun, scorer: Scorer, writer: ResultsWr
                 stop_ids=stop_ids,
                 decode=engine.decode,
                 baseline_tf=rec.baseline_tf,
+                drift_nats=run.threshold.drift_nats,
             ),
         )
         if err and rec.verdict.klass != "diverged":
@@ -316,7 +389,7 @@ def _aggregate_delta(before: dict[str, int], after: dict[str, int]) -> SpecStats
 def conclude(run: GateRun) -> GateDecision:
     """Apply the policy and record the outcome: a final ``verdict`` line in the journal (so a machine
     reads the result without parsing markdown) and ``summary.md`` beside it."""
-    decision = decide(run, run.config)
+    decision = decide(run)
     if run.config.report_dir:
         writer = ResultsWriter(run.config.report_dir, append=True)
         try:

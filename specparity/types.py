@@ -105,16 +105,22 @@ class TokenScores:
         return cls(data["token_ids"], data["logprobs"], data["top_ids"], data["top_logprobs"])
 
 
+def accept_length(emitted: int, verify_steps: int) -> float | None:
+    """specparity's accept length: tokens emitted by verify steps per verify step, bonus included.
+
+    The one definition every count in a report uses (see the counter contract in
+    :mod:`specparity.engines.base`). It leaves out the token a plain prefill produces before any
+    draft exists, so it is SGLang's ``spec_accept_length`` (``completion_tokens / spec_verify_ct``,
+    which counts that token) minus ``1 / verify_steps``, and vLLM's ``1 + accepted / drafts`` when no
+    block is cut.
+    """
+    return emitted / verify_steps if verify_steps else None
+
+
 @dataclass
 class StepRecord:
-    """One verify step of a speculative loop.
-
-    ``proposed``: draft tokens put up for verification; ``accepted``: how many of them the target
-    kept; ``emitted``: tokens appended to the output by this step (accepted + bonus, after any
-    cut). ``cut`` says why the step emitted less than the loop would otherwise have produced:
-    ``"limit"`` when ``max_new_tokens`` bounded the block, ``"stop"`` when a stop token inside the
-    block ended it.
-    """
+    """One verify step of a speculative loop; the contract is pinned in :mod:`specparity.engines.base`
+    (build records with :func:`specparity.engines.base.step_record`)."""
 
     proposed: int
     accepted: int
@@ -153,13 +159,17 @@ class SpecStats:
         )
 
     @property
-    def mean_accept_length(self) -> float | None:
-        """Tokens emitted per verify step, bonus included (SGLang's ``spec_accept_length``)."""
-        if not self.available or not self.verify_steps:
-            return None
+    def emitted(self) -> int:
+        """Tokens the verify steps appended: summed from the steps, or — for an engine that reports
+        totals only — one correction/bonus per verify step on top of the accepted drafts."""
         if self.steps is not None:
-            return sum(s.emitted for s in self.steps) / self.verify_steps
-        return (self.accepted + self.verify_steps) / self.verify_steps
+            return sum(s.emitted for s in self.steps)
+        return self.accepted + self.verify_steps
+
+    @property
+    def mean_accept_length(self) -> float | None:
+        """:func:`accept_length` of this request."""
+        return accept_length(self.emitted, self.verify_steps) if self.available else None
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {

@@ -20,8 +20,7 @@ from pathlib import Path
 
 import torch
 
-from specparity.coverage import classify_step
-from specparity.engines.base import EngineInfo, EngineOptions, OptionSpec, engine_factory
+from specparity.engines.base import EngineInfo, EngineOptions, OptionSpec, engine_factory, step_record
 from specparity.engines.dflash import INFO as DFLASH_INFO
 from specparity.engines.dflash import DFlashEngine, DFlashLoop
 from specparity.engines.inprocess import LoopOutput
@@ -125,7 +124,7 @@ class BrokenDFlashLoop(DFlashLoop):
             hits = [i for i, t in enumerate(emitted) if t in stops]
             if hits:
                 produced, stopped = hits[0] + 1, True
-            steps.append(classify_step(drafts, emitted[:produced], nominal_width=block_size - 1,
+            steps.append(step_record(drafts, emitted[:produced], nominal_width=block_size - 1,
                                        budget_before=max_length - start - 1, stop_ids=stops))
             rows.extend(out.logits[0, i] for i in range(produced))
             start += produced

@@ -15,8 +15,7 @@ from typing import Sequence
 
 import torch
 
-from specparity.coverage import classify_step
-from specparity.engines.base import EngineInfo, EngineOptions, OptionSpec, engine_factory
+from specparity.engines.base import EngineInfo, EngineOptions, OptionSpec, engine_factory, step_record
 from specparity.engines.hf import DEFAULT_DRAFT_TOKENS, HF_OPTIONS, load_draft_model
 from specparity.engines.inprocess import InProcessEngine, LoopOutput, TorchTarget, dir_artifact
 from specparity.fixtures import fixture_dir
@@ -108,7 +107,7 @@ class HandLoop:
                 emitted, emitted_rows = emitted + emitted[-1:], emitted_rows + emitted_rows[-1:]
             out += emitted
             rows += emitted_rows
-            steps.append(classify_step(drafts, new, nominal_width=width, budget_before=budget, stop_ids=stops))
+            steps.append(step_record(drafts, new, nominal_width=width, budget_before=budget, stop_ids=stops))
             keep = len(context) - 1  # the cache holds everything but the newest token
             if bug == "short_crop" and n < len(drafts):
                 keep -= 1

@@ -2,6 +2,7 @@
 
 ``interrupting``: the real ``hf`` engine, except that the N-th speculative call sends SIGINT to
 its own process — a real Ctrl-C in the middle of the speculative phase, as an operator would.
+:class:`RescoredEngine` wraps a real engine with a wrong teacher-forced scorer.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import os
 import signal
 
+from specparity.engines.common import scores_from_logits
 from specparity.engines.base import EngineInfo, EngineOptions, OptionSpec, engine_factory, parse_positive_int
 from specparity.engines.hf import HF_OPTIONS, SPEC_MODES, HFEngine
 
@@ -36,3 +38,30 @@ class InterruptingEngine(HFEngine):
 ))
 def interrupting(options: EngineOptions) -> InterruptingEngine:
     return InterruptingEngine(options)
+
+
+class RescoredEngine:
+    """A real engine whose ``score()`` is replaced: ``shift`` reads the logits one position late
+    (the prompt-logprobs off-by-one that is easy to write over HTTP); ``noise`` adds seeded noise
+    of that scale to every logit (a scorer in another dtype or on other kernels)."""
+
+    def __init__(self, inner, *, shift: int = 0, noise: float = 0.0):
+        self.inner, self.shift, self.noise = inner, shift, noise
+        self.name = inner.name
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def score(self, prompt_ids, continuation_ids, top_k):
+        target = self.inner.target
+        torch = target.torch
+        ids = torch.tensor([list(prompt_ids) + list(continuation_ids)])
+        with torch.inference_mode():
+            logits = target.model(input_ids=ids).logits[0]
+        if self.noise:
+            gen = torch.Generator().manual_seed(len(ids[0]))
+            logits = logits + self.noise * torch.randn(logits.shape, generator=gen)
+        n = len(prompt_ids) - 1 + self.shift
+        if self.shift:  # the last row has no logits one position late: repeat the final one
+            logits = torch.cat([logits, logits[-1:]])
+        return scores_from_logits(logits[n : n + len(continuation_ids)], continuation_ids, top_k)

@@ -25,7 +25,7 @@ from specparity.engines.hf import HFEngine
 from specparity.fixtures import REPO_ROOT
 from specparity.gate import decide
 from specparity.prompts import load_prompts
-from specparity.records import GateConfig
+from specparity.records import GateConfig, GatePolicy
 from specparity.runner import run_gate
 
 BF16_STEP = 0.0625  # one bf16 step of logits in [8, 16)
@@ -37,12 +37,12 @@ def near_tie_prompts():
 
 
 def _gate(engine, prompts, **cfg):
-    config = GateConfig(max_near_tie=1.0, **cfg)
+    config = GateConfig(policy=GatePolicy(max_near_tie=1.0), **cfg)
     try:
         run = run_gate(engine, prompts, config)
     finally:
         engine.close()
-    return run, decide(run, config)
+    return run, decide(run)
 
 
 def assert_flips_are_benign(classes: dict[str, str], flips: list[dict], threshold: float) -> None:

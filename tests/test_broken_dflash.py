@@ -45,7 +45,7 @@ def _run(prompts, bug, block=None):
         run = run_gate(engine, prompts, config)
     finally:
         engine.close()
-    return run, decide(run, config)
+    return run, decide(run)
 
 
 @pytest.fixture(scope="module")

@@ -82,7 +82,7 @@ def test_checkpoint_holds_the_declared_layers(cfg, ckpt):
 def test_mamba_probe_recognises_a_consistent_hybrid(ckpt):
     from specparity.probes.capabilities import EngineSpec
     from specparity.probes.mamba_slots import LaunchFlags, linear_layer_report, probe_mamba_slots
-    from specparity.probes.verdict import Status
+    from specparity.probes.finding import Status
 
     hybrid, evidence, problems = linear_layer_report(ckpt)
     assert hybrid and problems == []

@@ -9,6 +9,7 @@ beside its partial results.
 from __future__ import annotations
 
 import json
+import re
 import os
 import subprocess
 import sys
@@ -42,7 +43,7 @@ def test_deselected_policy_test_still_fails_the_run(tmp_path):
     proc = run(*pytest_cmd("suites/lossless", "-k", "math", "--engine", BROKEN_LOOPS, "--engine-opt", "bug=inactive",
                            "--max-new-tokens", "16", "--report", str(tmp_path / "r")))
     out = proc.stdout + proc.stderr
-    assert "5 passed, 34 deselected" in out, out[-2000:]  # every selected test passed
+    assert re.search(r"\b5 passed, \d+ deselected", out) and "failed" not in out.splitlines()[-1], out[-2000:]
     assert "specparity lossless gate: FAIL" in out and "speculation inactive" in out, out[-2000:]
     assert proc.returncode == exitcodes.GATE_FAILED, out[-2000:]
     final = journal(tmp_path / "r")[-1]

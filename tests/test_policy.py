@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 
 from specparity.compare import Verdict
-from specparity.coverage import classify_step
+from specparity.engines.base import step_record
 from specparity.gate import decide
 from specparity.noise import derive_threshold, measure_noise
 from specparity.prompts import Prompt
-from specparity.records import GateConfig, GateRun, PromptRecord
+from specparity.records import GateConfig, GatePolicy, GateRun, PromptRecord
 from specparity.types import GenerationResult, SpecStats, StepRecord, TokenScores
 
 
@@ -28,28 +28,28 @@ def _run(classes, steps=None, available=True, config=None):
 
 
 def test_policy_rules():
-    assert not decide(_run(["exact", "diverged"]), GateConfig()).passed
-    assert not decide(_run(["exact", "error"]), GateConfig()).passed
-    assert decide(_run(["exact"] * 3 + ["near_tie"]), GateConfig(max_near_tie=0.25)).passed
-    d = decide(_run(["exact"] * 2 + ["near_tie"] * 2), GateConfig(max_near_tie=0.25))
+    assert not decide(_run(["exact", "diverged"])).passed
+    assert not decide(_run(["exact", "error"])).passed
+    assert decide(_run(["exact"] * 3 + ["near_tie"]), GatePolicy(max_near_tie=0.25)).passed
+    d = decide(_run(["exact"] * 2 + ["near_tie"] * 2), GatePolicy(max_near_tie=0.25))
     assert not d.passed and "exceed --max-near-tie" in d.failures[0]
-    d = decide(_run(["exact", "near_tie"]), GateConfig(strict=True, max_near_tie=1.0))
+    d = decide(_run(["exact", "near_tie"]), GatePolicy(bit_exact=True, max_near_tie=1.0))
     assert not d.passed and "--bit-exact" in d.failures[0]
 
 
 def test_speculation_inactive_and_unknown():
-    d = decide(_run(["exact"] * 3, steps=[StepRecord(4, 0, 1)]), GateConfig())
+    d = decide(_run(["exact"] * 3, steps=[StepRecord(4, 0, 1)]))
     assert not d.passed and any("speculation inactive" in f for f in d.failures)
-    d = decide(_run(["exact"] * 3, available=False), GateConfig())
+    d = decide(_run(["exact"] * 3, available=False))
     assert not d.passed and any("activity unknown" in f for f in d.failures)
-    assert decide(_run(["exact"] * 3, available=False), GateConfig(allow_unknown_activity=True)).passed
+    assert decide(_run(["exact"] * 3, available=False), GatePolicy(allow_unknown_activity=True)).passed
 
 
 def test_missing_paths_warn_or_fail():
     steps = [StepRecord(4, 4, 5)]  # only full accepts
-    d = decide(_run(["exact"], steps=steps), GateConfig())
+    d = decide(_run(["exact"], steps=steps))
     assert d.passed and any("(partial)" in w for w in d.warnings)
-    d = decide(_run(["exact"], steps=steps), GateConfig(require_all_paths=True))
+    d = decide(_run(["exact"], steps=steps), GatePolicy(require_paths=1))
     assert not d.passed and any("(cut_stop)" in f for f in d.failures)
 
 
@@ -60,12 +60,16 @@ def test_missing_paths_warn_or_fail():
         ([5, 6, 7], [5, 6, 7, 8], 10, None, 3),  # full accept + bonus
         ([5, 0, 7], [5, 0], 10, "stop", 2),  # stop token accepted inside the block
         ([5, 6, 7], [5, 6], 2, "limit", 2),  # block truncated by the limit
-        ([5, 6], [5, 6, 7], 3, "limit", 2),  # proposal shortened to fit the limit
+        ([5, 6], [5, 6, 7], 3, "limit", 2),  # proposal shortened to fit the limit, fully accepted
+        ([5, 6], [5, 9], 3, None, 1),  # shortened to fit the limit, then rejected: nothing was cut
+        ([5], [9], 1, None, 0),  # a 1-token budget with a rejected draft: nothing was cut
+        ([5, 6, 7], [5, 6, 7], 10, None, 3),  # accepted drafts, no bonus, far from the limit: no cut to claim
+        ([5, 6, 7], [5, 6, 7, 8], 4, None, 3),  # full accept at full width ends at the limit: nothing was narrowed
         ([5, 6, 7], [9], 10, None, 0),  # rejected
     ],
 )
-def test_classify_step(proposed, emitted, budget, cut, accepted):
-    s = classify_step(proposed, emitted, nominal_width=3, budget_before=budget, stop_ids=[0])
+def test_step_record(proposed, emitted, budget, cut, accepted):
+    s = step_record(proposed, emitted, nominal_width=3, budget_before=budget, stop_ids=[0])
     assert (s.cut, s.accepted, s.emitted, s.proposed) == (cut, accepted, len(emitted), len(proposed))
 
 

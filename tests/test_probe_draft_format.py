@@ -8,7 +8,7 @@ import probe_artifacts as pa
 from specparity.checkpoints import load_checkpoint
 from specparity.probes.capabilities import EngineSpec
 from specparity.probes.draft_format import LOUD, SILENT, probe_dflash2_format, probe_fp8_scales
-from specparity.probes.verdict import Status
+from specparity.probes.finding import Status
 
 SG19 = EngineSpec.parse("sglang==0.5.19")
 
@@ -172,7 +172,7 @@ def test_llamacpp_refuses_a_dflash_draft_that_reads_the_last_target_layer(tmp_pa
     from specparity.fixtures import fixture_dir
     from specparity.probes.capabilities import EngineSpec
     from specparity.probes.draft_format import LLAMACPP_LAYER_MESSAGE, probe_dflash2_format
-    from specparity.probes.verdict import Status
+    from specparity.probes.finding import Status
 
     target = load_checkpoint(fixture_dir("target"))
     draft = load_checkpoint(fixture_dir("dflash2"))

@@ -18,7 +18,7 @@ from specparity.engines import load_engine
 from specparity.engines.base import EngineOptions
 from specparity.fixtures import fixture_dir
 from specparity.probes import live
-from specparity.probes.verdict import Status
+from specparity.probes.finding import Status
 
 FP8_MAX = 448.0
 QUANTIZED = ("o_proj.weight", "gate_proj.weight", "up_proj.weight", "down_proj.weight")

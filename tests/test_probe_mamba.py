@@ -8,7 +8,7 @@ import probe_artifacts as pa
 from specparity.checkpoints import load_checkpoint
 from specparity.probes.capabilities import EngineSpec, sglang_mamba_sizing
 from specparity.probes.mamba_slots import LaunchFlags, predict_slots, probe_mamba_slots
-from specparity.probes.verdict import Status
+from specparity.probes.finding import Status
 
 SG19 = EngineSpec.parse("sglang==0.5.19")
 

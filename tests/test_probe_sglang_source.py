@@ -27,7 +27,7 @@ from specparity.probes.sglang_source import (
     read_mamba_sizing,
     source_version,
 )
-from specparity.probes.verdict import Status
+from specparity.probes.finding import Status
 
 pytestmark = [pytest.mark.offline, pytest.mark.registry]
 

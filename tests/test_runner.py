@@ -41,7 +41,7 @@ def test_failed_prompt_is_error_and_others_are_kept(tmp_path, hf_options, defaul
     assert klass[prompts[1].id] == "error"
     assert "boom on this prompt" in run.record(prompts[1].id).verdict.reason
     assert all(klass[p.id] in ("exact", "near_tie") for p in prompts if p.id != prompts[1].id)
-    decision = decide(run, config)
+    decision = decide(run)
     assert not decision.passed and any("failed in the engine" in f for f in decision.failures)
     lines = _lines(tmp_path / "results.jsonl")
     assert [x["kind"] for x in lines].count("prompt") == 4
@@ -58,4 +58,4 @@ def test_engine_death_keeps_finished_prompts(tmp_path, hf_options, default_promp
     assert "server went away" in run.records[3].verdict.reason
     written = [x for x in _lines(tmp_path / "results.jsonl") if x["kind"] == "prompt"]
     assert len(written) == 4 and written[0]["verdict"]["class"] in ("exact", "near_tie")
-    assert not decide(run, config).passed
+    assert not decide(run).passed

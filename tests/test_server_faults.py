@@ -187,7 +187,7 @@ def test_spec_server_dies_after_two_requests_subprocess(tmp_path):
         proc, report = gate_subprocess(tmp_path, base, spec)
     out = proc.stdout + proc.stderr
     assert proc.returncode == exitcodes.GATE_FAILED, out[-3000:]
-    assert "specparity lossless gate: FAIL — exact 2, near_tie 0, diverged 0, error 3 (5 prompts)" in out, out[-3000:]
+    assert "specparity lossless gate: FAIL — exact 2, near_tie 0, drifted 0, diverged 0, error 3 (5 prompts)" in out, out[-3000:]
     lines = journal(report)
     written = {x["verdict"]["prompt_id"]: x["verdict"] for x in lines if x["kind"] == "prompt"}
     assert [written[p]["class"] for p in IDS] == ["exact", "exact", "error", "error", "error"]
@@ -380,4 +380,4 @@ def test_real_llama_server_killed_mid_run(tmp_path):
     assert f"2 prompt(s) failed in the engine: {', '.join(IDS[3:])}" in final["failures"]
     summary = (report / "summary.md").read_text()
     assert summary.startswith("# specparity lossless gate: FAIL") and "the spec server process exited (-9)" in summary
-    assert "specparity lossless gate: FAIL — exact 3, near_tie 0, diverged 0, error 2 (5 prompts)" in out
+    assert "specparity lossless gate: FAIL — exact 3, near_tie 0, drifted 0, diverged 0, error 2 (5 prompts)" in out

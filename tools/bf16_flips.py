@@ -26,7 +26,7 @@ def measure(modes: list[str]) -> dict:
     from specparity.engines.hf import HFEngine
     from specparity.fixtures import REPO_ROOT, fixture_dir
     from specparity.prompts import load_prompts
-    from specparity.records import GateConfig
+    from specparity.records import GateConfig, GatePolicy
     from specparity.runner import run_gate
 
     prompts = load_prompts(REPO_ROOT / "prompts" / "near_tie.jsonl").prompts
@@ -40,7 +40,7 @@ def measure(modes: list[str]) -> dict:
         engine = HFEngine(EngineOptions(target=str(fixture_dir("target")), draft=str(fixture_dir("draft")),
                                         spec_mode=mode, dtype="bfloat16"))
         try:
-            run = run_gate(engine, prompts, GateConfig(max_near_tie=1.0))
+            run = run_gate(engine, prompts, GateConfig(policy=GatePolicy(max_near_tie=1.0)))
         finally:
             engine.close()
         out["modes"][mode] = {

@@ -605,23 +605,14 @@ def train_dflash(version: int, target, rows: torch.Tensor, cfg: dict, device: st
 
 
 def load_suite_prompts(tok_hf) -> list[tuple[str, str, list[int], int]]:
+    """(id, category, token ids, max_new_tokens) of the prompt suite, encoded as the engines encode."""
+    from specparity.prompts import encode_prompt, load_prompts
+
     path = REPO / "prompts" / "default.jsonl"
-    out = []
     if not path.exists():
-        return out
-    for i, line in enumerate(path.read_text(encoding="utf-8").splitlines()):
-        if i == 0 or not line.strip():
-            continue
-        o = json.loads(line)
-        if "prompt" in o:
-            ids = tok_hf(o["prompt"], add_special_tokens=False)["input_ids"]
-        else:
-            ids = tok_hf.apply_chat_template(o["messages"], tokenize=True, add_generation_prompt=True,
-                                             return_dict=False)
-            if isinstance(ids, dict):
-                ids = ids["input_ids"]
-        out.append((o["id"], o["category"], list(ids), int(o.get("max_new_tokens", 48))))
-    return out
+        return []
+    return [(p.id, p.category, encode_prompt(tok_hf, p.prompt, p.messages_as_dicts()), p.max_new_tokens or 48)
+            for p in load_prompts(path).prompts]
 
 
 @torch.no_grad()

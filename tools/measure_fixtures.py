@@ -54,20 +54,11 @@ def sizes(root: Path) -> list[tuple[str, int, int]]:
 
 
 def load_prompts(path: Path, tok) -> list[dict]:
-    out = []
-    for i, line in enumerate(path.read_text(encoding="utf-8").splitlines()):
-        if i == 0 or not line.strip():
-            continue
-        o = json.loads(line)
-        if "prompt" in o:
-            ids = tok(o["prompt"], add_special_tokens=False)["input_ids"]
-        else:
-            enc = tok.apply_chat_template(o["messages"], add_generation_prompt=True, return_dict=True)
-            ids = enc["input_ids"]
-        o["ids"] = list(ids)
-        o["max_new"] = int(o.get("max_new_tokens", 48))
-        out.append(o)
-    return out
+    """The suite's prompts with their token ids (``specparity.prompts.encode_prompt``, as the engines encode)."""
+    from specparity.prompts import encode_prompt, load_prompts as load_suite
+
+    return [dict(id=p.id, category=p.category, lang=p.lang, ids=encode_prompt(tok, p.prompt, p.messages_as_dicts()),
+                 max_new=p.max_new_tokens or 48) for p in load_suite(path).prompts]
 
 
 @torch.no_grad()

@@ -5,6 +5,11 @@ object that answers the :class:`~specparity.engines.base.Engine` protocol, so a 
 own decoder with ``--engine mypkg.mod:factory``. A factory may carry an
 :class:`~specparity.engines.base.EngineInfo` (``@engine_factory``): its spec modes, ``--engine-opt``
 keys and dtypes are then checked by :func:`check_options` before anything loads.
+
+Every engine that runs local models (``EngineInfo.local_models``, or no declaration) gets the
+committed fixtures when ``--target`` / ``--draft`` are not given (:func:`fill_model_defaults`), and
+every engine that is not a server (``EngineInfo.server`` false, or no declaration) runs with
+``--threads`` applied to torch before its factory is called (:func:`build_engine`).
 """
 
 from __future__ import annotations
@@ -17,6 +22,8 @@ from pathlib import Path
 from typing import Callable
 
 from specparity.engines.base import Engine, EngineInfo, EngineOptions
+from specparity.engines.common import set_threads
+from specparity.fixtures import FixtureError, fixture_dir
 
 #: Built-in engines: name -> "module:factory", imported lazily (torch is heavy).
 BUILTIN: dict[str, str] = {
@@ -94,7 +101,9 @@ def engine_info(factory: Factory) -> EngineInfo | None:
 
 
 def check_options(factory: Factory, options: EngineOptions, name: str) -> EngineOptions:
-    """Check ``options`` against the factory's declaration; return them with ``extra`` values parsed.
+    """Check ``options`` against the factory's declaration; return them with ``extra`` values parsed
+    and, for engines that run local models, ``target`` / ``draft`` defaulted to the fixtures
+    (:func:`fill_model_defaults`).
 
     Unknown ``--engine-opt`` keys are refused, naming the keys the engine knows: a typo
     (``bugs=`` for ``bug=``) must never run the engine with the option silently ignored.
@@ -106,7 +115,7 @@ def check_options(factory: Factory, options: EngineOptions, name: str) -> Engine
                 f"--engine-opt {', '.join(sorted(options.extra))}: engine {name!r} declares no --engine-opt keys "
                 "(its factory has no @engine_factory(EngineInfo(...)) declaration)"
             )
-        return options
+        return fill_model_defaults(None, options)
     unknown = sorted(set(options.extra) - set(info.options))
     if unknown:
         known = ", ".join(sorted(info.options)) or "none"
@@ -124,14 +133,64 @@ def check_options(factory: Factory, options: EngineOptions, name: str) -> Engine
         raise EngineLoadError(f"{flag}: engine {info.name!r} runs in-process; server options need "
                               "--engine llamacpp, sglang or vllm")
     parsed = {key: info.options[key].check(key, str(value)) for key, value in options.extra.items()}
-    checked = dataclasses.replace(options, extra=parsed)
+    checked = fill_model_defaults(info, dataclasses.replace(options, extra=parsed))
     if info.check is not None:
         info.check(checked)
     return checked
 
 
+def fill_model_defaults(info: EngineInfo | None, options: EngineOptions) -> EngineOptions:
+    """``options`` with ``target`` / ``draft`` defaulted to the committed fixtures, for an engine that
+    runs local models (``info.local_models``, or an undeclared factory); server engines are returned
+    unchanged (their ``--target`` names what the server serves).
+
+    ``target`` defaults to ``fixtures/models/target``. ``draft`` defaults to the fixture draft of the
+    spec mode (``--spec-mode``, else the engine's first declared mode): the DFlash fixture for
+    ``dflash2`` / ``dflash1``, ``fixtures/models/draft`` for anything else — an engine that needs no
+    draft (prompt lookup) ignores it. Without the fixtures (not a checkout) a missing ``--target`` is
+    an error naming the flag; a missing draft fixture leaves ``draft`` None for the engine to decide.
+    """
+    if info is not None and not info.local_models:
+        return options
+    target, draft = options.target, options.draft
+    if target is None:
+        try:
+            target = str(fixture_dir("target"))
+        except FixtureError as exc:
+            raise EngineLoadError(f"--target: not given, and the default fixture is missing: {exc}") from None
+    if draft is None:
+        mode = options.spec_mode or (info.spec_modes[0] if info is not None and info.spec_modes else None)
+        try:
+            draft = str(fixture_dir(default_draft_fixture(mode)))
+        except FixtureError:
+            draft = None
+    if (target, draft) == (options.target, options.draft):
+        return options
+    return dataclasses.replace(options, target=target, draft=draft)
+
+
+def default_draft_fixture(spec_mode: str | None) -> str:
+    """The fixture (``fixtures/models/<name>``) that is the default draft of ``spec_mode``."""
+    from specparity.engines.dflash import SPEC_MODES as DFLASH_MODES  # the one mode -> fixture table (no torch)
+
+    return DFLASH_MODES[spec_mode][1] if spec_mode in DFLASH_MODES else "draft"
+
+
+def apply_threads(info: EngineInfo | None, options: EngineOptions) -> None:
+    """Pin torch's threads to ``--threads`` for an engine that is not a server (``info.server``
+    false, or an undeclared factory). Torch is imported only then, and only when installed: a
+    server engine never pays for it, and a torch-free plugin has no threads to pin."""
+    if (info is not None and info.server) or not options.threads:
+        return
+    if importlib.util.find_spec("torch") is None:
+        return
+    set_threads(options.threads)
+
+
 def build_engine(factory: Factory, options: EngineOptions, spec: str, option: str = "--engine") -> Engine:
-    """Call a resolved factory with checked options and verify the result answers the protocol."""
+    """Call a resolved factory with checked options (``--threads`` applied first, see
+    :func:`apply_threads`) and verify the result answers the protocol."""
+    apply_threads(engine_info(factory), options)
     engine = factory(options)
     missing = [m for m in _REQUIRED if not callable(getattr(engine, m, None))]
     if missing or not isinstance(getattr(engine, "name", None), str):

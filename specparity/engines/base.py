@@ -4,14 +4,36 @@ As in vLLM's test ``conftest.py`` (``HfRunner`` / ``VllmRunner``), every engine 
 transformers, the dflash reference decoder, a server behind HTTP, or a team's own decoder loaded
 with ``--engine mypkg.mod:factory`` — is driven through the same calls, so one comparison serves
 all of them.
+
+Counter contract
+----------------
+A speculative result reports one :class:`~specparity.types.StepRecord` per **verify step**: one
+target forward pass of the loop that produced output tokens. The prompt's prefill is a step only
+when it also verifies draft tokens (transformers' assisted generation fuses the two); a plain
+prefill whose token exists before any draft (dflash, SGLang, vLLM, llama.cpp) is not a step, and
+its token is not counted as emitted. For each step:
+
+* ``proposed`` — draft tokens the target verified in this pass (after any narrowing to fit
+  ``max_new_tokens``); 0 for a pass with no draft (e.g. prompt lookup found no match);
+* ``accepted`` — how many leading draft tokens made it into the output (``<= proposed``);
+* ``emitted`` — tokens this step appended to the output: the accepted drafts plus the target's own
+  correction or bonus token, minus anything cut;
+* ``cut`` — ``"stop"`` when an accepted draft token was a stop token and the rest of the block was
+  dropped; ``"limit"`` when ``max_new_tokens`` shaped the block: the step ended exactly at the limit
+  after its tokens were truncated, or after a proposal narrowed to fit the limit was fully
+  accepted. A proposal narrowed by the limit whose draft was then rejected was not cut.
+
+Build records with :func:`step_record` from what was proposed and what was emitted; every count in a
+report (acceptance rate, :func:`~specparity.types.accept_length`, path coverage) derives from these
+fields, so engines that follow the contract are counted alike.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Literal, Mapping, Protocol, Sequence, TypeVar, runtime_checkable
+from typing import Any, Callable, Iterable, Literal, Mapping, Protocol, Sequence, TypeVar, runtime_checkable
 
-from specparity.types import Fingerprint, GenerationRequest, GenerationResult, TokenScores
+from specparity.types import Fingerprint, GenerationRequest, GenerationResult, StepRecord, TokenScores
 
 
 @dataclass
@@ -122,6 +144,46 @@ class EngineInfo:
     server: bool = False
 
 
+def step_record(
+    proposed_ids: Sequence[int],
+    emitted_ids: Sequence[int],
+    *,
+    nominal_width: int,
+    budget_before: int,
+    stop_ids: Iterable[int],
+) -> StepRecord:
+    """The :class:`~specparity.types.StepRecord` of one verify step, per the counter contract above.
+
+    ``proposed_ids``: the draft tokens verified; ``emitted_ids``: the tokens the step appended;
+    ``nominal_width``: the draft width the loop proposes when the limit does not interfere;
+    ``budget_before``: output tokens still allowed before the step (``max_new_tokens`` minus the
+    tokens already emitted); ``stop_ids``: the tokens that end generation.
+
+    ``accepted`` is the length of the common prefix of the two lists: in a correct loop the token
+    after the accepted drafts is the target's own and differs from the draft there. When every
+    emitted token is an accepted draft, the block was truncated: by a stop token if the last one is
+    a stop, else by the limit (only if the step ends exactly at it — a loop that drops tokens for no
+    reason has no cut to claim).
+    """
+    stops = set(stop_ids)
+    proposed, emitted = list(proposed_ids), list(emitted_ids)
+    accepted = 0
+    for p, e in zip(proposed, emitted):
+        if p != e:
+            break
+        accepted += 1
+    at_limit = len(emitted) == budget_before
+    cut: Literal["limit", "stop"] | None = None
+    if emitted and accepted == len(emitted):  # truncated: no correction/bonus token made it
+        if emitted[-1] in stops:
+            cut = "stop"
+        elif at_limit:
+            cut = "limit"
+    elif at_limit and proposed and accepted == len(proposed) < nominal_width and emitted[-1] not in stops:
+        cut = "limit"  # narrowed to fit the limit, fully accepted, and the bonus filled it
+    return StepRecord(len(proposed), accepted, len(emitted), cut)
+
+
 F = TypeVar("F", bound=Callable[..., Any])
 
 
@@ -198,15 +260,40 @@ class Engine(Protocol):
     def generate(self, requests: Sequence[GenerationRequest], *, speculative: bool) -> list[GenerationResult]:
         """Decode each request greedily; return one result per request, in order.
 
-        A request that fails returns ``GenerationResult.failed`` rather than raising, so a batch
-        never loses the results that did finish.
+        ``output_ids`` holds the new tokens only. ``finish_reason`` is ``"stop"`` exactly when the
+        last token is a stop token (``request.stop_token_ids``, else :meth:`stop_token_ids`), which
+        is kept in the output and never followed by another token; ``"length"`` exactly when
+        ``max_new_tokens`` tokens were emitted without a stop. :func:`specparity.compare.compare`
+        enforces this: a speculative stream that breaks it (a short ``"length"``, a token past a
+        stop or past the limit) is ``diverged`` even when its tokens match, and a finish reason that
+        differs from the baseline's is ``diverged`` too.
+
+        ``scores`` has one row per output token, the row that chose it (for a speculative run: from
+        the verify pass): ``logprobs[i]`` is the *exact* float32 log-softmax of ``output_ids[i]``,
+        also when that token is outside the top-k; ``top_ids[i]`` / ``top_logprobs[i]`` are at
+        least ``request.top_k`` alternatives sorted by descending logprob. Only a row the engine
+        cannot report may be left out: ``logprobs[i]`` and ``top_logprobs[i]`` NaN, ``top_ids[i]``
+        -1. The noise measurement skips it, and a baseline divergence there is judged on the
+        teacher-forced row from :meth:`score`, or is ``diverged`` when there is none: an unreported
+        margin is never taken for a near tie.
+
+        ``spec`` carries the counters of the counter contract above (build them with
+        :func:`step_record`), or ``SpecStats.unavailable(why)``. A request that fails returns
+        ``GenerationResult.failed`` rather than raising, so a batch never loses the results that
+        did finish.
         """
 
     def score(self, prompt_ids: Sequence[int], continuation_ids: Sequence[int], top_k: int) -> TokenScores:
-        """Teacher-forced: the target's top-k logprobs at every position of ``continuation_ids``.
+        """Teacher-forced: the target's logprobs at every position of ``continuation_ids``.
 
         Row i describes the distribution that predicts ``continuation_ids[i]`` given the prompt and
-        ``continuation_ids[:i]``, computed in one pass.
+        ``continuation_ids[:i]``, computed in one pass, with the same row contract as
+        ``GenerationResult.scores``: the exact logprob of ``continuation_ids[i]`` (also outside the
+        top-k) and at least ``top_k`` alternatives by descending logprob. These rows decide whether
+        every speculative token after a near-tie flip is still the target's argmax. An engine that
+        cannot get a token's exact logprob (a server returning only its top-k) sets
+        ``token_ids[i] = -1`` and ``logprobs[i] = NaN``: the token then counts as outside the
+        top-k, never as the argmax.
         """
 
     def fingerprint(self) -> Fingerprint:

@@ -28,8 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
-from specparity.coverage import classify_step
-from specparity.engines.base import EngineInfo, EngineOptions, engine_factory
+from specparity.engines.base import EngineInfo, EngineOptions, engine_factory, step_record
 from specparity.engines.common import torch_dtype
 from specparity.engines.hf import HF_OPTIONS
 from specparity.engines.inprocess import InProcessEngine, LoopOutput, TorchTarget, dir_artifact
@@ -157,7 +156,7 @@ def steps_from_calls(
         produced.append(k)
         rows.extend(c.logits[i] for i in range(k))
         steps.append(
-            classify_step(
+            step_record(
                 c.input_ids[1:],
                 full_ids[start + 1 : start + 1 + k],
                 nominal_width=block_size - 1,

@@ -12,8 +12,7 @@ from __future__ import annotations
 from contextlib import contextmanager
 from typing import Any, Iterator, Sequence
 
-from specparity.coverage import classify_step
-from specparity.engines.base import EngineInfo, EngineOptions, OptionSpec, engine_factory, parse_int_list
+from specparity.engines.base import EngineInfo, EngineOptions, OptionSpec, engine_factory, parse_int_list, step_record
 from specparity.engines.common import torch_dtype
 from specparity.engines.inprocess import InProcessEngine, LoopOutput, TorchTarget, dir_artifact
 from specparity.fixtures import fixture_dir
@@ -54,7 +53,7 @@ class RecordingCandidateGenerator:
     def update_candidate_strategy(self, input_ids, scores, num_matches):
         emitted = input_ids[0, self._cur_len :].tolist()
         self.steps.append(
-            classify_step(
+            step_record(
                 self._proposed,
                 emitted,
                 nominal_width=self._nominal,

@@ -8,9 +8,8 @@ into the engine protocol, so the built-in engines (``hf``: transformers' assiste
 ``dflash``: the DFlash reference decoder), the deliberately broken loops in ``tests/`` and a team's
 own decoder are written the same way::
 
-    from specparity.engines.base import EngineInfo, EngineOptions, engine_factory
+    from specparity.engines.base import EngineInfo, EngineOptions, engine_factory, step_record
     from specparity.engines.inprocess import InProcessEngine, LoopOutput, TorchTarget
-    from specparity.coverage import classify_step
 
     class MyLoop:
         name = "mine"
@@ -24,7 +23,9 @@ own decoder are written the same way::
 
 A loop returns the new tokens, one logits row per token (the row that chose it, as the verify pass
 computed it) and one :class:`~specparity.types.StepRecord` per verify step (build them with
-:func:`specparity.coverage.classify_step` from what was proposed and what was emitted).
+:func:`specparity.engines.base.step_record` from what was proposed and what was emitted).
+Loaded with ``--engine``, the factory gets ``options.target`` / ``options.draft`` already defaulted to
+the fixtures and torch already pinned to ``--threads`` (:mod:`specparity.engines`).
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from specparity.engines.common import (
     torch_dtype,
 )
 from specparity.fixtures import fixture_dir
+from specparity.prompts import encode_prompt
 from specparity.types import (
     ArtifactId,
     Fingerprint,
@@ -128,11 +130,7 @@ class TorchTarget:
 
     # ------------------------------------------------------------------ tokenizer side
     def encode_prompt(self, prompt: str | None, messages: list[dict[str, str]] | None) -> list[int]:
-        if messages is not None:
-            out = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-            ids = out["input_ids"] if isinstance(out, dict) or hasattr(out, "keys") else out
-            return list(ids)
-        return list(self.tokenizer.encode(prompt or "", add_special_tokens=False))
+        return encode_prompt(self.tokenizer, prompt, messages)
 
     def decode(self, token_ids: Sequence[int]) -> str:
         return self.tokenizer.decode(list(token_ids), skip_special_tokens=False)

@@ -28,6 +28,7 @@ from specparity.engines.common import dir_sha256, model_kind
 from specparity.engines.http import Endpoint, Fleet, ServerError, check_url
 from specparity.engines.launch import ServerProcess
 from specparity.engines.presets import presets_for
+from specparity.prompts import encode_prompt
 from specparity.types import (
     ArtifactId,
     Fingerprint,
@@ -63,10 +64,7 @@ class HFTokenizer:
         return tuple(ids)
 
     def encode_prompt(self, prompt: str | None, messages: list[dict[str, str]] | None) -> list[int]:
-        if messages is not None:
-            out = self.tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-            return list(out["input_ids"] if hasattr(out, "keys") else out)
-        return list(self.tok.encode(prompt or "", add_special_tokens=False))
+        return encode_prompt(self.tok, prompt, messages)
 
     def decode(self, ids: Sequence[int]) -> str:
         return self.tok.decode(list(ids), skip_special_tokens=False)

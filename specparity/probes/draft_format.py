@@ -24,7 +24,7 @@ from specparity.checkpoints import (
     module_of,
 )
 from specparity.probes.capabilities import FP8_SUPPORT, HEAD_ABSENT, EngineSpec, dflash2_loading_sources, selector_rule
-from specparity.probes.verdict import Verdict, fail, ok, unknown
+from specparity.probes.finding import Finding, fail, ok, unknown
 
 FP8_PROBE = "draft-fp8-scales"
 DFLASH2_PROBE = "dflash2-format"
@@ -170,7 +170,7 @@ def _finding(weight: TensorInfo, stored: ScaleLayout, want: ScaleLayout | None, 
     return None
 
 
-def probe_fp8_scales(draft: Checkpoint | None, engine: EngineSpec) -> Verdict:
+def probe_fp8_scales(draft: Checkpoint | None, engine: EngineSpec) -> Finding:
     """Stored FP8 scale layout vs the config's declaration vs what the engine loads."""
     if draft is None:
         return unknown(FP8_PROBE, "no draft given")
@@ -280,7 +280,7 @@ LLAMACPP_FINAL_LAYER_ARCHS = ("Deepseek", "NemotronH", "MiMo")
 LLAMACPP_LAYER_MESSAGE = 'GGML_ASSERT(t_layer_inp[il] != nullptr && "layer input tensor is null") failed'
 
 
-def llamacpp_feature_layers(draft: Checkpoint, target: Checkpoint | None) -> Verdict | None:
+def llamacpp_feature_layers(draft: Checkpoint, target: Checkpoint | None) -> Finding | None:
     """llama.cpp reads a DFlash draft's features as layer *inputs*: its converter writes
     ``target_layer_ids + 1`` (``conversion/qwen.py:800``) and the Qwen3 / Qwen3.5 / Llama graphs set
     ``t_layer_inp[il]`` only for ``il < n_layer`` (``src/models/qwen3.cpp:72``, ``qwen35.cpp:160``,
@@ -309,7 +309,7 @@ def llamacpp_feature_layers(draft: Checkpoint, target: Checkpoint | None) -> Ver
                 "SGLang / the reference dflash decoder (both read the last layer)")
 
 
-def probe_dflash2_format(draft: Checkpoint | None, engine: EngineSpec, target: Checkpoint | None = None) -> Verdict:
+def probe_dflash2_format(draft: Checkpoint | None, engine: EngineSpec, target: Checkpoint | None = None) -> Finding:
     """Will this draft run as DFlash2 (architecture + the four keys + conv/selector tensors)?"""
     if draft is None:
         return unknown(DFLASH2_PROBE, "no draft given")

@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from specparity.engines.base import Engine
-from specparity.types import Fingerprint, GenerationRequest, GenerationResult
-from specparity.probes.verdict import Verdict, fail, ok, unknown, warn
+from specparity.types import Fingerprint, GenerationRequest, GenerationResult, accept_length
+from specparity.probes.finding import Finding, fail, ok, unknown, warn
 
 FIRST_DECODE = "first-decode"
 ACCEPTANCE = "acceptance-floor"
@@ -61,7 +61,7 @@ def _errors(results: Sequence[GenerationResult]) -> list[str]:
     return [f"{r.request_id}: {r.error}" for r in results if r.error or r.finish_reason == "error"]
 
 
-def first_decode(engine: Engine, *, max_new_tokens: int = 8) -> Verdict:
+def first_decode(engine: Engine, *, max_new_tokens: int = 8) -> Finding:
     """One real speculative decode right after start-up (SGLang fails here, not at /health)."""
     req = _requests(engine, PROMPTS[:1], max_new_tokens, "first-decode")
     try:
@@ -104,15 +104,10 @@ def save_recorded(path: str | os.PathLike[str], fp: Fingerprint, value: float) -
 
 
 def mean_accept_length(results: Sequence[GenerationResult]) -> tuple[float | None, int]:
-    """Emitted tokens per verify step over all results (weighted by verify steps), and the step count."""
-    steps = emitted = 0.0
-    for r in results:
-        mal = r.spec.mean_accept_length
-        if mal is None:
-            continue
-        steps += r.spec.verify_steps
-        emitted += mal * r.spec.verify_steps
-    return (emitted / steps if steps else None), int(steps)
+    """:func:`~specparity.types.accept_length` over all results that report counters, and the step count."""
+    reported = [r.spec for r in results if r.spec.available and r.spec.verify_steps]
+    steps = sum(s.verify_steps for s in reported)
+    return accept_length(sum(s.emitted for s in reported), steps), steps
 
 
 def acceptance_floor(
@@ -123,7 +118,7 @@ def acceptance_floor(
     floor: float = DEFAULT_FLOOR,
     recorded: float | None = None,
     relative: float = DEFAULT_RELATIVE,
-) -> Verdict:
+) -> Finding:
     """Fail as "draft silently rejected" when mean accept length drops below the floor.
 
     The floor is ``floor`` and, when an accept length was recorded for this configuration,
@@ -189,7 +184,7 @@ def _shared_prefix_requests(engine: Engine, n: int, prefix_tokens: int, max_new_
 
 def mamba_stress(
     engine: Engine, *, requests: int = 8, prefix_tokens: int = 512, max_new_tokens: int = 16
-) -> Verdict:
+) -> Finding:
     """More concurrent shared-prefix requests than state slots: healthy, finished, unchanged.
 
     The baseline is each request decoded alone before the burst; the burst sends all of them in

@@ -27,7 +27,7 @@ from specparity.probes.capabilities import (
     EngineSpec,
     selector_rule,
 )
-from specparity.probes.verdict import Verdict, fail, ok, unknown, warn
+from specparity.probes.finding import Finding, fail, ok, unknown, warn
 
 PROBE = "lm-head"
 DFLASH2_ARCH = "DFlash2DraftModel"
@@ -143,7 +143,7 @@ def _config_note(target: Checkpoint, head: HeadInfo) -> list[str]:
     return note
 
 
-def probe_lm_head(target: Checkpoint, draft: Checkpoint | None, engine: EngineSpec) -> Verdict:
+def probe_lm_head(target: Checkpoint, draft: Checkpoint | None, engine: EngineSpec) -> Finding:
     """Predict whether the target head works under this engine's DFlash2 selector."""
     head = find_head(target)
     uses, why = draft_uses_selector(draft)

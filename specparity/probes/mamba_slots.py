@@ -24,7 +24,7 @@ from specparity.probes.capabilities import (
     sglang_mamba_sizing,
 )
 from specparity.probes.sglang_source import FoundSource, analyze_mamba_exhaustion, read_mamba_sizing, short_version
-from specparity.probes.verdict import Verdict, fail, ok, unknown, warn
+from specparity.probes.finding import Finding, fail, ok, unknown, warn
 
 SLOTS_PROBE = "mamba-slots"
 SOURCE_PROBE = "mamba-exhaustion"
@@ -152,7 +152,7 @@ def probe_mamba_slots(
     flags: LaunchFlags,
     source: FoundSource | None = None,
     env: Mapping[str, str] | None = None,
-) -> Verdict:
+) -> Finding:
     """Layer-kind consistency, slots per request and the ``max_running_requests`` cap."""
     hybrid, evidence, problems = linear_layer_report(target)
     if not hybrid:
@@ -199,7 +199,7 @@ def probe_mamba_slots(
 
 def probe_mamba_exhaustion(
     target: Checkpoint, engine: EngineSpec, flags: LaunchFlags, source: FoundSource | None
-) -> Verdict:
+) -> Finding:
     """Does the SGLang that will run survive an empty mamba pool during prefix donation?"""
     hybrid, evidence, _ = linear_layer_report(target)
     if not hybrid:

@@ -1,7 +1,8 @@
 """The lossless gate: every prompt greedily with and without speculation, token by token.
 
-``test_lossless[<prompt id>]`` fails for a ``diverged`` or ``error`` prompt (and for a
-``near_tie`` one under ``--bit-exact``), with the reason and where to look.
+``test_lossless[<prompt id>]`` fails for a ``diverged``, ``drifted`` (unless ``--drift-policy
+warn``) or ``error`` prompt (and for a ``near_tie`` one under ``--bit-exact``), with the reason
+and where to look.
 ``test_gate_policy`` applies the run-level rules: the near-tie budget, "speculation inactive",
 path coverage and prompts that never finished.
 """
@@ -20,8 +21,12 @@ def test_lossless(lossless_prompt, gate_session):
         pytest.fail(f"{lossless_prompt.id}: never finished ({gate_session.run.fatal or 'run stopped early'})", pytrace=False)
     if v.klass in ("diverged", "error"):
         pytest.fail(f"{lossless_prompt.id} [{v.klass}]: {v.reason}", pytrace=False)
+    if v.klass == "drifted":
+        if gate_session.run.config.policy.drift == "fail":
+            pytest.fail(f"{lossless_prompt.id} [drifted]: {v.reason}", pytrace=False)
+        warnings.warn(f"{lossless_prompt.id} drifted: {v.reason}", stacklevel=1)
     if v.klass == "near_tie":
-        if gate_session.run.config.strict:
+        if gate_session.run.config.policy.bit_exact:
             pytest.fail(f"{lossless_prompt.id} [near_tie under --bit-exact]: {v.reason}", pytrace=False)
         warnings.warn(f"{lossless_prompt.id} near-tie flip: {v.reason}", stacklevel=1)
 

@@ -47,7 +47,7 @@ def pytest_configure(config: pytest.Config) -> None:
 @pytest.fixture(scope="session")
 def probe_ctx(pytestconfig: pytest.Config):
     """The parsed target/draft/engine; bad input fails every probe with one line, no traceback."""
-    from specparity.probes.runner import DEFAULT_WHEEL_CACHE, ProbeInputs, prepare
+    from specparity.probes.inputs import DEFAULT_WHEEL_CACHE, ProbeInputs, prepare
 
     target, engine = _opt(pytestconfig, "target"), _opt(pytestconfig, "probe_engine")
     if not target or not engine:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from specparity.probes import live
-from specparity.probes.runner import STATIC_PROBES
+from specparity.probes.inputs import STATIC_PROBES
 from specparity.pytest_options import check_verdict
 
 

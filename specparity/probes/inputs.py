@@ -17,7 +17,7 @@ from specparity.checkpoints import Checkpoint, load_checkpoint
 from specparity.probes import draft_format, lm_head, mamba_slots
 from specparity.probes.capabilities import EngineSpec, unread_version_note
 from specparity.probes.sglang_source import FoundSource, find_source, open_source
-from specparity.probes.verdict import Status, Verdict
+from specparity.probes.finding import Status, Finding
 
 #: Cached sglang-<version>-*.whl files (outside the checkout).
 DEFAULT_WHEEL_CACHE = str(wheel_cache_dir())
@@ -71,19 +71,19 @@ def _mamba_source(ctx: ProbeContext) -> FoundSource | None:
     return ctx.source if hybrid else None
 
 
-def cap_unread(verdict: Verdict, engine: EngineSpec) -> Verdict:
+def cap_unread(verdict: Finding, engine: EngineSpec) -> Finding:
     """An ``ok`` for an engine version whose source was never read becomes ``warn``, saying so:
     "0.5.99 was not read; rule taken from 0.5.23" is a prediction, not a pass."""
     note = unread_version_note(engine)
     if note is None or verdict.status is not Status.OK or verdict.engine_independent:
         return verdict
-    return Verdict(verdict.probe, Status.WARN, f"{verdict.summary} [unverified for {engine}]",
+    return Finding(verdict.probe, Status.WARN, f"{verdict.summary} [unverified for {engine}]",
                    [*verdict.evidence, note], action=verdict.action or f"read {engine}'s own source to confirm "
                    "(specparity probe --sglang-source WHEEL_OR_TREE) or run the live probes against it",
                    message=verdict.message, live_only=verdict.live_only)
 
 
-_PROBES: dict[str, Callable[[ProbeContext], Verdict]] = {
+_PROBES: dict[str, Callable[[ProbeContext], Finding]] = {
     lm_head.PROBE: lambda c: lm_head.probe_lm_head(c.target, c.draft, c.engine),
     draft_format.FP8_PROBE: lambda c: draft_format.probe_fp8_scales(c.draft, c.engine),
     draft_format.DFLASH2_PROBE: lambda c: draft_format.probe_dflash2_format(c.draft, c.engine, c.target),
@@ -91,10 +91,10 @@ _PROBES: dict[str, Callable[[ProbeContext], Verdict]] = {
     mamba_slots.SOURCE_PROBE: lambda c: mamba_slots.probe_mamba_exhaustion(c.target, c.engine, c.flags, _mamba_source(c)),
 }
 #: Every static probe, each capped by :func:`cap_unread`.
-STATIC_PROBES: dict[str, Callable[[ProbeContext], Verdict]] = {
+STATIC_PROBES: dict[str, Callable[[ProbeContext], Finding]] = {
     name: (lambda c, fn=fn: cap_unread(fn(c), c.engine)) for name, fn in _PROBES.items()
 }
 
 
-def run_static(ctx: ProbeContext, only: list[str] | None = None) -> list[Verdict]:
+def run_static(ctx: ProbeContext, only: list[str] | None = None) -> list[Finding]:
     return [probe(ctx) for name, probe in STATIC_PROBES.items() if only is None or name in only]

@@ -1,4 +1,5 @@
-"""The one result type every probe returns, static or live.
+"""The one result type every probe returns, static or live: a :class:`Finding` (the gate's per-prompt
+result is :class:`specparity.compare.Verdict`; a probe finds facts about a deploy, it judges no tokens).
 
 A probe answers a deploy question ("will this draft be silently rejected?") with a status, the
 facts that led to it (tensor names and shapes, config keys, engine source lines) and what to do.
@@ -21,7 +22,7 @@ class Status(str, Enum):
 
 
 @dataclass
-class Verdict:
+class Finding:
     """One probe's answer.
 
     ``message`` is the engine's own error text when the failure is one the engine reports
@@ -69,23 +70,23 @@ class Verdict:
         }
 
 
-def ok(probe: str, summary: str, evidence: list[str] | None = None, **kw: Any) -> Verdict:
-    return Verdict(probe, Status.OK, summary, evidence or [], **kw)
+def ok(probe: str, summary: str, evidence: list[str] | None = None, **kw: Any) -> Finding:
+    return Finding(probe, Status.OK, summary, evidence or [], **kw)
 
 
-def warn(probe: str, summary: str, evidence: list[str] | None = None, **kw: Any) -> Verdict:
-    return Verdict(probe, Status.WARN, summary, evidence or [], **kw)
+def warn(probe: str, summary: str, evidence: list[str] | None = None, **kw: Any) -> Finding:
+    return Finding(probe, Status.WARN, summary, evidence or [], **kw)
 
 
-def fail(probe: str, summary: str, evidence: list[str] | None = None, **kw: Any) -> Verdict:
-    return Verdict(probe, Status.FAIL, summary, evidence or [], **kw)
+def fail(probe: str, summary: str, evidence: list[str] | None = None, **kw: Any) -> Finding:
+    return Finding(probe, Status.FAIL, summary, evidence or [], **kw)
 
 
-def unknown(probe: str, summary: str, evidence: list[str] | None = None, **kw: Any) -> Verdict:
-    return Verdict(probe, Status.UNKNOWN, summary, evidence or [], **kw)
+def unknown(probe: str, summary: str, evidence: list[str] | None = None, **kw: Any) -> Finding:
+    return Finding(probe, Status.UNKNOWN, summary, evidence or [], **kw)
 
 
-def worst(verdicts: list[Verdict]) -> Status:
+def worst(verdicts: list[Finding]) -> Status:
     """The status that decides an exit code: fail > warn > unknown > ok."""
     order = [Status.FAIL, Status.WARN, Status.UNKNOWN, Status.OK]
     present = {v.status for v in verdicts}

@@ -11,26 +11,26 @@ import json
 import shutil
 from typing import Sequence, TextIO
 
-from specparity.probes.verdict import Status, Verdict
+from specparity.probes.finding import Status, Finding
 
 _STYLE = {Status.OK: "green", Status.WARN: "yellow", Status.FAIL: "bold red", Status.UNKNOWN: "cyan"}
 
 
-def _verdict_cell(v: Verdict) -> str:
+def _verdict_cell(v: Finding) -> str:
     text = f"{v.status.value.upper()}: {v.summary}"
     if v.message:
         text += f"\nengine says: {v.message}"
     return text
 
 
-def _action_cell(v: Verdict) -> str:
+def _action_cell(v: Finding) -> str:
     parts = [v.action] if v.action else []
     if v.live_only:
         parts.append(f"live only: {v.live_only}")
     return "\n".join(parts) or "-"
 
 
-def render_table(verdicts: Sequence[Verdict], *, color: bool = False, width: int | None = None) -> str:
+def render_table(verdicts: Sequence[Finding], *, color: bool = False, width: int | None = None) -> str:
     """The table as a string; ``color`` only when writing to a terminal."""
     try:
         from rich import box
@@ -58,16 +58,16 @@ def render_table(verdicts: Sequence[Verdict], *, color: bool = False, width: int
     return buf.getvalue()
 
 
-def render_plain(verdicts: Sequence[Verdict]) -> str:
+def render_plain(verdicts: Sequence[Finding]) -> str:
     """A dependency-free fallback: one block per probe."""
     return "\n\n".join(v.render() for v in verdicts) + "\n"
 
 
-def render_json(verdicts: Sequence[Verdict]) -> str:
+def render_json(verdicts: Sequence[Finding]) -> str:
     return json.dumps([v.to_json() for v in verdicts], indent=2) + "\n"
 
 
-def print_report(verdicts: Sequence[Verdict], out: TextIO, fmt: str = "table") -> None:
+def print_report(verdicts: Sequence[Finding], out: TextIO, fmt: str = "table") -> None:
     if fmt == "json":
         out.write(render_json(verdicts))
         return

@@ -1,0 +1,143 @@
+"""The gate's calibration cannot be disarmed: a wrong scorer is refused, a measured threshold has a
+ceiling, latent drift has its own bound, and the selection does not move the threshold."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from broken_loops import LoopEngine
+from fault_engines import RescoredEngine
+from specparity import exitcodes
+from specparity.calibration import Sample, check_scorer
+from specparity.compare import measure_drift
+from specparity.engines.hf import HFEngine
+from specparity.fixtures import REPO_ROOT
+from specparity.gate import decide
+from specparity.noise import CalibrationError, NoiseStats, derive_threshold
+from specparity.records import GateConfig
+from specparity.runner import run_gate
+from specparity.types import TokenScores
+
+PROMPTS = ("math-en-004", "logic-en-003", "code-en-003", "repeat-en-003")
+
+
+@pytest.fixture(scope="module")
+def prompts(default_prompts):
+    return [p for p in default_prompts if p.id in PROMPTS]
+
+
+def _gate(engine, prompts, **cfg):
+    try:
+        run = run_gate(engine, prompts, GateConfig(max_new_tokens=24, **cfg))
+    finally:
+        engine.close()
+    return run, decide(run)
+
+
+@pytest.mark.parametrize("bug", [None, "short_crop"])
+def test_shifted_scorer_is_refused(hf_options, prompts, bug):
+    """On a correct loop and on a broken one, a scorer one position late judges nothing."""
+    run, decision = _gate(RescoredEngine(LoopEngine(hf_options, bug), shift=1), prompts)
+    assert run.calibration_error and "teacher-forced scorer refused" in run.calibration_error
+    assert "shifted by one position" in run.calibration_error, run.calibration_error
+    assert run.threshold is None and all(r.spec is None for r in run.records)
+    assert all(r.verdict.klass == "error" and "not judged" in r.verdict.reason for r in run.records)
+    assert not decision.passed and decision.exit_code == exitcodes.ENGINE_ERROR
+    assert any("could not be calibrated" in f for f in decision.failures)
+
+
+def test_the_same_run_with_the_engines_scorer_passes(hf_options, prompts):
+    run, decision = _gate(LoopEngine(hf_options, None), prompts)
+    assert decision.passed, decision.failures
+    assert run.scorer_check["passed"] and run.scorer_check["clear_positions"] > 50
+
+
+def test_measured_threshold_above_the_ceiling_fails_loudly(hf_options, prompts):
+    run, decision = _gate(RescoredEngine(HFEngine(hf_options), noise=0.05), prompts, near_tie_ceiling=0.05)
+    assert run.calibration_error and "exceeds the ceiling 0.05 nats" in run.calibration_error
+    assert "--near-tie-ceiling" in run.calibration_error
+    assert decision.exit_code == exitcodes.ENGINE_ERROR
+    # raised on purpose, the same noisy scorer is accepted and the run is judged with its threshold
+    run, decision = _gate(RescoredEngine(HFEngine(hf_options), noise=0.05), prompts, near_tie_ceiling=5.0)
+    assert run.calibration_error is None and run.threshold.nats > 0.05
+    assert decision.passed, decision.failures
+
+
+def _rows(tokens, margins, k=5, top_lp=-0.1):
+    """Rows whose argmax is ``tokens[i]`` with the runner-up ``margins[i]`` nats below."""
+    n = len(tokens)
+    top_ids = np.array([[t] + [(t + j) % 50 for j in range(1, k)] for t in tokens])
+    lp = np.array([[top_lp, top_lp - m] + [top_lp - m - j for j in range(1, k - 1)] for m in margins], np.float32)
+    return TokenScores(np.array(tokens), lp[:, 0].copy(), top_ids, lp)
+
+
+def test_check_scorer_names_the_evidence():
+    tokens = [3, 7, 9, 11, 13, 17]
+    decoded = _rows(tokens, [5.0] * 6)
+    good = check_scorer([Sample("p", tokens, decoded, _rows(tokens, [4.9] * 6))], clear_nats=2.0)
+    assert good.passed and good.clear_positions == 6
+    shifted = _rows(tokens[1:] + [19], [5.0] * 6)  # row i is the distribution of position i + 1
+    shifted.token_ids = np.array(tokens)
+    bad = check_scorer([Sample("p", tokens, decoded, shifted)], clear_nats=2.0)
+    assert not bad.passed and bad.disagreements == 6 and bad.shifted_later == 5
+    assert "shifted by one position" in bad.evidence() and "p position 0" in bad.evidence()
+    wrong = check_scorer([Sample("p", tokens, decoded, _rows([t + 1 for t in tokens], [5.0] * 6))], clear_nats=2.0)
+    assert wrong.wrong_ids == 6 and "token other than the baseline's" in wrong.evidence()
+    # positions whose decode margin is within the noise prove nothing either way
+    ties = check_scorer([Sample("p", tokens, _rows(tokens, [0.1] * 6), shifted)], clear_nats=2.0)
+    assert ties.passed and ties.clear_positions == 0
+
+
+def test_ceiling_and_drift_bound():
+    noise = NoiseStats(max_abs_delta=2.0, p99_abs_delta=1.0, positions=10, pairs=40)
+    with pytest.raises(CalibrationError, match="exceeds the ceiling 2 nats"):
+        derive_threshold(noise)
+    assert derive_threshold(noise, ceiling=4.0).nats == pytest.approx(3.0)
+    # an explicit threshold is on purpose: no ceiling; the drift bound still comes from the noise
+    t = derive_threshold(noise, override=0.5)
+    assert t.nats == 0.5 and t.drift_nats == pytest.approx(8.0)
+
+
+def test_measure_drift_finds_where_it_starts():
+    tokens = [3, 7, 9, 11, 13, 17]
+    base = _rows(tokens, [5.0] * 6)
+    spec = _rows(tokens, [5.0, 5.0, 5.0 + 1e-6, 4.0, 3.0, 5.0])
+    d = measure_drift(base, spec, upto=6, bound=0.01)
+    assert (d.start, d.over, d.checked) == (3, 2, 6) and d.max_nats == pytest.approx(2.0)
+    assert measure_drift(base, spec, upto=3, bound=0.01).start is None  # only before the split
+    unreported = _rows(tokens, [5.0] * 6)
+    unreported.logprobs[:] = np.nan
+    d = measure_drift(base, unreported, upto=6, bound=0.01)
+    assert d.checked == 0 and d.max_nats is None and d.start is None
+
+
+def _threshold(report):
+    lines = [json.loads(x) for x in (report / "results.jsonl").read_text().splitlines()]
+    return next(x for x in lines if x["kind"] == "threshold")
+
+
+def _pytest(tmp_path, name, *args):
+    report = tmp_path / name
+    cmd = [sys.executable, "-m", "pytest", "suites/lossless", "-q", "-p", "no:cacheprovider", "--engine", "hf",
+           "--max-new-tokens", "6", "--report", str(report), *args]
+    proc = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    return _threshold(report)
+
+
+def test_selection_leaves_the_threshold_unchanged(tmp_path):
+    full = _pytest(tmp_path, "full")
+    picked = _pytest(tmp_path, "k", "-k", "math-en-004 or repeat-en-003")
+    category = _pytest(tmp_path, "cat", "--categories", "code")
+    assert picked["nats"] == full["nats"] == category["nats"]
+    assert picked["noise"] == full["noise"] == category["noise"]
+    assert "every prompt of the prompt files" in picked["description"]
+    assert "run only for calibration" in picked["calibration"]
+    selected = _pytest(tmp_path, "sel", "-k", "math-en-004 or repeat-en-003", "--calibration", "selected")
+    assert "depends on which prompts were selected" in selected["calibration"]
+    assert selected["noise"]["positions"] < full["noise"]["positions"]
