@@ -50,6 +50,7 @@ def _run_probe(args: argparse.Namespace) -> int:
                                                   relative=args.accept_relative))
             if args.stress_requests:
                 verdicts.append(live.mamba_stress(engine, requests=args.stress_requests))
+            verdicts.append(live.self_draft(engine))
         finally:
             engine.close()
     print_report(verdicts, sys.stdout, args.format)

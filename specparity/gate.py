@@ -6,8 +6,11 @@ Policy (README "What each class means"), from :class:`~specparity.records.GatePo
   ``warn``;
 * a gate that could not be calibrated (scorer refused, threshold above its ceiling) fails with
   the engine-error exit code: nothing was judged;
-* ``near_tie`` prompts are allowed up to ``max_near_tie`` (a fraction of prompts); ``bit_exact``
-  demands bit-exactness;
+* ``near_tie`` prompts are allowed up to ``max_near_tie`` (a fraction of prompts), unless the run
+  is bit-exact (:func:`bit_exact`): under ``--bit-exact``, or — by default — when the engine
+  declares deterministic / batch-invariant inference for both sides (``GateRun.deterministic``):
+  the engine promised bit-exact output, so a near tie breaks that promise and fails.
+  ``--allow-near-tie`` keeps near ties within the budget despite the declaration;
 * a run in which speculation never accepted a single draft token fails as "speculation inactive":
   an exact match proves nothing if the draft never ran. An engine that reports no counters at all
   fails too unless ``allow_unknown_activity`` is set;
@@ -67,6 +70,36 @@ def _ids(run: GateRun, klass: str) -> str:
     return ", ".join(r.prompt.id for r in run.records if r.verdict and r.verdict.klass == klass)
 
 
+def _pct(fraction: float) -> str:
+    return f"{fraction * 100:g}%"
+
+
+def bit_exact(run: GateRun, policy: GatePolicy | None = None) -> bool:
+    """Whether a near tie fails: ``policy.bit_exact`` when given (``--bit-exact`` / ``--allow-near-tie``),
+    else whether the engine declares deterministic inference for both sides. The one rule that
+    :func:`decide` and the per-prompt tests (``suites/lossless``) both apply."""
+    policy = policy or run.config.policy
+    return policy.bit_exact if policy.bit_exact is not None else bool(run.deterministic)
+
+
+def near_tie_policy(run: GateRun, policy: GatePolicy | None = None) -> str:
+    """Which near-tie policy applies and why, in one line (the summary and the terminal say it)."""
+    policy = policy or run.config.policy
+    budget = f"near ties allowed up to {_pct(policy.max_near_tie)} of the prompts"
+    if policy.bit_exact:
+        also = f" (the engine declares it too: {run.deterministic})" if run.deterministic else ""
+        return f"bit-exact: --bit-exact{also}"
+    if policy.bit_exact is None and run.deterministic:
+        return f"bit-exact: declared by the engine ({run.deterministic})"
+    if policy.bit_exact is False and run.deterministic:
+        return f"{budget}: --allow-near-tie despite the declaration ({run.deterministic})"
+    line = f"{budget} (--max-near-tie)"
+    if run.deterministic_partial:
+        line += (f"; not bit-exact, since a declaration counts only when it covers both sides: "
+                 f"{run.deterministic_partial}")
+    return line
+
+
 def decide(run: GateRun, policy: GatePolicy | None = None) -> GateDecision:
     """Apply the policy (default: the run's own) to a finished (or partly finished) run."""
     policy = policy or run.config.policy
@@ -87,7 +120,14 @@ def decide(run: GateRun, policy: GatePolicy | None = None) -> GateDecision:
     if counts["near_tie"]:
         frac = counts["near_tie"] / total
         if policy.bit_exact:
-            failures.append(f"--bit-exact: {counts['near_tie']} near-tie flip(s) where bit-exactness is required")
+            failures.append(f"--bit-exact: {counts['near_tie']} near-tie flip(s) where bit-exactness is required: "
+                            f"{_ids(run, 'near_tie')}")
+        elif bit_exact(run, policy):
+            failures.append(
+                f"engine declares deterministic inference ({run.deterministic}): {counts['near_tie']} near-tie "
+                f"flip(s) are a failure — the engine promised bit-exact output (pass --allow-near-tie to allow): "
+                f"{_ids(run, 'near_tie')}"
+            )
         elif frac > policy.max_near_tie:
             failures.append(
                 f"{counts['near_tie']}/{total} near-tie prompts ({frac:.0%}) exceed --max-near-tie {policy.max_near_tie:.0%}"

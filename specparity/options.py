@@ -209,6 +209,9 @@ def build_setup(raw: Mapping[str, Any], *, check_report: bool = False) -> GateSe
     drift = raw.get("drift_policy") or "fail"
     if drift not in DRIFT_POLICIES:
         raise BadInput(f"--drift-policy {drift!r}: expected one of {', '.join(DRIFT_POLICIES)}")
+    if raw.get("bit_exact") and raw.get("allow_near_tie"):
+        raise BadInput("--bit-exact and --allow-near-tie: give one or neither (--bit-exact fails every near tie; "
+                       "--allow-near-tie allows them even where the engine declares deterministic inference)")
     scorer = raw.get("scorer") or "auto"
     if scorer not in SCORERS:
         raise BadInput(f"--scorer {scorer!r}: expected one of {', '.join(SCORERS)}")
@@ -231,7 +234,8 @@ def build_setup(raw: Mapping[str, Any], *, check_report: bool = False) -> GateSe
         scorer_model=scorer_model,
         policy=GatePolicy(
             max_near_tie=_float(raw, "max_near_tie", "--max-near-tie", 0.0, 1.0, default=DEFAULT_MAX_NEAR_TIE),
-            bit_exact=bool(raw.get("bit_exact")),
+            # None: bit-exact exactly when the engine declares determinism (gate.bit_exact)
+            bit_exact=True if raw.get("bit_exact") else False if raw.get("allow_near_tie") else None,
             require_paths=_require_paths(raw.get("require_all_paths")),
             allow_unknown_activity=bool(raw.get("allow_unknown_activity")),
             drift=drift,

@@ -40,9 +40,9 @@ _OUTCOME_KEY = pytest.StashKey[dict]()
 #: Options build_setup reads (pytest ``dest`` names).
 _GATE_OPTIONS = (
     "engine", "target", "draft", "spec_mode", "num_draft_tokens", "dtype", "threads", "engine_opt", "prompts",
-    "categories", "max_new_tokens", "near_tie_nats", "max_near_tie", "bit_exact", "require_all_paths",
-    "allow_unknown_activity", "top_k", "report", "baseline_url", "spec_url", "preset", "concurrency",
-    "request_timeout", "scorer", "scorer_model", "near_tie_ceiling", "calibration", "drift_policy",
+    "categories", "max_new_tokens", "near_tie_nats", "max_near_tie", "bit_exact", "allow_near_tie",
+    "require_all_paths", "allow_unknown_activity", "top_k", "report", "baseline_url", "spec_url", "preset",
+    "concurrency", "request_timeout", "scorer", "scorer_model", "near_tie_ceiling", "calibration", "drift_policy",
 )
 
 
@@ -63,7 +63,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--max-new-tokens", default=None, help="override every prompt's max_new_tokens")
     g.addoption("--near-tie-nats", default=None, help="near-tie threshold in nats (default: measured)")
     g.addoption("--max-near-tie", default=DEFAULT_MAX_NEAR_TIE, help="allowed fraction of near-tie prompts")
-    g.addoption("--bit-exact", action="store_true", help="demand bit-exactness: a near-tie flip fails")
+    g.addoption("--bit-exact", action="store_true", help="demand bit-exactness: a near-tie flip fails (the default "
+                "when the engine declares deterministic / batch-invariant inference for both sides)")
+    g.addoption("--allow-near-tie", action="store_true", help="allow near ties up to --max-near-tie even when the "
+                "engine declares deterministic inference (which otherwise makes the gate bit-exact)")
     g.addoption("--require-all-paths", nargs="?", const=1, default=0, metavar="N",
                 help="fail when a speculative path is taken on fewer than N prompts (N defaults to 1)")
     g.addoption("--near-tie-ceiling", default=None, metavar="NATS",

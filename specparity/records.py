@@ -25,13 +25,17 @@ DRIFT_POLICIES = ("fail", "warn")
 class GatePolicy:
     """What a run must show to pass (applied by :func:`specparity.gate.decide`), apart from how it runs.
 
-    ``bit_exact``: a near tie fails. ``max_near_tie``: the fraction of near-tie prompts allowed.
+    ``bit_exact``: whether a near tie fails — ``None`` (the default, "auto"): exactly when the engine
+    declares deterministic / batch-invariant inference for both sides (``GateRun.deterministic``;
+    :func:`specparity.gate.bit_exact` is the one rule); ``True`` (``--bit-exact``): always;
+    ``False`` (``--allow-near-tie``): never, even when the engine declares determinism.
+    ``max_near_tie``: the fraction of near-tie prompts allowed where near ties are.
     ``require_paths``: each speculative path must be taken on at least this many prompts (0: a path
     never taken is a warning). ``drift``: what a ``drifted`` prompt does (``fail`` or ``warn``).
     """
 
     max_near_tie: float = DEFAULT_MAX_NEAR_TIE
-    bit_exact: bool = False
+    bit_exact: bool | None = None
     require_paths: int = 0
     allow_unknown_activity: bool = False
     drift: str = "fail"
@@ -152,8 +156,11 @@ class GateRun:
     aggregate: SpecStats | None = None
     #: Why the aggregate counters could not be read (the run's activity is then unknown).
     counters_error: str | None = None
-    #: Deterministic / batch-invariant inference the engine declares, with where it was read.
+    #: Deterministic / batch-invariant inference the engine declares for both sides, with where it
+    #: was read; set, it makes the run bit-exact unless ``--allow-near-tie`` (``gate.bit_exact``).
     deterministic: str | None = None
+    #: A declaration that does not cover both sides (one server only): reported, never strict.
+    deterministic_partial: str | None = None
     #: The prompts the noise is measured on, when given apart from the selection (empty: the
     #: selected prompts themselves).
     calibration_ids: list[str] = field(default_factory=list)

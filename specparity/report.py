@@ -13,7 +13,7 @@ import jinja2
 
 from specparity.compare import CLASSES
 from specparity.coverage import PATHS
-from specparity.gate import GateDecision
+from specparity.gate import GateDecision, near_tie_policy
 from specparity.noise import DRIFT_MULTIPLIER
 from specparity.records import DEFAULT_MAX_NEW_TOKENS, GateRun
 
@@ -150,7 +150,7 @@ def render_summary_md(run: GateRun, decision: GateDecision) -> str:
         concurrency=run.concurrency,
         attachments=run.attachments,
         fatal=run.fatal,
-        deterministic=run.deterministic,
+        near_tie_policy=near_tie_policy(run),
     )
 
 
@@ -191,8 +191,7 @@ def terminal_lines(run: GateRun, decision: GateDecision) -> list[str]:
         lines.append(f"scorer: {run.scorer}")
     if run.concurrency > 1:
         lines.append(f"concurrency: {run.concurrency} requests in flight per phase")
-    if run.deterministic:
-        lines.append(f"declared determinism: {run.deterministic}")
+    lines.append(f"near-tie policy: {near_tie_policy(run)}")
     act = run.activity()
     if act.reported_requests:
         mal = act.mean_accept_length

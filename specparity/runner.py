@@ -214,6 +214,7 @@ def _run_phases(engine: Engine, run: GateRun, writer: ResultsWriter, say: Callab
     logs = getattr(engine, "server_logs", None)
     run.attachments = list(logs()) if callable(logs) else []
     run.deterministic = caps.deterministic
+    run.deterministic_partial = caps.deterministic_partial
     scorer = choose_scorer(engine, config.scorer, config.scorer_model)
     run.scorer = scorer.description
     writer.write({"kind": "run", "schema": RESULTS_SCHEMA, "fingerprint": run.fingerprint.to_json(),

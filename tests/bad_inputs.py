@@ -80,6 +80,8 @@ CASES: tuple[Case, ...] = (
     Case("near-tie-negative", ("suites/lossless", "--near-tie-nats", "-1"), "--near-tie-nats -1: expected a number >= 0"),
     Case("near-tie-nan", ("suites/lossless", "--near-tie-nats", "nan"), "--near-tie-nats nan: expected a number >= 0"),
     Case("max-near-tie", ("suites/lossless", "--max-near-tie", "2"), "--max-near-tie 2: expected a number in [0, 1]"),
+    Case("bit-exact-and-allow-near-tie", ("suites/lossless", "--bit-exact", "--allow-near-tie"),
+         "--bit-exact and --allow-near-tie: give one or neither"),
     Case("near-tie-ceiling-0", ("suites/lossless", "--near-tie-ceiling", "0"), "--near-tie-ceiling 0: expected a number >= 1e-06"),
     Case("calibration-unknown", ("suites/lossless", "--calibration", "all"),
          "--calibration 'all': expected suite, selected or a prompt file (JSONL)"),

@@ -17,7 +17,8 @@ import torch
 
 from specparity.engines.base import EngineInfo, EngineOptions, OptionSpec, engine_factory, step_record
 from specparity.engines.hf import DEFAULT_DRAFT_TOKENS, HF_OPTIONS, load_draft_model
-from specparity.engines.inprocess import InProcessEngine, LoopOutput, TorchTarget, dir_artifact
+from specparity.engines.common import artifact
+from specparity.engines.inprocess import InProcessEngine, LoopOutput, TorchTarget
 from specparity.fixtures import fixture_dir
 from specparity.types import ArtifactId, GenerationRequest, StepRecord
 
@@ -30,7 +31,10 @@ BUGS = {
     "overrun_limit": "ignores max_new_tokens inside a block (emits the whole accepted block)",
     "inactive": "never proposes a draft token (speculation silently off)",
     "stale_context": "reuses the previous request's last token as the first verify input",
+    "noisy_verify": "perturbs the verify pass's logits (a verify kernel that disagrees with decode beyond rounding)",
 }
+#: Scale (nats) of the seeded noise ``noisy_verify`` adds to every verify logit.
+VERIFY_NOISE = 2.0
 
 
 class HandLoop:
@@ -45,6 +49,7 @@ class HandLoop:
         self.num_draft_tokens = width
         self.bug = bug
         self._stale_last: int | None = None
+        self._noise = torch.Generator().manual_seed(0)
         self.name = f"hf-loop[{bug or 'correct'}]"
 
     def spec_config(self) -> dict:
@@ -52,7 +57,7 @@ class HandLoop:
                 "loop": "tests/broken_loops.py", "bug": self.bug}
 
     def draft_artifact(self) -> ArtifactId:
-        return dir_artifact(self.draft_path)
+        return artifact(self.draft_path)
 
     def run(self, target: TorchTarget, req: GenerationRequest) -> LoopOutput:
         out, rows, steps = self._loop(req, target.stop_token_ids())
@@ -84,6 +89,8 @@ class HandLoop:
             verify = self.target_model(
                 input_ids=torch.tensor([[last] + drafts]), past_key_values=t_cache, use_cache=True
             ).logits[0]
+            if bug == "noisy_verify":
+                verify = verify + VERIFY_NOISE * torch.randn(verify.shape, generator=self._noise)
             argmax = verify.argmax(-1).tolist()
             n = 0
             while n < len(drafts) and drafts[n] == argmax[n]:

@@ -28,9 +28,20 @@ Misbehaviour switches:
 * ``spec_disabled_for_logprobs=True`` (vLLM): what vLLM 0.11–0.13 did under the ngram/suffix
   proposers: a request with ``logprobs`` is decoded without drafting, and the ``/metrics`` spec
   counters never move.
-* ``declares_deterministic=True`` (SGLang): ``/server_info`` says
-  ``enable_deterministic_inference: true``.
+* ``declares_deterministic=True`` (SGLang): ``/server_info`` is the recorded
+  ``server_info_deterministic.json`` body (``enable_deterministic_inference: true``), with the
+  ``speculative_*`` keys written over it on a speculative server.
 * ``drop_spec_fields=True`` (SGLang): a speculative server whose answers carry no ``spec_*`` keys.
+* ``dev_mode=True`` (vLLM): a ``VLLM_SERVER_DEV_MODE=1`` server, which answers ``GET /server_info``
+  (``vllm_config``, ``vllm_env``, ``system_env``); ``batch_invariant=True`` puts
+  ``VLLM_BATCH_INVARIANT: true`` in its ``vllm_env``.
+* ``near_tie_flips=N`` (SGLang and vLLM, speculative): the first N answers of two or more tokens are
+  flipped at their closest call (:meth:`FixtureBackend.flip_closest_call`): the runner-up token
+  where the target's top-1/top-2 margin is smallest, then a greedy continuation of that prefix. Every
+  later token is the target's argmax, so the gate calls it ``near_tie`` once its threshold covers
+  that margin (the fixture target is confident: margins of 5–18 nats, so a test widens
+  ``--near-tie-nats``). A test fiction: the answer's ``spec_*`` counters stay those of the
+  unflipped speculative decode.
 * ``version="0.5.19"`` (SGLang): unknown ``sampling_params`` keys give HTTP 500 ``text/plain``
   instead of 0.5.23's 400, the counters carry the 0.5.19 aliases, ``/server_info`` has no
   ``launch_command`` / ``frontend``.
@@ -99,6 +110,41 @@ class FixtureBackend:
 
     def score(self, prompt_ids: Sequence[int], continuation_ids: Sequence[int], k: int):
         return self.engine.score(list(prompt_ids), list(continuation_ids), max(1, int(k)))
+
+    def flip_closest_call(self, prompt_ids: Sequence[int], result: Any, max_new_tokens: int,
+                          stop_ids: Sequence[int], k: int):
+        """``result`` with one near-tie flip (the ``near_tie_flips`` hook): at the position of its
+        smallest top-1/top-2 margin whose runner-up is not a stop token, that runner-up is emitted
+        (its row keeps the same top-k, the chosen token's logprob becomes the runner-up's), and the
+        rest is the target's greedy continuation of the new prefix. None when no position qualifies."""
+        import dataclasses
+
+        import numpy as np
+
+        from specparity.types import TokenScores
+
+        s, ids = result.scores, list(result.output_ids)
+        n = min(len(ids), len(s))
+        if s.k < 2 or n < 2:
+            return None
+        stops = {int(t) for t in stop_ids}
+        margins = s.top_logprobs[:n, 0] - s.top_logprobs[:n, 1]
+        candidates = [i for i in range(n) if int(s.top_ids[i, 1]) not in stops and np.isfinite(margins[i])]
+        if not candidates:
+            return None
+        i = min(candidates, key=lambda j: float(margins[j]))
+        runner_up = int(s.top_ids[i, 1])
+        head = ids[:i] + [runner_up]
+        chosen = s.logprobs[: i + 1].copy()
+        chosen[i] = s.top_logprobs[i, 1]
+        parts = [TokenScores(np.asarray(head, np.int64), chosen, s.top_ids[: i + 1], s.top_logprobs[: i + 1])]
+        if max_new_tokens > len(head):
+            tail = self.generate(list(prompt_ids) + head, max_new_tokens - len(head), stop_ids, k, False)
+            head += list(tail.output_ids)
+            parts.append(tail.scores)
+        scores = TokenScores(*(np.concatenate([getattr(p, f) for p in parts])
+                               for f in ("token_ids", "logprobs", "top_ids", "top_logprobs")))
+        return dataclasses.replace(result, output_ids=head, scores=scores)
 
     def prompt_rows(self, ids: Sequence[int], k: int) -> list[tuple[float, int, list[tuple[int, float]]] | None]:
         """Per prompt position: None for position 0, else (logprob of the actual token, its 1-based
@@ -302,15 +348,21 @@ class SGLangEmulator(Emulator):
     generation_paths = ("/generate",)
 
     def __init__(self, *, speculative: bool = False, version: str = "0.5.23", declares_deterministic: bool = False,
-                 drop_spec_fields: bool = False, die_after: int | None = None,
+                 drop_spec_fields: bool = False, die_after: int | None = None, near_tie_flips: int = 0,
                  backend: FixtureBackend | None = None):
         super().__init__(die_after=die_after, backend=backend)
         if version not in ("0.5.23", "0.5.19"):
             raise ValueError("version: 0.5.23 or 0.5.19")
+        if near_tie_flips and not speculative:
+            raise ValueError("near_tie_flips: only a speculative emulator flips its answers")
         self.speculative = speculative
         self.version = version
         self.declares_deterministic = declares_deterministic
         self.drop_spec_fields = drop_spec_fields
+        #: Answers still to flip at their closest call (the ``near_tie_flips`` hook).
+        self.near_tie_flips = near_tie_flips
+        #: Answers flipped so far (their request ids), for the test to check.
+        self.flipped: list[str] = []
         #: STANDALONE draft of width w: speculative_num_draft_tokens = w + 1 (anchor + drafts).
         self.num_draft_tokens = self.backend.draft_width + 1
         self.lifetime_verify = 0
@@ -319,8 +371,10 @@ class SGLangEmulator(Emulator):
 
     # ------------------------------------------------------------------ /server_info
     def _build_server_info(self) -> dict[str, Any]:
-        name = "server_info_dflash.json" if self.speculative else (
-            "server_info_deterministic.json" if self.declares_deterministic else "server_info_plain.json")
+        # the deterministic body differs from the plain one only in the flag (and launch_command); on
+        # a speculative server the speculative_* keys are written over it below
+        name = "server_info_deterministic.json" if self.declares_deterministic else (
+            "server_info_dflash.json" if self.speculative else "server_info_plain.json")
         info = _recorded(DATA / "sglang" / name)
         over: dict[str, Any] = {
             "model_path": str(TARGET), "tokenizer_path": str(TARGET), "served_model_name": str(TARGET),
@@ -469,6 +523,12 @@ class SGLangEmulator(Emulator):
             if self.dead:
                 return DROP
             result = self.backend.generate(prompt, max_new, stops, top_n, self.speculative)
+            if self.near_tie_flips > 0:
+                flipped = self.backend.flip_closest_call(prompt, result, max_new, stops, top_n)
+                if flipped is not None:
+                    result = flipped
+                    self.near_tie_flips -= 1
+                    self.flipped.append(rid)
             in_scores = (self.backend.score(prompt[: start + 1], prompt[start + 1:], top_n)
                          if return_logprob and start < len(prompt) - 1 else None)
             self.count_generation()
@@ -552,11 +612,18 @@ class VLLMEmulator(Emulator):
     def __init__(self, *, speculative: bool = False, spec_disabled_for_logprobs: bool = False,
                  per_request_metrics: bool = False, max_logprobs: int = 20, version: str = "0.33.0",
                  served_model_name: str = "fixture/target", die_after: int | None = None,
+                 dev_mode: bool = False, batch_invariant: bool = False, near_tie_flips: int = 0,
                  backend: FixtureBackend | None = None):
         super().__init__(die_after=die_after, backend=backend)
         from prometheus_client import CollectorRegistry, Counter, Gauge
 
+        if near_tie_flips and not speculative:
+            raise ValueError("near_tie_flips: only a speculative emulator flips its answers")
         self.speculative = speculative
+        self.dev_mode = dev_mode
+        self.batch_invariant = batch_invariant
+        self.near_tie_flips = near_tie_flips
+        self.flipped: list[str] = []  # prompts (as token ids, joined) of the flipped answers
         self.spec_disabled_for_logprobs = spec_disabled_for_logprobs
         self.per_request_metrics = per_request_metrics and speculative
         self.max_logprobs = max_logprobs
@@ -627,9 +694,29 @@ class VLLMEmulator(Emulator):
             with self.backend.lock:
                 text = generate_latest(self.registry)
             return 200, CONTENT_TYPE_LATEST, text
+        if method == "GET" and path == "/server_info" and self.dev_mode:
+            return self.json(200, self.dev_server_info(query))
         if method == "POST" and path == "/v1/completions":
             return self.completions(body)
         return _not_found()
+
+    def dev_server_info(self, query: str) -> dict[str, Any]:
+        """``GET /server_info`` of a ``VLLM_SERVER_DEV_MODE=1`` server (vLLM's
+        ``serve/instrumentator/server_info.py``, ``serve/dev/server_info/api_router.py`` in 0.33.0):
+        ``vllm_config`` (``str(VllmConfig)``, or with ``config_format=json`` its pydantic JSON dump;
+        here only the keys the adapter reads), ``vllm_env`` (every ``VLLM_*`` name of ``vllm.envs``
+        without ``KEY``, as its *parsed* value: ``VLLM_BATCH_INVARIANT`` is
+        ``bool(int(os.getenv(...)))``, so JSON ``true``/``false``) and ``system_env``
+        (``collect_env``; a few keys here)."""
+        spec = ({"method": "draft_model", "model": str(DRAFT), "num_speculative_tokens": self.num_spec_tokens}
+                if self.speculative else None)
+        config = {"model_config": {"model": str(TARGET), "dtype": "torch.float32", "max_model_len": 4096,
+                                   "served_model_name": self.served},
+                  "speculative_config": spec}
+        return {"vllm_config": config if "config_format=json" in query else f"VllmConfig(model={str(TARGET)!r}, ...)",
+                "vllm_env": {"VLLM_BATCH_INVARIANT": self.batch_invariant, "VLLM_SERVER_DEV_MODE": True,
+                             "VLLM_LOGGING_LEVEL": "INFO"},
+                "system_env": {"torch_version": "2.9.0", "is_cuda_available": False}}
 
     def completions(self, body: Any) -> Any:
         if not isinstance(body, dict):
@@ -681,6 +768,12 @@ class VLLMEmulator(Emulator):
             if self.dead:
                 return DROP
             result = self.backend.generate(prompt, max_tokens, stops, k, use_spec)
+            if self.near_tie_flips > 0:
+                flipped = self.backend.flip_closest_call(prompt, result, max_tokens, stops, k)
+                if flipped is not None:
+                    result = flipped
+                    self.near_tie_flips -= 1
+                    self.flipped.append(",".join(map(str, prompt)))
             rows = self.backend.prompt_rows(prompt, prompt_logprobs) if prompt_logprobs is not None else None
             self.count_generation()
             ids = list(result.output_ids)

@@ -70,7 +70,6 @@ def test_measured_threshold_above_the_ceiling_fails_loudly(hf_options, prompts):
 
 def _rows(tokens, margins, k=5, top_lp=-0.1):
     """Rows whose argmax is ``tokens[i]`` with the runner-up ``margins[i]`` nats below."""
-    n = len(tokens)
     top_ids = np.array([[t] + [(t + j) % 50 for j in range(1, k)] for t in tokens])
     lp = np.array([[top_lp, top_lp - m] + [top_lp - m - j for j in range(1, k - 1)] for m in margins], np.float32)
     return TokenScores(np.array(tokens), lp[:, 0].copy(), top_ids, lp)

@@ -64,6 +64,7 @@ EXPECTED = {
     "overrun_stop": "diverged",
     "overrun_limit": "diverged",
     "stale_context": "diverged",
+    "noisy_verify": "diverged",
     "inactive": None,  # output stays exact: caught by the run-level rule
 }
 

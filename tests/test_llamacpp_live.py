@@ -129,3 +129,22 @@ def test_the_same_dflash2_draft_accepts_alike_in_the_reference_and_in_llamacpp(l
                                                         num_draft_tokens=8)))
     other = compare_acceptance(ref_other, llama)
     assert other.failures and other.overall.gap > 0.1, "\n".join(other.table("dflash", "llama.cpp"))
+
+
+def test_self_draft_and_slot_batching_invariance(llamacpp, tmp_path):
+    """`pytest suites/invariance` on llama.cpp: `-md` with the target's own GGUF, and each prompt
+    alone vs four parallel slots. Nothing may be beyond the noise; the counts are recorded
+    (docs/INVARIANCE.md), not asserted."""
+    target = str(llamacpp[1] / "target.gguf")
+    cmd = [sys.executable, "-m", "pytest", "suites/invariance", "-q", "-p", "no:cacheprovider", "--engine", "llamacpp",
+           "--target", target, "--draft", target, "--engine-opt", "parallel=4", "--categories", "repeat,code,paths",
+           "--report", str(tmp_path)]
+    proc = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=900,
+                          env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    data = json.loads((tmp_path / "invariance" / "invariance.json").read_text())
+    self_draft, batching = data
+    assert self_draft["engine"] == "llamacpp" and self_draft["proposed"] > 0, self_draft
+    assert self_draft["status"] in ("ok", "warn") and batching["status"] in ("ok", "warn"), data
+    assert "4 concurrent requests" in batching["how"]

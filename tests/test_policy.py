@@ -7,7 +7,7 @@ import pytest
 
 from specparity.compare import Verdict
 from specparity.engines.base import step_record
-from specparity.gate import decide
+from specparity.gate import bit_exact, decide, near_tie_policy
 from specparity.noise import derive_threshold, measure_noise
 from specparity.prompts import Prompt
 from specparity.records import GateConfig, GatePolicy, GateRun, PromptRecord
@@ -97,3 +97,55 @@ def test_threshold_is_measured_from_baseline_margin_noise():
         derive_threshold(noise, override=-1)
     with pytest.raises(ValueError, match="cannot measure"):
         derive_threshold(measure_noise([]))
+
+
+DECLARED = "sglang /server_info enable_deterministic_inference=true (baseline http://b: true, spec http://s: true)"
+
+
+def _declared(classes, bit_exact=None, deterministic=DECLARED, partial=None):
+    run = _run(classes, config=GateConfig(policy=GatePolicy(bit_exact=bit_exact, max_near_tie=0.5)))
+    run.deterministic, run.deterministic_partial = deterministic, partial
+    return run
+
+
+def test_declared_determinism_makes_a_near_tie_fail():
+    """A near tie where the engine declares deterministic inference: the run's own policy (auto)
+    fails it, naming the declaration and the way out; the same run without a declaration passes."""
+    run = _declared(["exact"] * 3 + ["near_tie"])
+    assert bit_exact(run)
+    d = decide(run)
+    assert not d.passed and d.failures == [
+        f"engine declares deterministic inference ({DECLARED}): 1 near-tie flip(s) are a failure — the engine "
+        "promised bit-exact output (pass --allow-near-tie to allow): p-3"]
+    assert near_tie_policy(run) == f"bit-exact: declared by the engine ({DECLARED})"
+    undeclared = _declared(["exact"] * 3 + ["near_tie"], deterministic=None)
+    assert not bit_exact(undeclared) and decide(undeclared).passed
+    assert near_tie_policy(undeclared) == "near ties allowed up to 50% of the prompts (--max-near-tie)"
+    assert decide(_declared(["exact"] * 4)).passed  # exact output keeps the promise
+
+
+def test_allow_near_tie_overrides_the_declaration_within_the_budget():
+    run = _declared(["exact"] * 3 + ["near_tie"], bit_exact=False)
+    assert not bit_exact(run) and decide(run).passed
+    assert near_tie_policy(run) == f"near ties allowed up to 50% of the prompts: --allow-near-tie despite the " \
+                                   f"declaration ({DECLARED})"
+    d = decide(_declared(["exact"] + ["near_tie"] * 3, bit_exact=False))  # the budget still holds
+    assert not d.passed and "exceed --max-near-tie 50%" in d.failures[0]
+
+
+def test_bit_exact_flag_and_partial_declaration():
+    run = _declared(["exact", "near_tie"], bit_exact=True, deterministic=None)
+    assert bit_exact(run) and near_tie_policy(run) == "bit-exact: --bit-exact"
+    assert not decide(run).passed and decide(run).failures[0].startswith("--bit-exact: 1 near-tie flip(s)")
+    assert decide(run, GatePolicy(bit_exact=False, max_near_tie=0.5)).passed  # an explicit policy wins
+    partial = "sglang … but not on every server of both sides (baseline http://b: false, spec http://s: true)"
+    run = _declared(["exact"] * 3 + ["near_tie"], deterministic=None, partial=partial)
+    assert not bit_exact(run) and decide(run).passed
+    assert near_tie_policy(run) == ("near ties allowed up to 50% of the prompts (--max-near-tie); not bit-exact, "
+                                    f"since a declaration counts only when it covers both sides: {partial}")
+
+
+def test_drifted_keeps_its_own_policy_under_a_declaration():
+    run = _declared(["exact", "drifted"], bit_exact=False)
+    assert not decide(run).passed
+    assert decide(run, GatePolicy(bit_exact=False, drift="warn", max_near_tie=0.5)).passed

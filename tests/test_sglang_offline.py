@@ -214,7 +214,17 @@ def test_server_info_bodies():
     said = engine.capabilities().deterministic
     assert said.startswith("sglang /server_info enable_deterministic_inference=true")
     assert "baseline http://b: true" in said and "spec http://s: true" in said  # /get_server_info fallback
+    assert engine.capabilities().deterministic_partial is None
     assert engine.capabilities().counters == "request" and engine.capabilities().scoring
+    # one side only (the speculative server): reported, never strict
+    caps = engine_over(FakeEndpoint("http://b", {"/server_info": plain}),
+                       FakeEndpoint("http://s", {"/server_info": det})).capabilities()
+    assert caps.deterministic is None
+    assert caps.deterministic_partial == ("sglang /server_info enable_deterministic_inference=true, but not on every "
+                                          "server of both sides (baseline http://b: false, spec http://s: true)")
+    # a baseline whose /server_info cannot be read does not count as deterministic either
+    caps = engine_over(FakeEndpoint("http://b", {}), FakeEndpoint("http://s", {"/server_info": det})).capabilities()
+    assert caps.deterministic is None and "baseline http://b: unknown" in caps.deterministic_partial
 
 
 def test_preferred_sampling_params_and_stop_strings():
@@ -479,8 +489,9 @@ def test_misconfigured_servers_are_errors(servers):
 
 
 def test_0_5_19_server_and_deterministic_flag(servers):
-    """0.5.19: the same body is accepted (no 500), the counters come with the aliases; a server
-    declaring enable_deterministic_inference reaches Capabilities.deterministic."""
+    """0.5.19: the same body is accepted (no 500), the counters come with the aliases; a baseline
+    declaring enable_deterministic_inference next to a speculative server that does not is a
+    one-sided declaration: Capabilities.deterministic_partial, not Capabilities.deterministic."""
     base, _ = servers
     with SGLangEmulator(speculative=True, version="0.5.19") as old, SGLangEmulator(declares_deterministic=True) as det:
         engine = engine_for(det.url, old.url)
@@ -490,8 +501,10 @@ def test_0_5_19_server_and_deterministic_flag(servers):
             info = Endpoint(old.url).get_json("/server_info")
             assert info["version"] == "0.5.19" and "launch_command" not in info
             caps = engine.capabilities()
-            assert caps.deterministic and "enable_deterministic_inference=true" in caps.deterministic
-            assert f"baseline {det.url}: true" in caps.deterministic and f"spec {old.url}: false" in caps.deterministic
+            assert caps.deterministic is None
+            partial = caps.deterministic_partial
+            assert partial and "enable_deterministic_inference=true" in partial
+            assert f"baseline {det.url}: true" in partial and f"spec {old.url}: false" in partial
         finally:
             engine.close()
 
@@ -528,3 +541,85 @@ def test_gate_end_to_end_server_dies(servers, tmp_path):
         assert dying.url in r["verdict"]["reason"], r["verdict"]["reason"]
     assert records[-1]["kind"] == "verdict" and records[-1]["status"] == "FAIL"
     assert "3 prompt(s) failed in the engine" in proc.stdout
+
+
+# ---------------------------------------------------------------------------------------------- declared determinism
+
+#: The fixture target is confident (top-1/top-2 margins of 5-18 nats, the closest call of a 16-token
+#: math answer under 10), so the flip the emulator makes at an answer's closest call is a near tie
+#: only under a threshold that wide; the drift bound is still measured.
+NEAR_TIE_NATS = "20"
+
+
+def _summary(report: Path) -> str:
+    return (report / "summary.md").read_text()
+
+
+def test_gate_declared_determinism_is_bit_exact(tmp_path):
+    """Both servers answer /server_info with the recorded server_info_deterministic.json body
+    (enable_deterministic_inference: true) and the speculative one flips one answer at its closest
+    call: by default the gate is bit-exact and that near tie fails the gate (exit 1), saying the
+    engine promised bit-exact output; with --allow-near-tie the same near tie passes within the
+    budget, and the summary says the declaration was overridden."""
+    with SGLangEmulator(declares_deterministic=True) as base, \
+            SGLangEmulator(speculative=True, declares_deterministic=True, near_tie_flips=1) as spec:
+        assert Endpoint(spec.url).get_json("/server_info")["enable_deterministic_inference"] is True
+        report = tmp_path / "strict"
+        proc, records = run_lossless("sglang", base.url, spec.url, report, "--target", str(TARGET),
+                                     "--near-tie-nats", NEAR_TIE_NATS)
+        out = proc.stdout + proc.stderr
+        assert proc.returncode == 1, out[-4000:]
+        prompts = [r for r in records if r["kind"] == "prompt"]
+        ties = [r["prompt"]["id"] for r in prompts if r["verdict"]["class"] == "near_tie"]
+        assert len(spec.flipped) == 1 and len(ties) == 1 and spec.flipped[0].startswith(f"specparity-{ties[0]}-")
+        assert all(r["verdict"]["class"] == "exact" for r in prompts if r["prompt"]["id"] not in ties)
+        run = next(r for r in records if r["kind"] == "run")
+        declared = run["capabilities"]["deterministic"]
+        assert declared == (f"sglang /server_info enable_deterministic_inference=true (baseline {base.url}: true, "
+                            f"spec {spec.url}: true)")
+        assert run["config"]["policy"]["bit_exact"] is None  # auto: the declaration decides
+        verdict = records[-1]
+        assert verdict["kind"] == "verdict" and verdict["status"] == "FAIL"
+        reason = (f"engine declares deterministic inference ({declared}): 1 near-tie flip(s) are a failure — the "
+                  f"engine promised bit-exact output (pass --allow-near-tie to allow): {ties[0]}")
+        assert verdict["failures"] == [reason]
+        assert f"FAIL: {reason}" in proc.stdout
+        assert f"near-tie policy: bit-exact: declared by the engine ({declared})" in proc.stdout
+        assert f"[near_tie; bit-exact: declared by the engine ({declared})]" in proc.stdout  # the prompt's own test
+        summary = _summary(report)
+        assert f"- {reason}" in summary and f"- Near-tie policy: bit-exact: declared by the engine ({declared})" in summary
+
+        spec.near_tie_flips = 1
+        report = tmp_path / "allowed"
+        proc, records = run_lossless("sglang", base.url, spec.url, report, "--target", str(TARGET),
+                                     "--near-tie-nats", NEAR_TIE_NATS, "--allow-near-tie")
+        assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+        prompts = [r for r in records if r["kind"] == "prompt"]
+        assert sum(r["verdict"]["class"] == "near_tie" for r in prompts) == 1 and len(spec.flipped) == 2
+        assert records[-1]["status"] == "PASS" and records[-1]["failures"] == []
+        line = (f"near ties allowed up to 25% of the prompts: --allow-near-tie despite the declaration "
+                f"({declared})")
+        assert f"near-tie policy: {line}" in proc.stdout and f"- Near-tie policy: {line}" in _summary(report)
+
+
+def test_gate_one_sided_determinism_is_not_strict(servers, tmp_path):
+    """Only the speculative server declares deterministic inference: the declaration does not cover
+    the baseline it is compared with, so the near tie stays within the --max-near-tie budget (exit 0)
+    and the summary says why the run was not made bit-exact."""
+    base, _ = servers
+    with SGLangEmulator(speculative=True, declares_deterministic=True, near_tie_flips=1) as spec:
+        proc, records = run_lossless("sglang", base.url, spec.url, tmp_path / "report", "--target", str(TARGET),
+                                     "--near-tie-nats", NEAR_TIE_NATS)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    prompts = [r for r in records if r["kind"] == "prompt"]
+    assert sum(r["verdict"]["class"] == "near_tie" for r in prompts) == 1
+    caps = next(r for r in records if r["kind"] == "run")["capabilities"]
+    assert caps["deterministic"] is None
+    partial = caps["deterministic_partial"]
+    assert partial == (f"sglang /server_info enable_deterministic_inference=true, but not on every server of both "
+                       f"sides (baseline {base.url}: false, spec {spec.url}: true)")
+    line = (f"near ties allowed up to 25% of the prompts (--max-near-tie); not bit-exact, since a declaration "
+            f"counts only when it covers both sides: {partial}")
+    assert f"near-tie policy: {line}" in proc.stdout
+    assert f"- Near-tie policy: {line}" in _summary(tmp_path / "report")
+    assert records[-1]["status"] == "PASS"

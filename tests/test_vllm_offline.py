@@ -327,3 +327,78 @@ def test_gate_end_to_end_speculation_disabled_for_logprobs(servers, tmp_path):
     assert verdict["kind"] == "verdict" and verdict["status"] == "FAIL"
     assert any(f.startswith("speculation inactive") for f in verdict["failures"])
     assert "speculation inactive" in proc.stdout
+
+
+# ---------------------------------------------------------------------------------------------- batch invariance
+
+
+def test_batch_invariance_is_declared_only_for_both_sides():
+    """Capabilities.deterministic from VLLM_BATCH_INVARIANT: every server's dev-mode /server_info
+    (vllm_env holds the parsed value, JSON true) on both sides, or both launches; one side only is
+    deterministic_partial, never strict; servers without the dev route declare nothing."""
+    with VLLMEmulator(dev_mode=True, batch_invariant=True) as base, \
+            VLLMEmulator(speculative=True, dev_mode=True, batch_invariant=True) as spec, \
+            VLLMEmulator(speculative=True, dev_mode=True) as plain_spec, VLLMEmulator() as no_dev:
+        info = Endpoint(spec.url).get_json("/server_info?config_format=json")
+        assert info["vllm_env"]["VLLM_BATCH_INVARIANT"] is True and set(info) == {"vllm_config", "vllm_env",
+                                                                                   "system_env"}
+        caps = engine_for(base.url, spec.url).capabilities()
+        assert caps.deterministic == (f"vllm /server_info vllm_env.VLLM_BATCH_INVARIANT=true (baseline {base.url}: "
+                                      f"true, spec {spec.url}: true; VLLM_SERVER_DEV_MODE=1 servers)")
+        assert caps.deterministic_partial is None
+        caps = engine_for(base.url, plain_spec.url).capabilities()
+        assert caps.deterministic is None
+        assert caps.deterministic_partial == (f"vllm /server_info vllm_env.VLLM_BATCH_INVARIANT=true, but not on "
+                                              f"every server of both sides (baseline {base.url}: true, spec "
+                                              f"{plain_spec.url}: false)")
+        caps = engine_for(no_dev.url, spec.url).capabilities()
+        assert caps.deterministic is None
+        assert f"baseline {no_dev.url}: unknown (no dev-mode /server_info)" in caps.deterministic_partial
+        caps = engine_for(no_dev.url, no_dev.url).capabilities()
+        assert (caps.deterministic, caps.deterministic_partial) == (None, None)
+    # launched servers: --engine-opt batch_invariant=true sets the variable on both (by construction)
+    both = launch_configs(EngineOptions(preset="vllm-mtp", target="/m", extra={"batch_invariant": True}))
+    caps = _launched(both).capabilities()
+    assert caps.deterministic == "vllm: VLLM_BATCH_INVARIANT=1 set in the environment of both launched servers (env only)"
+    base_only = (both[0], launch_configs(EngineOptions(preset="vllm-mtp", target="/m"))[1])
+    caps = _launched(base_only).capabilities()
+    assert caps.deterministic is None
+    assert caps.deterministic_partial == "vllm: VLLM_BATCH_INVARIANT=1 set for the baseline launch only"
+
+
+def _launched(launches):
+    """A VLLMEngine as create() builds it for two launches, without starting them."""
+    from specparity.engines.http import Fleet
+    from specparity.engines.server import Session
+    from specparity.engines.vllm import VLLMEngine
+
+    sessions = [Session(role, Fleet(role, [Endpoint(f"http://127.0.0.1:{port}")]), [])
+                for role, port in (("baseline", 1), ("spec", 2))]
+    return VLLMEngine(EngineOptions(), *sessions, None, target=None, draft=None, launches=launches,
+                      max_concurrency=8, max_logprobs=20)
+
+
+def test_gate_batch_invariant_is_bit_exact(tmp_path):
+    """Both vLLM servers declare VLLM_BATCH_INVARIANT on their dev-mode /server_info and the
+    speculative one flips one answer at its closest call: the runner records the declaration and
+    decide() applies the strict policy — the near tie fails the gate (exit 1), naming the
+    declaration; the fixture target's margins need a wide --near-tie-nats to call the flip a near tie."""
+    with VLLMEmulator(dev_mode=True, batch_invariant=True) as base, \
+            VLLMEmulator(speculative=True, dev_mode=True, batch_invariant=True, near_tie_flips=1) as spec:
+        proc, records = run_lossless("vllm", base.url, spec.url, tmp_path / "report", "--engine-opt",
+                                     f"tokenizer={TARGET}", "--near-tie-nats", "20")
+    assert proc.returncode == 1, (proc.stdout + proc.stderr)[-4000:]
+    prompts = [r for r in records if r["kind"] == "prompt"]
+    ties = [r["prompt"]["id"] for r in prompts if r["verdict"]["class"] == "near_tie"]
+    assert len(spec.flipped) == 1 and len(ties) == 1
+    assert all(r["verdict"]["class"] == "exact" for r in prompts if r["prompt"]["id"] not in ties)
+    declared = next(r for r in records if r["kind"] == "run")["capabilities"]["deterministic"]
+    assert declared.startswith("vllm /server_info vllm_env.VLLM_BATCH_INVARIANT=true (baseline ")
+    verdict = records[-1]
+    assert verdict["kind"] == "verdict" and verdict["status"] == "FAIL"
+    assert verdict["failures"] == [
+        f"engine declares deterministic inference ({declared}): 1 near-tie flip(s) are a failure — the engine "
+        f"promised bit-exact output (pass --allow-near-tie to allow): {ties[0]}"]
+    assert f"near-tie policy: bit-exact: declared by the engine ({declared})" in proc.stdout
+    assert f"- Near-tie policy: bit-exact: declared by the engine ({declared})" in \
+        (tmp_path / "report" / "summary.md").read_text()

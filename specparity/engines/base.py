@@ -75,7 +75,12 @@ class Capabilities:
     ``activity_counters()`` before and after the speculative phase) or ``none``.
     ``max_concurrency``: requests it can serve at once (in-process torch engines: 1).
     ``deterministic``: the engine declares deterministic / batch-invariant inference (e.g. SGLang's
-    ``enable_deterministic_inference``), with where that was read.
+    ``enable_deterministic_inference``) for **both** sides compared — every baseline and every
+    speculative server — with where that was read; the gate then demands bit-exact output
+    (:func:`specparity.gate.bit_exact`). ``deterministic_partial``: a declaration that covers only
+    part of them (say, the speculative server alone), in the same words: the report shows it, the
+    policy ignores it (a near tie between a deterministic and a non-deterministic server breaks no
+    promise).
     """
 
     scoring: bool = True
@@ -83,6 +88,7 @@ class Capabilities:
     counters: Literal["steps", "request", "aggregate", "none"] = "steps"
     max_concurrency: int = 1
     deterministic: str | None = None
+    deterministic_partial: str | None = None
 
 
 DEFAULT_CAPABILITIES = Capabilities()

@@ -11,7 +11,7 @@ from typing import Sequence
 
 import numpy as np
 
-from specparity.types import FinishReason, TokenScores
+from specparity.types import ArtifactId, FinishReason, TokenScores
 
 #: Above this many bytes of weights a model directory is hashed by config + safetensors headers +
 #: sizes instead of full content (hashing many GB on every run would dominate it).
@@ -99,3 +99,18 @@ def set_threads(threads: int | None) -> None:
         import torch
 
         torch.set_num_threads(threads)
+
+
+def artifact(path: str | os.PathLike[str] | None, kind: str = "") -> ArtifactId | None:
+    """The identity of a model: a local directory hashed (``dir_sha256``, its ``architectures[0]``
+    as the kind, else ``kind``), a single file (a GGUF) hashed whole, anything else (a hub id, a
+    path only the server sees) named only. The one builder every engine's fingerprint uses."""
+    if not path:
+        return None
+    p = Path(path)
+    if p.is_dir():
+        return ArtifactId(str(p), dir_sha256(p), model_kind(p) or kind)
+    if p.is_file():
+        return ArtifactId(str(p), "sha256:" + hashlib.sha256(p.read_bytes()).hexdigest(), kind)
+    return ArtifactId(str(path), "", kind)
+

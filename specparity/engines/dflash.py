@@ -31,7 +31,8 @@ from typing import Any, Iterator, Sequence
 from specparity.engines.base import EngineInfo, EngineOptions, engine_factory, step_record
 from specparity.engines.common import torch_dtype
 from specparity.engines.hf import HF_OPTIONS
-from specparity.engines.inprocess import InProcessEngine, LoopOutput, TorchTarget, dir_artifact
+from specparity.engines.common import artifact
+from specparity.engines.inprocess import InProcessEngine, LoopOutput, TorchTarget
 from specparity.fixtures import fixture_dir
 from specparity.types import ArtifactId, GenerationRequest, StepRecord
 
@@ -285,7 +286,7 @@ class DFlashLoop:
 
     def draft_artifact(self) -> ArtifactId:
         if self._draft_artifact is None:
-            self._draft_artifact = dir_artifact(self.draft_path, self.draft_kind)
+            self._draft_artifact = artifact(self.draft_path, self.draft_kind)
         return self._draft_artifact
 
     def close(self) -> None:

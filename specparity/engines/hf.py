@@ -14,7 +14,8 @@ from typing import Any, Iterator, Sequence
 
 from specparity.engines.base import EngineInfo, EngineOptions, OptionSpec, engine_factory, parse_int_list, step_record
 from specparity.engines.common import torch_dtype
-from specparity.engines.inprocess import InProcessEngine, LoopOutput, TorchTarget, dir_artifact
+from specparity.engines.common import artifact
+from specparity.engines.inprocess import InProcessEngine, LoopOutput, TorchTarget
 from specparity.fixtures import fixture_dir
 from specparity.types import ArtifactId, GenerationRequest, StepRecord
 
@@ -142,7 +143,7 @@ class AssistedLoop:
 
     def draft_artifact(self) -> ArtifactId | None:
         if self.draft_path and self._draft_artifact is None:
-            self._draft_artifact = dir_artifact(self.draft_path)
+            self._draft_artifact = artifact(self.draft_path)
         if self.mode == "prompt_lookup":
             return ArtifactId("", "", "prompt-lookup")
         return self._draft_artifact

@@ -36,9 +36,8 @@ from typing import Any, Protocol, Sequence, runtime_checkable
 
 from specparity.engines.base import Capabilities, EngineOptions
 from specparity.engines.common import (
-    dir_sha256,
+    artifact,
     finish_reason,
-    model_kind,
     scores_from_logits,
     set_threads,
     torch_dtype,
@@ -167,6 +166,33 @@ class TorchTarget:
         return self.result(req, out.sequences[0, len(req.prompt_ids):].tolist(), self.logits_rows(out),
                            SpecStats.unavailable("speculation off"), wall)
 
+    def greedy_batch(self, reqs: Sequence[GenerationRequest]) -> list[GenerationResult]:
+        """The baseline of several requests decoded together in one left-padded batch (batching
+        invariance): each row is cut at its own stop token or limit, with its own logits rows."""
+        torch = self.torch
+        if not reqs:
+            return []
+        stop = sorted({t for r in reqs for t in (r.stop_token_ids or self._stop_ids)})
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else stop[0]
+        width = max(len(r.prompt_ids) for r in reqs)
+        ids = torch.tensor([[pad] * (width - len(r.prompt_ids)) + list(r.prompt_ids) for r in reqs], dtype=torch.long)
+        mask = torch.tensor([[0] * (width - len(r.prompt_ids)) + [1] * len(r.prompt_ids) for r in reqs], dtype=torch.long)
+        config = self.generation_config(reqs[0])
+        config.max_new_tokens = max(r.max_new_tokens for r in reqs)
+        config.eos_token_id = stop
+        t0 = time.perf_counter()
+        with torch.inference_mode():
+            out = self.model.generate(ids, attention_mask=mask, generation_config=config)
+        wall = (time.perf_counter() - t0) / len(reqs)
+        results = []
+        for b, req in enumerate(reqs):
+            row_stops = set(req.stop_token_ids or self._stop_ids)
+            new = out.sequences[b, width:].tolist()[: req.max_new_tokens]
+            end = next((i + 1 for i, t in enumerate(new) if t in row_stops), len(new))
+            rows = [step[b] for step in out.logits[:end]]
+            results.append(self.result(req, new[:end], rows, SpecStats.unavailable("batched baseline"), wall))
+        return results
+
     def hf_generate(self, req: GenerationRequest, **kwargs: Any):
         """``model.generate`` on ``req`` with greedy settings (``kwargs`` may add an assistant);
         returns the output and its wall time."""
@@ -214,7 +240,7 @@ class TorchTarget:
     # ------------------------------------------------------------------ identity
     def artifact(self) -> ArtifactId:
         if self._artifact is None:
-            self._artifact = ArtifactId(self.path, dir_sha256(self.path), model_kind(self.path))
+            self._artifact = artifact(self.path)
         return self._artifact
 
     @staticmethod
@@ -226,11 +252,6 @@ class TorchTarget:
 
     def close(self) -> None:
         self.model = None
-
-
-def dir_artifact(path: str, kind: str | None = None) -> ArtifactId:
-    """Identity of a model directory: path, content hash and ``architectures[0]`` (or ``kind``)."""
-    return ArtifactId(path, dir_sha256(path), kind or model_kind(path))
 
 
 class InProcessEngine:
@@ -267,6 +288,11 @@ class InProcessEngine:
             except Exception as exc:  # noqa: BLE001 - one failed request must not lose the others
                 results.append(GenerationResult.failed(req.request_id, f"{type(exc).__name__}: {exc}"))
         return results
+
+    def generate_batch(self, requests: Sequence[GenerationRequest]) -> list[GenerationResult]:
+        """Plain decode of ``requests`` in one batch (optional protocol method, used by the batching
+        invariance check; engines without it are batched by concurrent requests)."""
+        return self.target.greedy_batch(requests)
 
     def speculative(self, req: GenerationRequest) -> GenerationResult:
         t0 = time.perf_counter()

@@ -54,7 +54,8 @@ from specparity.engines.base import (
 from specparity.engines.http import Endpoint, ServerError, check_url
 from specparity.engines.launch import ServerProcess
 from specparity.engines.presets import fill, get_preset, presets_for
-from specparity.engines.server import HFTokenizer, ServerEngine, artifact, open_sessions
+from specparity.engines.common import artifact
+from specparity.engines.server import HFTokenizer, ServerEngine, open_sessions
 from specparity.fixtures import MANIFEST, fixture_dir
 from specparity.types import ArtifactId, GenerationRequest, GenerationResult, SpecStats, TokenScores
 

@@ -16,7 +16,6 @@ stopping what was launched — lives here once.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import time
 from dataclasses import dataclass
@@ -24,7 +23,6 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from specparity.engines.base import Capabilities, EngineOptions
-from specparity.engines.common import dir_sha256, model_kind
 from specparity.engines.http import Endpoint, Fleet, ServerError, check_url
 from specparity.engines.launch import ServerProcess
 from specparity.engines.presets import presets_for
@@ -167,18 +165,6 @@ def named(endpoint: Endpoint, exc: ServerError) -> ServerError:
     if endpoint.base_url in str(exc):
         return exc
     return ServerError(f"{endpoint.base_url}: {exc}", transport=exc.transport, status=exc.status)
-
-def artifact(path: str | None, kind: str = "") -> ArtifactId | None:
-    """A local model directory hashed, anything else (a hub id, a server's path) named only."""
-    if not path:
-        return None
-    p = Path(path)
-    if p.is_dir():
-        return ArtifactId(str(p), dir_sha256(p), model_kind(p) or kind)
-    if p.is_file():
-        return ArtifactId(str(p), "sha256:" + hashlib.sha256(p.read_bytes()).hexdigest(), kind)
-    return ArtifactId(str(path), "", kind)
-
 
 class ServerEngine:
     """The engine protocol over a baseline session and a speculative session.

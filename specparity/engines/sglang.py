@@ -34,7 +34,9 @@ against a live SGLang (no GPU here).
   ``j >= 1`` is the row that predicts ``continuation[j - 1]``.
 * **Server facts** from ``GET /server_info`` (``/get_server_info`` on servers without it):
   ``version``, ``speculative_*``, ``kv_cache_dtype``, ``enable_deterministic_inference``
-  (→ ``Capabilities.deterministic``, saying where it was read), ``disable_radix_cache`` …
+  (→ ``Capabilities.deterministic``, saying where it was read, when every baseline and speculative
+  server says ``true``; the gate is then bit-exact; a one-sided ``true`` is only reported),
+  ``disable_radix_cache`` …
 * Speculation is a launch-time setting, so the baseline and the speculative run are two servers
   (``--baseline-url`` / ``--spec-url``) or two launches of a preset
   (``python -m sglang.launch_server`` from :class:`SGLangLaunch`; needs a GPU).
@@ -66,10 +68,10 @@ from specparity.engines.base import (
 from specparity.engines.http import Endpoint, ServerError
 from specparity.engines.launch import ServerProcess
 from specparity.engines.presets import preset_launch_values
+from specparity.engines.common import artifact
 from specparity.engines.server import (
     HFTokenizer,
     ServerEngine,
-    artifact,
     check_server_flags,
     named,
     open_sessions,
@@ -486,18 +488,27 @@ class SGLangEngine(ServerEngine):
                 "spec_config": spec_config, "summary": summary}
 
     def capabilities(self) -> Capabilities:
+        """``deterministic`` only when **every** server of both sides reports
+        ``enable_deterministic_inference: true`` in ``/server_info``: the promise of bit-exact output
+        holds between two deterministic servers, not between a deterministic one and an ordinary one.
+        A declaration by only some of them (or a server whose ``/server_info`` is unreadable or lacks
+        the key) goes to ``deterministic_partial``, in the same words, and makes nothing strict."""
         said = []
         for session in (self.baseline, self.spec):
-            endpoint = session.fleet.endpoints[0]
-            info = self.raw_server_info(endpoint) or {}
-            if "enable_deterministic_inference" in info:
-                said.append((session.role, endpoint.base_url, bool(info["enable_deterministic_inference"])))
-        deterministic = None
-        if any(on for _, _, on in said):
-            where = ", ".join(f"{role} {url}: {str(on).lower()}" for role, url, on in said)
-            deterministic = f"sglang /server_info enable_deterministic_inference=true ({where})"
+            for endpoint in session.fleet.endpoints:
+                info = self.raw_server_info(endpoint) or {}
+                on = info.get("enable_deterministic_inference")
+                said.append((session.role, endpoint.base_url, "unknown" if on is None else str(bool(on)).lower()))
+        deterministic = partial = None
+        if any(on == "true" for _, _, on in said):
+            where = ", ".join(f"{role} {url}: {on}" for role, url, on in said)
+            if all(on == "true" for _, _, on in said):
+                deterministic = f"sglang /server_info enable_deterministic_inference=true ({where})"
+            else:
+                partial = (f"sglang /server_info enable_deterministic_inference=true, but not on every server of both "
+                           f"sides ({where})")
         return Capabilities(scoring=True, top_k=None, counters="request", max_concurrency=self.max_concurrency,
-                            deterministic=deterministic)
+                            deterministic=deterministic, deterministic_partial=partial)
 
     # ------------------------------------------------------------------ requests
     def complete(self, endpoint: Endpoint, req: GenerationRequest, speculative: bool) -> GenerationResult:

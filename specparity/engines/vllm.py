@@ -35,8 +35,8 @@ exercised against the vLLM protocol emulator in ``tests/emulators.py`` and the b
   {"logprob", "rank", "decoded_token"}, ...}, ...]``, the actual token first, then ranks 1..k.
 * **Batch invariance** is the environment variable ``VLLM_BATCH_INVARIANT=1`` only (no flag, not
   visible on ``/version``, ``/v1/models`` or ``system_fingerprint``); ``Capabilities.deterministic``
-  says so when a launch set it, or when a ``VLLM_SERVER_DEV_MODE=1`` server shows it on
-  ``/server_info``.
+  says so when both launches set it, or when every ``VLLM_SERVER_DEV_MODE=1`` server of both sides
+  shows it on ``/server_info``; the gate is then bit-exact. Only one side: reported, not strict.
 """
 
 from __future__ import annotations
@@ -67,10 +67,10 @@ from specparity.engines.base import (
 from specparity.engines.http import Endpoint, ServerError
 from specparity.engines.launch import ServerProcess
 from specparity.engines.presets import fill, preset_launch_values
+from specparity.engines.common import artifact
 from specparity.engines.server import (
     HFTokenizer,
     ServerEngine,
-    artifact,
     check_server_flags,
     named,
     open_sessions,
@@ -507,26 +507,41 @@ class VLLMEngine(ServerEngine):
                 "summary": summary}
 
     def capabilities(self) -> Capabilities:
+        deterministic, partial = self._deterministic()
         return Capabilities(scoring=True, top_k=self.max_logprobs, counters="aggregate",
-                            max_concurrency=self.max_concurrency, deterministic=self._deterministic())
+                            max_concurrency=self.max_concurrency, deterministic=deterministic,
+                            deterministic_partial=partial)
 
-    def _deterministic(self) -> str | None:
-        launches = [launch for launch in self.launches if launch is not None]
-        if launches and all(launch.batch_invariant for launch in launches):
-            return "vllm: VLLM_BATCH_INVARIANT=1 set in the environment of both launched servers (env only)"
+    def _deterministic(self) -> tuple[str | None, str | None]:
+        """(declared for both sides, declared for only some servers). Launched servers: both get
+        ``VLLM_BATCH_INVARIANT=1`` from ``batch_invariant`` (both by construction; a preset that set it
+        on one launch only is partial). Running servers: every baseline and speculative server must
+        show it on its dev-mode ``/server_info`` (``vllm_env``); a server without that route is
+        "unknown", never assumed."""
+        launches = [(role, launch) for role, launch in zip(("baseline", "spec"), self.launches) if launch is not None]
+        if launches:
+            if all(launch.batch_invariant for _, launch in launches):
+                return "vllm: VLLM_BATCH_INVARIANT=1 set in the environment of both launched servers (env only)", None
+            on = [role for role, launch in launches if launch.batch_invariant]
+            if on:
+                return None, f"vllm: VLLM_BATCH_INVARIANT=1 set for the {' and '.join(on)} launch only"
+            return None, None
         said = []
         for session in (self.baseline, self.spec):
-            endpoint = session.fleet.endpoints[0]
-            info = self.dev_server_info(endpoint)
-            if info is None:
-                return None
-            env = info.get("vllm_env") or {}
-            value = env.get("VLLM_BATCH_INVARIANT")
-            said.append((session.role, endpoint.base_url, str(value).lower() in ("1", "true")))
-        if said and all(on for _, _, on in said):
-            where = ", ".join(f"{role} {url}" for role, url, _ in said)
-            return f"vllm /server_info vllm_env.VLLM_BATCH_INVARIANT=1 ({where}; VLLM_SERVER_DEV_MODE=1 servers)"
-        return None
+            for endpoint in session.fleet.endpoints:
+                info = self.dev_server_info(endpoint)
+                # vllm_env holds the parsed envs values: VLLM_BATCH_INVARIANT is a bool (JSON true)
+                value = (info.get("vllm_env") or {}).get("VLLM_BATCH_INVARIANT") if info is not None else None
+                on = "unknown (no dev-mode /server_info)" if info is None else (
+                    "true" if str(value).lower() in ("1", "true") else json.dumps(value))
+                said.append((session.role, endpoint.base_url, on))
+        if not any(on == "true" for _, _, on in said):
+            return None, None
+        where = ", ".join(f"{role} {url}: {on}" for role, url, on in said)
+        if all(on == "true" for _, _, on in said):
+            return f"vllm /server_info vllm_env.VLLM_BATCH_INVARIANT=true ({where}; VLLM_SERVER_DEV_MODE=1 servers)", None
+        return None, (f"vllm /server_info vllm_env.VLLM_BATCH_INVARIANT=true, but not on every server of both sides "
+                      f"({where})")
 
     def complete(self, endpoint: Endpoint, req: GenerationRequest, speculative: bool) -> GenerationResult:
         try:

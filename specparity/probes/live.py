@@ -11,6 +11,9 @@ land. What each one is for:
   verifies every token) and only shows up as collapsed acceptance.
 * ``mamba_stress``: more concurrent requests sharing long prefixes than there are state slots; the
   engine must stay healthy, finish or cleanly fail every request, and keep its outputs.
+* ``self_draft``: an engine whose draft *is* its target must accept every draft token, up to
+  verify/decode rounding; a rejection where the target's margin is beyond its own noise is a bug in
+  the verify path (:mod:`specparity.invariance`).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from specparity.probes.finding import Finding, fail, ok, unknown, warn
 FIRST_DECODE = "first-decode"
 ACCEPTANCE = "acceptance-floor"
 STRESS = "mamba-stress"
+SELF_DRAFT = "self-draft"
 
 PROMPTS = (
     "Write a Python function that returns the n-th Fibonacci number.",
@@ -227,3 +231,40 @@ def mamba_stress(
     if errs:
         return warn(STRESS, f"{len(errs)} requests got a clean error; the rest match their solo runs", evidence + errs)
     return ok(STRESS, "every request finished and matches its solo run; engine still healthy", evidence)
+
+
+def self_draft(engine: Engine, *, prompts: Sequence[str] = PROMPTS, max_new_tokens: int = 48) -> Finding:
+    """Self-draft acceptance on a live engine whose draft is its target (``--draft`` = the target):
+    every rejection is a place where verify and decode disagree; judged against the noise measured
+    from the same engine (decode vs ``score()``), as the gate measures it."""
+    from specparity.invariance import self_draft_report
+    from specparity.noise import CalibrationError, derive_threshold, measure_noise
+
+    fp = engine.fingerprint()
+    if fp.draft is None or not fp.draft.sha256 or fp.draft.sha256 != fp.target.sha256:
+        drafted = f"{fp.draft.kind or fp.draft.path} ({fp.draft.sha256[:19] or 'no hash'})" if fp.draft else "none"
+        return unknown(SELF_DRAFT, "the engine's draft is not its target", [f"target {fp.target.path}", f"draft {drafted}"],
+                       action="run the engine with --draft set to the target's own weights (llama.cpp: -md the target GGUF)")
+    reqs = _requests(engine, prompts, max_new_tokens, "self-draft")
+    base, spec = engine.generate(reqs, speculative=False), engine.generate(reqs, speculative=True)
+    errs = _errors(base) + _errors(spec)
+    if errs:
+        return fail(SELF_DRAFT, "a self-draft request failed", errs, message=errs[0])
+    try:
+        tf = [engine.score(r.prompt_ids, b.output_ids, r.top_k) for r, b in zip(reqs, base)]
+        t = derive_threshold(measure_noise(zip((b.scores for b in base), tf)))
+    except (CalibrationError, ValueError) as exc:
+        return unknown(SELF_DRAFT, "the target's noise could not be measured", [str(exc)])
+    rep = self_draft_report([(r.request_id, b, s, None) for r, b, s in zip(reqs, base, spec)], engine=fp.engine,
+                            dtype=fp.dtype, threshold=t.nats, drift_bound=t.drift_nats or t.nats)
+    status, why = rep.status()
+    evidence = [f"accepted {rep.accepted}/{rep.proposed} draft tokens over {rep.verify_steps} verify steps, "
+                f"{len(rep.rejections)} rejection(s) in {rep.tokens} tokens",
+                f"near-tie threshold {t.nats:.3g} nats, drift bound {rep.drift_bound:.3g} (measured on these prompts)"]
+    evidence += [f"{r.prompt_id} position {r.position}: baseline margin "
+                 f"{'unknown' if r.baseline_margin is None else format(r.baseline_margin, '.4g')} ({r.against_noise})"
+                 for r in rep.rejections[:5]]
+    make = {"ok": ok, "warn": warn, "fail": fail}[status]
+    return make(SELF_DRAFT, why, evidence,
+                action="" if status == "ok" else "compare the verify kernel with the decode kernel at these positions")
+

@@ -1,8 +1,9 @@
 """The lossless gate: every prompt greedily with and without speculation, token by token.
 
 ``test_lossless[<prompt id>]`` fails for a ``diverged``, ``drifted`` (unless ``--drift-policy
-warn``) or ``error`` prompt (and for a ``near_tie`` one under ``--bit-exact``), with the reason
-and where to look.
+warn``) or ``error`` prompt (and for a ``near_tie`` one when the run is bit-exact: ``--bit-exact``, or
+an engine that declares deterministic inference, unless ``--allow-near-tie``; ``gate.bit_exact``),
+with the reason and where to look.
 ``test_gate_policy`` applies the run-level rules: the near-tie budget, "speculation inactive",
 path coverage and prompts that never finished.
 """
@@ -12,6 +13,8 @@ from __future__ import annotations
 import warnings
 
 import pytest
+
+from specparity.gate import bit_exact, near_tie_policy
 
 
 def test_lossless(lossless_prompt, gate_session):
@@ -26,8 +29,9 @@ def test_lossless(lossless_prompt, gate_session):
             pytest.fail(f"{lossless_prompt.id} [drifted]: {v.reason}", pytrace=False)
         warnings.warn(f"{lossless_prompt.id} drifted: {v.reason}", stacklevel=1)
     if v.klass == "near_tie":
-        if gate_session.run.config.policy.bit_exact:
-            pytest.fail(f"{lossless_prompt.id} [near_tie under --bit-exact]: {v.reason}", pytrace=False)
+        if bit_exact(gate_session.run):
+            pytest.fail(f"{lossless_prompt.id} [near_tie; {near_tie_policy(gate_session.run)}]: {v.reason}",
+                        pytrace=False)
         warnings.warn(f"{lossless_prompt.id} near-tie flip: {v.reason}", stacklevel=1)
 
 

@@ -37,3 +37,7 @@ def test_acceptance_floor(live_engine, pytestconfig):
 
 def test_mamba_stress(live_engine, pytestconfig):
     check_verdict(live.mamba_stress(live_engine, requests=pytestconfig.getoption("probe_stress_requests", default=8)))
+
+
+def test_self_draft(live_engine):
+    check_verdict(live.self_draft(live_engine))

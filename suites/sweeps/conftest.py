@@ -63,7 +63,7 @@ def sweep_row(block: int, run: GateRun, decision: GateDecision) -> SweepRow:
 
 def table_lines(rows: list[SweepRow]) -> list[str]:
     out = [
-        "| block | prompts | exact / tie / div / err | accept length | tok/s no spec | tok/s dflash | speedup |",
+        "| block | prompts | exact / tie / drift / div / err | accept length | tok/s no spec | tok/s dflash | speedup |",
         "|---:|---:|:---:|---:|---:|---:|---:|",
     ]
     for r in sorted(rows, key=lambda r: r.block):
@@ -71,7 +71,7 @@ def table_lines(rows: list[SweepRow]) -> list[str]:
         al = f"{mal:.2f}" if mal is not None else "n/a"
         c = r.counts
         out.append(
-            f"| {r.block} | {r.prompts} | {c['exact']} / {c['near_tie']} / {c['diverged']} / {c['error']} | {al} | "
+            f"| {r.block} | {r.prompts} | {c['exact']} / {c['near_tie']} / {c['drifted']} / {c['diverged']} / {c['error']} | {al} | "
             f"{r.base_tok_s:.1f} | {r.spec_tok_s:.1f} | {r.speedup:.2f}x |"
         )
     return out

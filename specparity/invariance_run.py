@@ -1,0 +1,118 @@
+"""Runs behind the invariance reports (:mod:`specparity.invariance`): a self-draft gate run, and
+each prompt decoded alone and batched.
+
+The self-draft run *is* a gate run (:func:`specparity.runner.run_gate`) on an engine whose draft is
+the target, so its threshold, drift bound, scorer check and verdicts are the gate's own; the
+report then reads where the verify pass rejected what decode proposed.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from specparity.calibration import Sample, require_fit_scorer
+from specparity.compare import compare
+from specparity.engines.base import Engine
+from specparity.invariance import BatchReport, SelfDraftReport, self_draft_report
+from specparity.noise import derive_threshold, measure_noise
+from specparity.prompts import Prompt
+from specparity.records import DEFAULT_MAX_NEW_TOKENS, GateConfig, GateRun
+from specparity.runner import dispatch, run_gate
+from specparity.types import GenerationRequest, GenerationResult, TokenScores
+
+
+class InvarianceError(RuntimeError):
+    """The measurement could not be made (the run failed before anything was compared)."""
+
+
+def run_self_draft(engine: Engine, prompts: Sequence[Prompt], config: GateConfig, *,
+                   kv_cache_dtype: str = "as the model", width: int | None = None) -> tuple[SelfDraftReport, GateRun]:
+    """The gate over ``prompts`` on a self-drafting engine, and its self-draft report."""
+    fp = engine.fingerprint()
+    if fp.draft is not None and fp.draft.sha256 and fp.target.sha256 and fp.draft.sha256 != fp.target.sha256:
+        raise InvarianceError(f"engine {fp.engine}: the draft ({fp.draft.path}) is not the target ({fp.target.path}); "
+                              "a self-draft run needs --draft set to the target")
+    run = run_gate(engine, prompts, config)
+    if run.calibration_error or run.threshold is None:
+        raise InvarianceError(run.calibration_error or run.fatal or "no threshold was measured")
+    pairs = [(r.prompt.id, r.baseline, r.spec, r.verdict) for r in run.records if r.baseline and r.spec]
+    report = self_draft_report(pairs, engine=fp.engine, dtype=fp.dtype, threshold=run.threshold.nats,
+                               drift_bound=run.threshold.drift_nats or run.threshold.nats,
+                               kv_cache_dtype=kv_cache_dtype, width=width)
+    return report, run
+
+
+def _requests(engine: Engine, prompts: Sequence[Prompt], config: GateConfig) -> list[GenerationRequest]:
+    stops = tuple(engine.stop_token_ids())
+    return [GenerationRequest(p.id, engine.encode_prompt(p.prompt, p.messages_as_dicts()),
+                              config.max_new_tokens or p.max_new_tokens or DEFAULT_MAX_NEW_TOKENS, stops, config.top_k)
+            for p in prompts]
+
+
+def _batched(engine: Engine, reqs: list[GenerationRequest], batch_size: int) -> tuple[list[GenerationResult], str]:
+    """Each request decoded inside a batch: one in-process batch per ``batch_size`` requests, or
+    ``batch_size`` concurrent requests (a server batches what arrives together)."""
+    batch = getattr(engine, "generate_batch", None)
+    if callable(batch):
+        out: list[GenerationResult] = []
+        for i in range(0, len(reqs), batch_size):
+            out += batch(reqs[i : i + batch_size])
+        return out, f"in-process left-padded batches of {batch_size}"
+    done = dict(dispatch(range(len(reqs)), lambda i: engine.generate([reqs[i]], speculative=False)[0], batch_size))
+    return [done[i] for i in range(len(reqs))], f"{batch_size} concurrent requests to the server"
+
+
+def run_batching(engine: Engine, prompts: Sequence[Prompt], config: GateConfig, batch_size: int) -> BatchReport:
+    """Every prompt alone (the reference), then inside batches; each batched output classified
+    against the solo one with the gate's threshold, measured on the solo runs."""
+    if batch_size < 2:
+        raise ValueError(f"batch size: expected >= 2, got {batch_size}")
+    reqs = _requests(engine, prompts, config)
+    solo = [engine.generate([r], speculative=False)[0] for r in reqs]
+    failed = [s for s in solo if s.error]
+    if failed:
+        raise InvarianceError(f"solo decode failed: {failed[0].request_id}: {failed[0].error}")
+    solo_tf = [engine.score(r.prompt_ids, s.output_ids, r.top_k) for r, s in zip(reqs, solo)]
+    require_fit_scorer([Sample(r.request_id, s.output_ids, s.scores, tf) for r, s, tf in zip(reqs, solo, solo_tf)],
+                       config.near_tie_ceiling, f"{engine.name} score()")
+    threshold = derive_threshold(measure_noise(zip((s.scores for s in solo), solo_tf)), config.near_tie_nats,
+                                 ceiling=config.near_tie_ceiling, calibration=f"the {len(reqs)} solo runs")
+    batched, how = _batched(engine, reqs, batch_size)
+    fp = engine.fingerprint()
+    report = BatchReport(fp.engine, fp.dtype, batch_size, how, threshold.nats)
+    stops = tuple(engine.stop_token_ids())
+    for p, r, s, tf, b in zip(prompts, reqs, solo, solo_tf, batched):
+        b_tf: TokenScores | None = tf if b.output_ids == s.output_ids else (
+            None if b.error else engine.score(r.prompt_ids, b.output_ids, r.top_k))
+        report.verdicts.append(compare(p.id, p.category, s, b, b_tf, threshold=threshold.nats,
+                                       max_new_tokens=r.max_new_tokens, stop_ids=stops, decode=engine.decode,
+                                       baseline_tf=tf, drift_nats=threshold.drift_nats))
+    return report
+
+
+def table(reports: Sequence[Any]) -> list[str]:
+    """Markdown rows of self-draft and batching reports (the suite prints and writes them)."""
+    rows = []
+    for rep in reports:
+        status, why = rep.status()
+        if isinstance(rep, SelfDraftReport):
+            acc = f"{rep.acceptance:.4f}" if rep.acceptance is not None else "n/a"
+            per = f"{rep.rejections_per_1k:.2f}" if rep.rejections_per_1k is not None else "n/a"
+            margins = ", ".join(f"{r.baseline_margin:.3g}" if r.baseline_margin is not None else "?"
+                                for r in rep.rejections[:6]) or "-"
+            rows.append(f"| self-draft | {rep.engine} | {rep.dtype} | {rep.kv_cache_dtype} | {rep.width or '-'} | "
+                        f"{rep.prompts} | {rep.tokens} | {rep.accepted}/{rep.proposed} ({acc}) | {len(rep.rejections)} "
+                        f"({per}/1k) | {margins} | {rep.threshold:.3g} | {rep.outputs_differ} | {status}: {why} |")
+        else:
+            c = rep.classes
+            rows.append(f"| batching | {rep.engine} | {rep.dtype} | - | batch {rep.batch_size} | {len(rep.verdicts)} | - | - | "
+                        f"- | - | {rep.threshold:.3g} | {sum(n for k, n in c.items() if k != 'exact')} "
+                        f"({', '.join(f'{k} {n}' for k, n in sorted(c.items()))}) | {status}: {why} |")
+    return rows
+
+
+TABLE_HEADER = [
+    "| check | engine | dtype | KV cache | width | prompts | tokens | accepted/proposed | rejections | baseline margin "
+    "at rejections (nats) | near-tie threshold | outputs ≠ plain decode | status |",
+    "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+]
