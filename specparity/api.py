@@ -28,8 +28,8 @@ from typing import Callable, Iterable, Sequence, Union
 import numpy as np
 
 from specparity.compare import Verdict, compare
-from specparity.calibration import Sample, require_fit_scorer
-from specparity.noise import DEFAULT_CEILING_NATS, DEFAULT_MULTIPLIER, NearTieThreshold, derive_threshold, measure_noise
+from specparity.calibration import Sample, calibrate
+from specparity.noise import DEFAULT_CEILING_NATS, DEFAULT_MULTIPLIER, CalibrationError, NearTieThreshold
 from specparity.types import GenerationResult, SpecStats, TokenScores
 
 Output = Union[GenerationResult, Sequence[int]]
@@ -55,23 +55,24 @@ def measure_threshold(
     ``pairs``: for each *baseline* output, its scores as decoded (a :class:`GenerationResult` or its
     ``scores``) and the teacher-forced scoring of the same tokens
     (``engine.score(prompt_ids, baseline.output_ids, top_k)``). Never measure it on the speculative
-    run: a broken loop would inflate its own threshold. Wraps :func:`specparity.noise.measure_noise`
-    and :func:`~specparity.noise.derive_threshold`; ``describe()`` on the result says how it was made.
+    run: a broken loop would inflate its own threshold. Calibrates as the gate does
+    (:func:`specparity.calibration.calibrate`); ``describe()`` on the result says how it was made.
     As in the gate, the teacher-forced scores are checked against the decoded ones first
     (:mod:`specparity.calibration`: a scorer off by one position raises
     :class:`~specparity.calibration.ScorerRefused`), and a threshold above ``ceiling`` raises
     :class:`~specparity.noise.CalibrationError`.
     """
     pairs = [(d.scores if isinstance(d, GenerationResult) else d, tf) for d, tf in pairs]
-    require_fit_scorer([Sample(f"pair {i}", d.token_ids, d, tf) for i, (d, tf) in enumerate(pairs)], ceiling,
-                       "the teacher-forced scores given")
-    noise = measure_noise(pairs)
-    if noise.pairs == 0:
+    samples = [Sample(f"pair {i}", d.token_ids, d, tf) for i, (d, tf) in enumerate(pairs)]
+    try:
+        return calibrate(samples, scorer="the teacher-forced scores given", ceiling=ceiling, multiplier=multiplier)[1]
+    except CalibrationError:
+        raise
+    except ValueError:
         raise ValueError(
             "measure_threshold: no baseline position was scored both ways (no pairs, empty outputs, or rows "
             "without shared alternatives); pass check_lossless(threshold=...) instead"
-        )
-    return derive_threshold(noise, multiplier=multiplier, ceiling=ceiling)
+        ) from None
 
 
 def check_lossless(

@@ -23,7 +23,14 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-from specparity.noise import CalibrationError
+from specparity.noise import (
+    DEFAULT_CEILING_NATS,
+    DEFAULT_MULTIPLIER,
+    CalibrationError,
+    NearTieThreshold,
+    derive_threshold,
+    measure_noise,
+)
 from specparity.types import TokenScores
 
 
@@ -125,3 +132,19 @@ def require_fit_scorer(samples: Iterable[Sample], clear_nats: float, scorer: str
     if not check.passed:
         raise ScorerRefused(f"teacher-forced scorer refused ({scorer}): {check.evidence()}")
     return check
+
+
+def calibrate(
+    samples: Sequence[Sample], *, scorer: str, ceiling: float = DEFAULT_CEILING_NATS, override: float | None = None,
+    multiplier: float = DEFAULT_MULTIPLIER, label: str = "",
+) -> tuple[ScorerCheck, NearTieThreshold]:
+    """The one way every caller calibrates (the gate, the invariance checks, the live self-draft probe,
+    ``api.measure_threshold``): check the scorer on the baselines, then measure the noise between
+    their decode rows and the scorer's and derive the threshold (``override`` if given), refusing a
+    measurement above ``ceiling``. Raises :class:`CalibrationError` (:class:`ScorerRefused` for the
+    scorer), or ``ValueError`` when no position was scored both ways."""
+    samples = list(samples)
+    check = require_fit_scorer(samples, ceiling, scorer)
+    noise = measure_noise((s.decoded, s.teacher_forced) for s in samples)
+    return check, derive_threshold(noise, override, multiplier, ceiling, label)
+

@@ -25,7 +25,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from specparity.compare import Verdict
+from specparity.compare import Verdict, first_mismatch
 from specparity.types import GenerationResult
 
 #: A self-draft run's status: every draft accepted / rejections within the noise / beyond it.
@@ -173,8 +173,8 @@ def self_draft_report(
         # drafts after a cut were dropped, not rejected: they count as neither
         rep.proposed += sum(s.accepted if s.cut else s.proposed for s in spec.spec.steps)
         differs = spec.output_ids != base.output_ids
-        split = next((i for i, (a, b) in enumerate(zip(base.output_ids, spec.output_ids)) if a != b),
-                     min(len(base.output_ids), len(spec.output_ids)))
+        split = first_mismatch(base.output_ids, spec.output_ids)
+        split = len(base.output_ids) if split is None else split
         for pos in rejection_positions(spec):
             margin = _margin(base, pos) if pos <= split else None
             against = ("unknown" if margin is None else "within" if margin <= threshold

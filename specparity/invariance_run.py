@@ -10,11 +10,10 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from specparity.calibration import Sample, require_fit_scorer
+from specparity.calibration import Sample, calibrate
 from specparity.compare import compare
 from specparity.engines.base import Engine
 from specparity.invariance import BatchReport, SelfDraftReport, self_draft_report
-from specparity.noise import derive_threshold, measure_noise
 from specparity.prompts import Prompt
 from specparity.records import DEFAULT_MAX_NEW_TOKENS, GateConfig, GateRun
 from specparity.runner import dispatch, run_gate
@@ -73,10 +72,9 @@ def run_batching(engine: Engine, prompts: Sequence[Prompt], config: GateConfig, 
     if failed:
         raise InvarianceError(f"solo decode failed: {failed[0].request_id}: {failed[0].error}")
     solo_tf = [engine.score(r.prompt_ids, s.output_ids, r.top_k) for r, s in zip(reqs, solo)]
-    require_fit_scorer([Sample(r.request_id, s.output_ids, s.scores, tf) for r, s, tf in zip(reqs, solo, solo_tf)],
-                       config.near_tie_ceiling, f"{engine.name} score()")
-    threshold = derive_threshold(measure_noise(zip((s.scores for s in solo), solo_tf)), config.near_tie_nats,
-                                 ceiling=config.near_tie_ceiling, calibration=f"the {len(reqs)} solo runs")
+    _, threshold = calibrate([Sample(r.request_id, s.output_ids, s.scores, tf) for r, s, tf in zip(reqs, solo, solo_tf)],
+                             scorer=f"{engine.name} score()", ceiling=config.near_tie_ceiling,
+                             override=config.near_tie_nats, label=f"the {len(reqs)} solo runs")
     batched, how = _batched(engine, reqs, batch_size)
     fp = engine.fingerprint()
     report = BatchReport(fp.engine, fp.dtype, batch_size, how, threshold.nats)

@@ -26,11 +26,11 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 from typing import IO, Any, Callable, Iterable, Iterator, Sequence, TypeVar
 
-from specparity.calibration import Sample, require_fit_scorer
+from specparity.calibration import Sample, calibrate
 from specparity.compare import Verdict, compare
 from specparity.engines.base import Engine, capabilities_of
 from specparity.gate import GateDecision, decide
-from specparity.noise import CalibrationError, derive_threshold, measure_noise
+from specparity.noise import CalibrationError
 from specparity.prompts import Prompt
 from specparity.records import DEFAULT_MAX_NEW_TOKENS, GateConfig, GateRun, PromptRecord
 from specparity.report import DERIVED_FILES, write_reports
@@ -299,11 +299,9 @@ def _calibrate(run: GateRun, scorer: Scorer, writer: ResultsWriter, say: Callabl
         return False
     samples = [Sample(r.prompt.id, r.baseline.output_ids, r.baseline.scores, r.baseline_tf) for r in measured]
     try:
-        check = require_fit_scorer(samples, config.near_tie_ceiling, run.scorer)
+        check, run.threshold = calibrate(samples, scorer=run.scorer, ceiling=config.near_tie_ceiling,
+                                         override=config.near_tie_nats, label=_calibration_label(run, len(measured)))
         run.scorer_check = check.to_json()
-        noise = measure_noise((r.baseline.scores, r.baseline_tf) for r in measured)
-        run.threshold = derive_threshold(noise, config.near_tie_nats, ceiling=config.near_tie_ceiling,
-                                         calibration=_calibration_label(run, len(measured)))
     except CalibrationError as exc:
         run.calibration_error = str(exc)
         writer.write({"kind": "calibration_refused", "error": run.calibration_error, "scorer_check": run.scorer_check})

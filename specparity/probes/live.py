@@ -237,8 +237,9 @@ def self_draft(engine: Engine, *, prompts: Sequence[str] = PROMPTS, max_new_toke
     """Self-draft acceptance on a live engine whose draft is its target (``--draft`` = the target):
     every rejection is a place where verify and decode disagree; judged against the noise measured
     from the same engine (decode vs ``score()``), as the gate measures it."""
+    from specparity.calibration import Sample, calibrate
     from specparity.invariance import self_draft_report
-    from specparity.noise import CalibrationError, derive_threshold, measure_noise
+    from specparity.noise import CalibrationError
 
     fp = engine.fingerprint()
     if fp.draft is None or not fp.draft.sha256 or fp.draft.sha256 != fp.target.sha256:
@@ -252,7 +253,8 @@ def self_draft(engine: Engine, *, prompts: Sequence[str] = PROMPTS, max_new_toke
         return fail(SELF_DRAFT, "a self-draft request failed", errs, message=errs[0])
     try:
         tf = [engine.score(r.prompt_ids, b.output_ids, r.top_k) for r, b in zip(reqs, base)]
-        t = derive_threshold(measure_noise(zip((b.scores for b in base), tf)))
+        _, t = calibrate([Sample(r.request_id, b.output_ids, b.scores, x) for r, b, x in zip(reqs, base, tf)],
+                         scorer=f"{engine.name} score()")
     except (CalibrationError, ValueError) as exc:
         return unknown(SELF_DRAFT, "the target's noise could not be measured", [str(exc)])
     rep = self_draft_report([(r.request_id, b, s, None) for r, b, s in zip(reqs, base, spec)], engine=fp.engine,
