@@ -161,9 +161,11 @@ class GateRun:
     deterministic: str | None = None
     #: A declaration that does not cover both sides (one server only): reported, never strict.
     deterministic_partial: str | None = None
-    #: The prompts the noise is measured on, when given apart from the selection (empty: the
-    #: selected prompts themselves).
-    calibration_ids: list[str] = field(default_factory=list)
+    #: Whether the noise is measured on a calibration set given apart from the selection (else on
+    #: the selected prompts themselves), and which selected prompts belong to that set (their
+    #: baselines are reused; the set's other prompts are ``calibration_records``).
+    calibrated_apart: bool = False
+    calibration_reused: list[str] = field(default_factory=list)
     #: Baselines run only to measure the noise (calibration prompts that are not selected).
     calibration_records: list[PromptRecord] = field(default_factory=list)
     #: Why the gate could not be calibrated (scorer refused, threshold above the ceiling): nothing

@@ -182,10 +182,12 @@ def run_gate(
     say = progress or (lambda _msg: None)
     writer = ResultsWriter(config.report_dir)
     run = GateRun(fingerprint=None, config=config, records=[PromptRecord(p) for p in prompts])
-    selected = {p.id for p in prompts}
     if calibration is not None and config.calibration != "selected":
-        run.calibration_ids = [p.id for p in calibration]
-        run.calibration_records = [PromptRecord(p) for p in calibration if p.id not in selected]
+        # a selected prompt's baseline is reused only for the same prompt, not merely the same id
+        wanted, chosen = {_content(p) for p in calibration}, {_content(p) for p in prompts}
+        run.calibrated_apart = True
+        run.calibration_reused = [p.id for p in prompts if _content(p) in wanted]
+        run.calibration_records = [PromptRecord(p) for p in calibration if _content(p) not in chosen]
     t_start = time.perf_counter()
     try:
         _run_phases(engine, run, writer, say)
@@ -200,6 +202,10 @@ def run_gate(
         run.timings["total"] = time.perf_counter() - t_start
         writer.close()
     return run
+
+
+def _content(p: Prompt) -> tuple[Any, ...]:
+    return p.id, p.prompt, p.messages, p.max_new_tokens
 
 
 def _run_phases(engine: Engine, run: GateRun, writer: ResultsWriter, say: Callable[[str], None]) -> None:
@@ -270,7 +276,7 @@ def _baselines(engine: Engine, run: GateRun, scorer: Scorer, writer: ResultsWrit
 
 def _calibration_label(run: GateRun, n: int) -> str:
     extra = len(run.calibration_records)
-    source = run.config.calibration if run.calibration_ids else "selected"
+    source = run.config.calibration if run.calibrated_apart else "selected"
     if source == "selected":
         return f"the {n} prompt(s) that ran (the threshold depends on which prompts were selected)"
     if source == "suite":
@@ -284,9 +290,9 @@ def _calibrate(run: GateRun, scorer: Scorer, writer: ResultsWriter, say: Callabl
     Returns False when nothing can be judged: no baseline could be measured (each prompt is then an
     ``error`` with its own cause), or the calibration was refused (``run.calibration_error``)."""
     config = run.config
-    if run.calibration_ids:
-        ids = set(run.calibration_ids)
-        pool = [r for r in run.records if r.prompt.id in ids] + run.calibration_records
+    if run.calibrated_apart:
+        reused = set(run.calibration_reused)
+        pool = [r for r in run.records if r.prompt.id in reused] + run.calibration_records
     else:
         pool = run.records
     measured = [r for r in pool if r.baseline is not None and not r.baseline.error and r.baseline_tf is not None]

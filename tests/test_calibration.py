@@ -140,3 +140,20 @@ def test_selection_leaves_the_threshold_unchanged(tmp_path):
     selected = _pytest(tmp_path, "sel", "-k", "math-en-004 or repeat-en-003", "--calibration", "selected")
     assert "depends on which prompts were selected" in selected["calibration"]
     assert selected["noise"]["positions"] < full["noise"]["positions"]
+
+
+def test_a_fixed_calibration_set_does_not_move_with_the_selection(hf_options, default_prompts):
+    """--calibration FILE: the noise comes from the file's prompts only; a selected prompt that is in
+    the set is reused, one that is not is left out of the measurement."""
+    cal = default_prompts[:3]
+    engine = HFEngine(hf_options)
+    try:
+        config = GateConfig(max_new_tokens=8, calibration="cal.jsonl")
+        inside = run_gate(engine, [cal[0]], config, calibration=cal)
+        outside = run_gate(engine, [default_prompts[20]], config, calibration=cal)
+    finally:
+        engine.close()
+    assert inside.threshold.noise == outside.threshold.noise
+    assert inside.threshold.calibration == outside.threshold.calibration == "the calibration set cal.jsonl (3 prompts measured)"
+    assert [r.prompt.id for r in inside.calibration_records] == [p.id for p in cal[1:]]
+    assert [r.prompt.id for r in outside.calibration_records] == [p.id for p in cal]
