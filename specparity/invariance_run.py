@@ -15,8 +15,8 @@ from specparity.compare import compare
 from specparity.engines.base import Engine
 from specparity.invariance import BatchReport, SelfDraftReport, self_draft_report
 from specparity.prompts import Prompt
-from specparity.records import DEFAULT_MAX_NEW_TOKENS, GateConfig, GateRun
-from specparity.runner import dispatch, run_gate
+from specparity.records import GateConfig, GateRun
+from specparity.runner import dispatch, request_for, run_gate
 from specparity.types import GenerationRequest, GenerationResult, TokenScores
 
 
@@ -41,13 +41,6 @@ def run_self_draft(engine: Engine, prompts: Sequence[Prompt], config: GateConfig
     return report, run
 
 
-def _requests(engine: Engine, prompts: Sequence[Prompt], config: GateConfig) -> list[GenerationRequest]:
-    stops = tuple(engine.stop_token_ids())
-    return [GenerationRequest(p.id, engine.encode_prompt(p.prompt, p.messages_as_dicts()),
-                              config.max_new_tokens or p.max_new_tokens or DEFAULT_MAX_NEW_TOKENS, stops, config.top_k)
-            for p in prompts]
-
-
 def _batched(engine: Engine, reqs: list[GenerationRequest], batch_size: int) -> tuple[list[GenerationResult], str]:
     """Each request decoded inside a batch: one in-process batch per ``batch_size`` requests, or
     ``batch_size`` concurrent requests (a server batches what arrives together)."""
@@ -66,7 +59,8 @@ def run_batching(engine: Engine, prompts: Sequence[Prompt], config: GateConfig, 
     against the solo one with the gate's threshold, measured on the solo runs."""
     if batch_size < 2:
         raise ValueError(f"batch size: expected >= 2, got {batch_size}")
-    reqs = _requests(engine, prompts, config)
+    stops = tuple(engine.stop_token_ids())
+    reqs = [request_for(engine, p, config, stops) for p in prompts]
     solo = [engine.generate([r], speculative=False)[0] for r in reqs]
     failed = [s for s in solo if s.error]
     if failed:
@@ -78,7 +72,6 @@ def run_batching(engine: Engine, prompts: Sequence[Prompt], config: GateConfig, 
     batched, how = _batched(engine, reqs, batch_size)
     fp = engine.fingerprint()
     report = BatchReport(fp.engine, fp.dtype, batch_size, how, threshold.nats)
-    stops = tuple(engine.stop_token_ids())
     for p, r, s, tf, b in zip(prompts, reqs, solo, solo_tf, batched):
         b_tf: TokenScores | None = tf if b.output_ids == s.output_ids else (
             None if b.error else engine.score(r.prompt_ids, b.output_ids, r.top_k))

@@ -89,6 +89,14 @@ def _timed(timings: dict[str, float], key: str, fn: Callable[[], Any]) -> Any:
         timings[key] += time.perf_counter() - t0
 
 
+def request_for(engine: Engine, p: Prompt, config: GateConfig, stop_ids: tuple[int, ...]) -> GenerationRequest:
+    """The request a run sends for ``p``: its encoding, ``--max-new-tokens`` or the prompt's own limit
+    (else the default), the engine's stop tokens, ``--top-k``. Raises when encoding fails."""
+    ids = engine.encode_prompt(p.prompt, p.messages_as_dicts())
+    max_new = config.max_new_tokens or p.max_new_tokens or DEFAULT_MAX_NEW_TOKENS
+    return GenerationRequest(p.id, ids, max_new, stop_ids, config.top_k)
+
+
 def _generate_one(engine: Engine, req: GenerationRequest, speculative: bool) -> GenerationResult:
     """An engine that raises instead of returning ``failed`` still yields a result for this prompt;
     one that breaks the protocol's row contract gets this prompt's error, naming what it broke."""
@@ -252,12 +260,9 @@ def _baselines(engine: Engine, run: GateRun, scorer: Scorer, writer: ResultsWrit
     for rec in run.records + run.calibration_records:
         p = rec.prompt
         try:
-            ids = engine.encode_prompt(p.prompt, p.messages_as_dicts())
+            rec.request = request_for(engine, p, config, stop_ids)
         except Exception as exc:  # noqa: BLE001
             rec.baseline = GenerationResult.failed(p.id, f"encoding the prompt failed: {type(exc).__name__}: {exc}")
-            continue
-        max_new = config.max_new_tokens or p.max_new_tokens or DEFAULT_MAX_NEW_TOKENS
-        rec.request = GenerationRequest(p.id, ids, max_new, stop_ids, config.top_k)
 
     work = partial(_decode_and_score, engine, scorer, False)
     t_phase = time.perf_counter()

@@ -35,8 +35,8 @@ os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 from specparity.coverage import PATHS, Coverage  # noqa: E402
 from specparity.fixtures import REPO_ROOT, fixture_dir  # noqa: E402
 from specparity.prompts import Prompt, load_prompts  # noqa: E402
-from specparity.records import DEFAULT_MAX_NEW_TOKENS  # noqa: E402
-from specparity.types import DEFAULT_TOP_K, GenerationRequest  # noqa: E402
+from specparity.records import GateConfig  # noqa: E402
+from specparity.runner import request_for  # noqa: E402
 
 DEFAULT_ENGINES = "hf:draft,dflash:dflash2"
 ALL_ENGINES = "hf:draft,hf:prompt_lookup,dflash:dflash2,dflash:dflash1"
@@ -67,12 +67,6 @@ def load(name: str, mode: str, threads: int | None = 1):
                                            spec_mode=mode, threads=threads))
 
 
-def request(engine: Any, p: Prompt, top_k: int = DEFAULT_TOP_K) -> GenerationRequest:
-    ids = engine.encode_prompt(p.prompt, p.messages_as_dicts())
-    return GenerationRequest(p.id, list(ids), p.max_new_tokens or DEFAULT_MAX_NEW_TOKENS,
-                             tuple(engine.stop_token_ids()), top_k)
-
-
 def prompt_paths(spec: Any) -> list[str]:
     """The paths one request took (in ``PATHS`` order)."""
     one = Coverage()
@@ -85,7 +79,7 @@ def run_suite(engine: Any, prompts: list[Prompt]) -> tuple[Coverage, list[dict[s
     cov = Coverage()
     rows = []
     for p in prompts:
-        req = request(engine, p)
+        req = request_for(engine, p, GateConfig(), tuple(engine.stop_token_ids()))
         (res,) = engine.generate([req], speculative=True)
         if res.error:
             print(f"{p.id}: request failed: {res.error}", file=sys.stderr)
