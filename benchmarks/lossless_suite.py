@@ -98,7 +98,7 @@ def main() -> None:
         wall = pytest_wall(args.engine)
         print("| command | wall s |\n|---|---|")
         print(f"| pytest suites/lossless{' --engine ' + args.engine if args.engine else ''} | {wall:.1f} |\n")
-    from specparity.pytest_plugin import DEFAULT_ENGINE
+    from specparity.option_table import DEFAULT_ENGINE
 
     timings, n_prompts, tokens = split(args.engine or DEFAULT_ENGINE)
     total = timings["total"]

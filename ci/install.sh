@@ -4,7 +4,7 @@
 # 2.13.0 is what this machine class has on disk); pyproject's range admits it, so pip keeps it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-python -m pip install -q --upgrade pip
+python -m pip install -q --upgrade pip "setuptools>=77"
 python -m pip install -q torch==2.13.0
 python -m pip install -q -e .
 # dflash (the DFlash/DFlash2 reference decoder) without its pins: its [local] extra pins torch

@@ -1,17 +1,23 @@
 """The ``specparity`` console script.
 
-Subcommands register themselves on one argparse parser (``add_<name>_command``) so other
-commands can be added next to ``probe`` without touching its code. ``specparity lossless ARGS``
-hands ``ARGS`` to ``pytest suites/lossless`` untouched. Exit codes are those of
-:mod:`specparity.exitcodes`: bad input (unreadable or hostile checkpoints, a malformed
-``--engine``) prints one line and exits 4; a predicted failure exits 1; everything
-ok/warn/unknown exits 0; an internal error exits 3.
+Subcommands register themselves on one argparse parser (``add_<name>_command`` functions listed in
+:data:`COMMANDS`, a tuple other modules may extend) so a command is added without touching the
+others. ``specparity run`` runs the lossless gate without pytest; ``specparity lossless ARGS`` hands
+``ARGS`` to pytest on the gate's test module shipped in the package, untouched. Exit codes are those
+of :mod:`specparity.exitcodes` (the ``--help`` epilog lists them); :func:`main` maps every failure to
+one of them in one place: bad input (an option, unreadable or hostile checkpoints, a malformed
+``--engine``) prints one line and exits 4, an exception carrying an ``exit_code`` attribute
+(``session.EngineLoadFailed``: 3) prints one line and exits with it, Ctrl-C exits 2, any other
+error one line and 3.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import sys
+from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from specparity import exitcodes
@@ -85,13 +91,230 @@ def add_probe_command(sub: Any) -> None:
     p.set_defaults(func=_run_probe)
 
 
+#: The exit codes of every command, for ``specparity --help`` (README "Exit codes").
+EXIT_CODES_EPILOG = """\
+exit codes (every command, and `pytest suites/lossless`; ci/gate.sh exits with the worst of its suites):
+  0  pass: the gate passed (probe: every probe ok, warn or unknown)
+  1  gate failure: a prompt diverged, drifted or failed in the engine, or a run-level rule failed
+     (speculation inactive, near-tie budget, a path not taken under --require-all-paths);
+     probe: a predicted failure
+  2  interrupted (Ctrl-C): finished prompts are kept, the summary and the journal say INTERRUPTED
+  3  harness or engine error: the engine could not load or start, or nothing could be judged
+     (calibration refused); no verdict
+  4  bad input: an option, path, engine or prompt file, named in one line before any model loads
+"""
+
+#: ``specparity run --json``: the version of the document's layout (bumped on an incompatible change).
+RUN_JSON_SCHEMA = 1
+
+#: The package holding the gate's test module (``specparity lossless`` runs pytest on it; a directory, so
+#: node ids outside the rootdir read ``test_lossless.py::test_lossless[<id>]``).
+SUITE_DIR = Path(__file__).resolve().parent / "suite"
+
+
+# --------------------------------------------------------------------------- specparity run
+
+
+class GateProgress:
+    """One rich progress bar per phase, on stderr, advanced by the runner's ``progress(msg)`` calls.
+
+    The runner says ``"baseline <id>: N tokens"`` for each baseline (calibration-only prompts
+    included), ``"near-tie threshold: …"`` (or ``"calibration refused: …"``) between the phases and
+    ``"<id>: <class>"`` for each speculative run; anything else is ignored. Prompt ids hold no spaces
+    (prompts schema), so the two forms cannot be confused. ``counts`` keeps what was seen, also
+    when the bar is not drawn.
+    """
+
+    def __init__(self, baseline_total: int, spec_total: int, console: Any | None = None):
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self.counts = {"baseline": 0, "speculative": 0}
+        self.bar = Progress(TextColumn("{task.description:<12}"), BarColumn(), MofNCompleteColumn(),
+                            TimeElapsedColumn(), TextColumn("{task.fields[current]}"),
+                            console=console, transient=True, redirect_stdout=False, redirect_stderr=False)
+        self.tasks = {
+            "baseline": self.bar.add_task("baseline", total=max(baseline_total, 1), current=""),
+            "speculative": self.bar.add_task("speculative", total=max(spec_total, 1), current="", start=False),
+        }
+
+    def __enter__(self) -> "GateProgress":
+        self.bar.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.bar.stop()
+
+    def _advance(self, phase: str, current: str) -> None:
+        self.counts[phase] += 1
+        self.bar.update(self.tasks[phase], completed=self.counts[phase], current=current)
+
+    def __call__(self, msg: str) -> None:
+        from specparity.compare import CLASSES
+
+        if msg.startswith("baseline "):
+            self._advance("baseline", msg[len("baseline "):].split(":", 1)[0])
+        elif msg.startswith(("near-tie threshold:", "calibration refused")):
+            base = self.tasks["baseline"]
+            self.bar.update(base, total=max(self.counts["baseline"], 1), completed=max(self.counts["baseline"], 1),
+                            current="")
+            self.bar.start_task(self.tasks["speculative"])
+        else:
+            pid, sep, klass = msg.rpartition(": ")
+            if sep and " " not in pid and klass in CLASSES:
+                self.bar.start_task(self.tasks["speculative"])
+                self._advance("speculative", f"{pid}: {klass}")
+
+
+def _calibration_only(setup: Any) -> int:
+    """How many calibration prompts run a baseline only (the runner's ``calibration_records``)."""
+    if setup.calibration is None or setup.config.calibration == "selected":
+        return 0
+    key = lambda p: (p.id, p.prompt, p.messages, p.max_new_tokens)  # noqa: E731 - runner._content
+    chosen = {key(p) for p in setup.prompts}
+    return sum(key(p) not in chosen for p in setup.calibration)
+
+
+def _progress_wanted(args: argparse.Namespace, stream: Any) -> bool:
+    """The bar only for a person watching: never with --json or --quiet, never when stderr is not a TTY."""
+    isatty = getattr(stream, "isatty", None)
+    return not (args.json or args.quiet) and callable(isatty) and bool(isatty())
+
+
+def run_json(result: Any) -> dict[str, Any]:
+    """``specparity run --json``: the decision and what a machine needs to act on it (schema in README)."""
+    from specparity.gate import near_tie_policy
+
+    run, decision = result.run, result.decision
+    act = run.activity()
+    prompts = []
+    for r in run.records:
+        v = r.verdict
+        prompts.append({
+            "id": r.prompt.id,
+            "category": r.prompt.category,
+            "class": v.klass if v is not None else None,
+            "reason": v.reason if v is not None else "never finished",
+            "position": v.divergence.position if v is not None and v.divergence is not None else None,
+        })
+    return {
+        "schema": RUN_JSON_SCHEMA,
+        "status": decision.status,
+        "exit_code": decision.exit_code,
+        "passed": decision.passed,
+        "counts": dict(decision.counts),
+        "total": len(run.records),
+        "failures": list(decision.failures),
+        "warnings": list(decision.warnings),
+        "decision": decision.to_json(),
+        "threshold": run.threshold.to_json() if run.threshold is not None else None,
+        "near_tie_policy": near_tie_policy(run),
+        "fingerprint": run.fingerprint.to_json() if run.fingerprint is not None else None,
+        "activity": {"proposed": act.proposed, "accepted": act.accepted, "verify_steps": act.verify_steps,
+                     "mean_accept_length": act.mean_accept_length, "reported_requests": act.reported_requests},
+        "prompts": prompts,
+        "report": {"dir": run.config.report_dir, "files": [str(p) for p in result.paths if p.exists()]},
+    }
+
+
+def _error_json(status: str, code: int, message: str) -> dict[str, Any]:
+    """``--json`` when no run concluded (bad input, the engine did not load): the same keys a
+    machine branches on, no verdict."""
+    return {"schema": RUN_JSON_SCHEMA, "status": status, "exit_code": code, "passed": False, "error": message}
+
+
+def _print_result(args: argparse.Namespace, result: Any) -> None:
+    from specparity.report import terminal_lines
+
+    if args.json:
+        print(json.dumps(run_json(result), indent=1, default=str))
+        return
+    lines = terminal_lines(result.run, result.decision)
+    if args.quiet:
+        lines = lines[:1] + [line for line in lines if line.startswith("FAIL: ")]
+    else:
+        lines += [f"report: {p}" for p in result.paths if p.exists()]
+    print("\n".join(lines))
+
+
+def _run_gate(args: argparse.Namespace) -> int:
+    from specparity.option_table import gate_dests
+    from specparity.options import BadInput, build_setup
+    from specparity.runner import GateInterrupted
+    from specparity.session import EngineLoadFailed, execute
+
+    # As the pytest plugin: never download, no tokenizer fork warnings; and no model-loading progress
+    # bars of transformers / huggingface_hub on stderr (this command draws its own, or none).
+    for key, value in (("HF_HUB_OFFLINE", "1"), ("TRANSFORMERS_OFFLINE", "1"), ("TOKENIZERS_PARALLELISM", "false"),
+                       ("HF_HUB_DISABLE_PROGRESS_BARS", "1")):
+        os.environ.setdefault(key, value)
+    if "transformers" in sys.modules:  # imported already (read the variable at import): switch it off directly
+        sys.modules["transformers"].utils.logging.disable_progress_bar()
+    raw = {dest: getattr(args, dest) for dest in gate_dests()}
+    try:
+        setup = build_setup(raw, check_report=True)
+    except BadInput as exc:
+        if args.json:
+            print(json.dumps(_error_json("BAD_INPUT", exitcodes.BAD_INPUT, str(exc))))
+        raise
+    finished: list[Any] = []
+    progress = GateProgress(len(setup.prompts) + _calibration_only(setup), len(setup.prompts),
+                            console=_stderr_console()) if _progress_wanted(args, sys.stderr) else None
+    try:
+        if progress is None:
+            result = execute(setup, on_finish=finished.append)
+        else:
+            with progress:
+                result = execute(setup, progress=progress, on_finish=finished.append)
+    except GateInterrupted:
+        if finished:  # the partial run, concluded: the summary and the journal say INTERRUPTED
+            _print_result(args, finished[-1])
+        raise
+    except EngineLoadFailed as exc:
+        if args.json:
+            print(json.dumps(_error_json("ERROR", exc.exit_code, str(exc))))
+        raise
+    _print_result(args, result)
+    return result.decision.exit_code
+
+
+def _stderr_console() -> Any:
+    from rich.console import Console
+
+    return Console(file=sys.stderr)
+
+
+def add_run_command(sub: Any) -> None:
+    from specparity.option_table import add_gate_options
+
+    p = sub.add_parser(
+        "run",
+        help="run the lossless gate without pytest (same options as `pytest suites/lossless`)",
+        description="Decode every selected prompt greedily with and without speculation, diff the token "
+        "streams, classify each prompt and apply the gate policy; prints the per-class summary (or --json) "
+        "and exits with the gate's exit code. The options are those of `pytest suites/lossless`.",
+        epilog=EXIT_CODES_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_gate_options(lambda name, description: p.add_argument_group(name, description).add_argument)
+    out = p.add_argument_group("output")
+    out.add_argument("--json", action="store_true",
+                     help="print one JSON document on stdout (status, exit_code, counts, failures, warnings, threshold, "
+                     "fingerprint, per-prompt classes, report files) instead of the summary; no progress bar")
+    out.add_argument("-q", "--quiet", action="store_true",
+                     help="print only the verdict line and the failures; no progress bar")
+    p.set_defaults(func=_run_gate)
+
+
+# --------------------------------------------------------------------------- specparity lossless
+
+
 def run_lossless(pytest_args: Sequence[str]) -> int:
-    """``pytest suites/lossless ARGS`` from any directory, ARGS passed through untouched."""
+    """``pytest <the packaged gate module> ARGS`` with the rootdir at the current directory (so
+    ``--lf``, relative ``--report`` / ``--prompts`` paths and node ids are the caller's), ARGS
+    passed through untouched (a later ``--rootdir`` among them wins)."""
     import pytest
 
-    from specparity.fixtures import REPO_ROOT
-
-    return int(pytest.main([str(REPO_ROOT / "suites" / "lossless"), "--rootdir", str(REPO_ROOT), *pytest_args]))
+    return int(pytest.main([str(SUITE_DIR), "--rootdir", os.getcwd(), *pytest_args]))
 
 
 def add_lossless_command(sub: Any) -> None:
@@ -99,22 +322,47 @@ def add_lossless_command(sub: Any) -> None:
     # (argparse's REMAINDER with parse_known_args reorders "--engine hf" into "--engine" + "hf").
     sub.add_parser(
         "lossless",
-        help="run the lossless gate (pytest suites/lossless); every further argument goes to pytest",
-        description="Same as `pytest suites/lossless ARGS`: e.g. `specparity lossless --engine hf --categories math`.",
+        help="run the lossless gate under pytest (per-prompt tests, --junitxml, -k); every further argument goes to pytest",
+        description="Same as `pytest suites/lossless ARGS` in a checkout, from any directory and from an installed "
+        "package: e.g. `specparity lossless --engine hf --categories math --junitxml gate.xml`.",
         add_help=False,
     )
 
 
-COMMANDS: tuple[Callable[[Any], None], ...] = (add_probe_command, add_lossless_command)
+#: Subcommand registrars, in --help order. A tuple: another module extends it
+#: (``cli.COMMANDS += (add_record_command,)``) before :func:`build_parser` runs.
+def _golden_commands() -> tuple[Callable[[Any], None], ...]:
+    from specparity.cli_golden import COMMANDS as GOLDEN
+
+    return GOLDEN
+
+
+COMMANDS: tuple[Callable[[Any], None], ...] = (add_run_command, *_golden_commands(), add_lossless_command,
+                                                add_probe_command)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="specparity", description="Correctness gate for speculative decoders.")
+    parser = argparse.ArgumentParser(prog="specparity", description="Correctness gate for speculative decoders.",
+                                     epilog=EXIT_CODES_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--debug", action="store_true", help="show tracebacks instead of one-line errors")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for add in COMMANDS:
         add(sub)
     return parser
+
+
+def error_exit(exc: BaseException) -> int:
+    """One line on stderr for ``exc`` and its exit code: an ``exit_code`` attribute wins (e.g.
+    ``session.EngineLoadFailed``: 3), bad input is 4, anything else an internal error (3)."""
+    code = getattr(exc, "exit_code", None)
+    if isinstance(code, int) and not isinstance(code, bool):
+        print(f"specparity: error: {exc}".replace("\n", " "), file=sys.stderr)
+        return code
+    if isinstance(exc, INPUT_ERRORS):
+        print(f"specparity: error: {exc}".replace("\n", " "), file=sys.stderr)
+        return exitcodes.BAD_INPUT
+    print(f"specparity: internal error: {type(exc).__name__}: {exc}".replace("\n", " "), file=sys.stderr)
+    return exitcodes.ENGINE_ERROR
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -128,16 +376,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exitcodes.BAD_INPUT if exc.code not in (0, None) else exitcodes.PASS
     try:
         return int(args.func(args))
-    except INPUT_ERRORS as exc:
-        if args.debug:
-            raise
-        print(f"specparity: error: {exc}".replace("\n", " "), file=sys.stderr)
-        return exitcodes.BAD_INPUT
+    except KeyboardInterrupt:  # runner.GateInterrupted included: the face already showed the partial run
+        print("specparity: interrupted (Ctrl-C)", file=sys.stderr)
+        return exitcodes.INTERRUPTED
     except Exception as exc:  # never a traceback for the operator; --debug shows it
         if args.debug:
             raise
-        print(f"specparity: internal error: {type(exc).__name__}: {exc}".replace("\n", " "), file=sys.stderr)
-        return exitcodes.ENGINE_ERROR
+        return error_exit(exc)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -53,6 +53,10 @@ class TokenView:
     def to_json(self) -> dict[str, Any]:
         return {"id": self.id, "text": self.text}
 
+    @classmethod
+    def from_json(cls, data: dict[str, Any] | None) -> "TokenView | None":
+        return cls(int(data["id"]), str(data["text"])) if data is not None else None
+
 
 @dataclass
 class Divergence:
@@ -93,6 +97,13 @@ class Divergence:
             "margin_source": self.margin_source,
         }
 
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "Divergence":
+        fields = {**data, "baseline_token": TokenView.from_json(data["baseline_token"]),
+                  "spec_token": TokenView.from_json(data["spec_token"]),
+                  "remerge": tuple(data["remerge"]) if data.get("remerge") else None}
+        return cls(**fields)
+
 
 @dataclass
 class TFViolation:
@@ -130,6 +141,10 @@ class Drift:
 
     def to_json(self) -> dict[str, Any]:
         return vars(self).copy()
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any] | None) -> "Drift | None":
+        return cls(**data) if data is not None else None
 
     def describe(self) -> str:
         return (
@@ -178,6 +193,19 @@ class Verdict:
             "threshold": self.threshold,
             "drift": self.drift.to_json() if self.drift else None,
         }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "Verdict":
+        """The inverse of :meth:`to_json` (reports are rebuilt from the journal alone)."""
+        div = data.get("divergence")
+        return cls(
+            prompt_id=data["prompt_id"], category=data["category"], klass=data["class"], reason=data["reason"],
+            divergence=Divergence.from_json(div) if div else None,
+            tf_violations=[TFViolation(**v) for v in data.get("tf_violations", [])],
+            baseline_len=data.get("baseline_len", 0), spec_len=data.get("spec_len", 0),
+            baseline_finish=data.get("baseline_finish", ""), spec_finish=data.get("spec_finish", ""),
+            threshold=data.get("threshold", 0.0), drift=Drift.from_json(data.get("drift")),
+        )
 
 
 def first_mismatch(a: Sequence[int], b: Sequence[int]) -> int | None:
@@ -357,6 +385,17 @@ def compare(
             f"the flip follows a corrupted computation, not numeric noise"
         )
         return v
+    gap = split_gap(d, spec.scores, i)
+    if drift_nats is not None and gap is not None and gap > drift_nats:
+        v.klass = "drifted"
+        v.reason = (
+            f"near-tie flip at position {i} (baseline margin {d.baseline_margin:.3g} <= threshold {threshold:.3g}), "
+            f"but the speculative run's own row there prefers {d.spec_token.text!r} by "
+            f"{'at least ' if d.spec_margin is None else ''}{gap - d.baseline_margin:.3g} nats: the two computations of "
+            f"the same position are {gap:.3g} nats apart, beyond the drift bound {drift_nats:.3g} — not a tie the "
+            f"noise explains"
+        )
+        return v
     v.klass = "near_tie"
     merged = f", re-merges at {d.remerge[0]}/{d.remerge[1]}" if d.remerge else ", does not re-merge"
     v.reason = (
@@ -364,6 +403,23 @@ def compare(
         f"{d.baseline_margin:.3g} <= threshold {threshold:.3g}{merged}; every later spec token is the target's argmax"
     )
     return v
+
+
+def split_gap(d: Divergence, spec_rows: TokenScores, i: int) -> float | None:
+    """How far apart the two runs' rows are at the split, on the two tokens that flipped: the
+    baseline's margin for its token plus the speculative row's margin for its own (for one
+    computation up to numeric noise the two cancel, so the sum is a |Δmargin| like the drift
+    check's). When the baseline token is outside the speculative row's top-k, the k-th alternative
+    bounds it from below. None: the speculative run reported no row there."""
+    if d.baseline_margin is None or d.spec_token is None or i >= len(spec_rows) or not spec_rows.reported(i):
+        return None
+    if d.spec_margin is not None:
+        return d.baseline_margin + d.spec_margin
+    own = spec_rows.logprob_of(i, d.spec_token.id)
+    floor = np.nanmin(spec_rows.top_logprobs[i]) if spec_rows.k else np.nan
+    if own is None or not np.isfinite(floor):
+        return None
+    return d.baseline_margin + (own - float(floor))
 
 
 def _describe_divergence(

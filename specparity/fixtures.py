@@ -1,30 +1,59 @@
-"""Where the committed fixture models live, and a check that they are the ones the manifest names."""
+"""Where the committed fixture models and the default prompt suites live, and a check that the
+models are the ones the manifest names.
+
+From a checkout (``pip install -e .``) everything is under the repository root. An installed wheel
+carries no fixture models (a model directory is then always given: ``--target``) but does carry the
+prompt suites: ``setup.py`` copies ``prompts/*.jsonl`` into ``specparity/_prompts/`` at build time,
+and :func:`prompt_file` finds them in either place.
+"""
 
 from __future__ import annotations
 
 import hashlib
 from pathlib import Path
 
-#: Repository root (the package is used from a checkout: ``pip install -e .``).
+#: Repository root when the package is used from a checkout (``pip install -e .``); in an installed
+#: wheel this is ``site-packages``, where neither ``fixtures/`` nor ``prompts/`` exist.
 REPO_ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = REPO_ROOT / "fixtures"
 MODELS = FIXTURES / "models"
 MANIFEST = FIXTURES / "MANIFEST.sha256"
+#: The canonical prompt suites (documented in ``prompts/README.md``) ...
+CHECKOUT_PROMPTS = REPO_ROOT / "prompts"
+#: ... and their copy inside an installed wheel (written by ``setup.py`` at build time, never in the source tree).
+PACKAGED_PROMPTS = Path(__file__).resolve().parent / "_prompts"
 
 
 class FixtureError(RuntimeError):
     pass
 
 
+def in_checkout() -> bool:
+    """Whether the package runs from a specparity checkout (the fixture manifest is beside it)."""
+    return MANIFEST.is_file()
+
+
 def fixture_dir(name: str) -> Path:
-    """``fixtures/models/<name>``; a clear error when it is missing (e.g. a non-editable install)."""
+    """``fixtures/models/<name>``; a clear one-line error when it is missing."""
     path = MODELS / name
     if not (path / "config.json").is_file():
+        if not in_checkout():
+            raise FixtureError(
+                f"fixture model {name!r} not available: the installed specparity package carries no fixture "
+                "models (only a checkout has fixtures/models); give local model directories (--target DIR, --draft DIR)"
+            )
         raise FixtureError(
-            f"{path}: fixture model {name!r} not found (expected config.json); run from a checkout "
-            f"installed with `pip install -e .`, or rebuild with `python tools/build_fixtures.py`"
+            f"{path}: fixture model {name!r} not found (expected config.json); rebuild it with "
+            "`python tools/build_fixtures.py`"
         )
     return path
+
+
+def prompt_file(name: str) -> Path:
+    """A prompt suite shipped with specparity (``default.jsonl``, ``near_tie.jsonl``): ``prompts/<name>``
+    in a checkout, else the copy an installed wheel carries."""
+    checkout = CHECKOUT_PROMPTS / name
+    return checkout if checkout.is_file() else PACKAGED_PROMPTS / name
 
 
 def verify_manifest(manifest: Path = MANIFEST) -> list[str]:

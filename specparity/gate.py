@@ -15,7 +15,12 @@ Policy (README "What each class means"), from :class:`~specparity.records.GatePo
   an exact match proves nothing if the draft never ran. An engine that reports no counters at all
   fails too unless ``allow_unknown_activity`` is set;
 * a path never taken (reject, partial accept, full accept, block cut by the limit or by a stop
-  token) is a warning; with ``require_paths`` N, a path taken on fewer than N prompts fails.
+  token) is a warning; with ``require_paths`` N, a path taken on fewer than N prompts fails;
+* with ``min_accept_length`` (the acceptance floor, ``--policy``), a mean accept length below it
+  fails: lossless, but speculation collapsed;
+* a golden that cannot be used (missing, recorded under another fingerprint) fails: nothing was
+  judged. Under ``--golden-mode baseline`` (a new baseline against the golden: an engine upgrade)
+  nothing speculates, so the activity, coverage and floor rules do not apply.
 """
 
 from __future__ import annotations
@@ -109,13 +114,15 @@ def decide(run: GateRun, policy: GatePolicy | None = None) -> GateDecision:
     warnings: list[str] = []
     if run.calibration_error:
         failures.append(f"the gate could not be calibrated, so nothing was judged: {run.calibration_error}")
+    if run.golden_error:
+        failures.append(f"the golden could not be used, so nothing was judged: {run.golden_error}")
     if counts["drifted"]:
         msg = (f"{counts['drifted']} prompt(s) drifted: identical tokens (or a near tie) but the speculative run's "
                f"logprobs left the target's noise: {_ids(run, 'drifted')}")
         (failures if policy.drift == "fail" else warnings).append(msg)
     if counts["diverged"]:
         failures.append(f"{counts['diverged']} prompt(s) diverged: {_ids(run, 'diverged')}")
-    if counts["error"] and not run.calibration_error:
+    if counts["error"] and not (run.calibration_error or run.golden_error):
         failures.append(f"{counts['error']} prompt(s) failed in the engine: {_ids(run, 'error')}")
     if counts["near_tie"]:
         frac = counts["near_tie"] / total
@@ -133,7 +140,11 @@ def decide(run: GateRun, policy: GatePolicy | None = None) -> GateDecision:
                 f"{counts['near_tie']}/{total} near-tie prompts ({frac:.0%}) exceed --max-near-tie {policy.max_near_tie:.0%}"
             )
     activity = run.activity()
-    if activity.reported_requests == 0:
+    speculates = not (run.config.golden and run.config.golden_mode == "baseline")
+    nothing_judged = not any(r.verdict is not None and r.verdict.klass != "error" for r in run.records)
+    if not speculates or (nothing_judged and (run.calibration_error or run.golden_error)):
+        pass  # nothing speculated: no activity, coverage or floor to check
+    elif activity.reported_requests == 0:
         msg = "speculation activity unknown: the engine reported no draft counters for any request"
         if run.counters_error:
             msg += f" (reading its aggregate counters after the speculative phase failed: {run.counters_error})"
@@ -143,7 +154,11 @@ def decide(run: GateRun, policy: GatePolicy | None = None) -> GateDecision:
             f"speculation inactive: {activity.proposed} draft tokens proposed over {activity.verify_steps} verify "
             f"steps and none accepted; an exact match proves nothing if the draft never ran"
         )
-    for path in run.coverage.missing(max(1, policy.require_paths)):
+    mal = activity.mean_accept_length
+    if speculates and policy.min_accept_length is not None and mal is not None and mal < policy.min_accept_length:
+        failures.append(f"acceptance floor: mean accept length {mal:.2f} is below the policy's min_accept_length "
+                        f"{policy.min_accept_length:g} (lossless, but speculation collapsed)")
+    for path in run.coverage.missing(max(1, policy.require_paths)) if speculates else []:
         n = run.coverage.prompts[path]
         if policy.require_paths:
             failures.append(f"path taken on {n} prompt(s), fewer than --require-all-paths {policy.require_paths}: "
@@ -151,6 +166,8 @@ def decide(run: GateRun, policy: GatePolicy | None = None) -> GateDecision:
         else:
             warnings.append(f"path never taken: {PATHS[path]} ({path})")
     for rec in run.calibration_records:
+        if run.golden_error or run.calibration_error:
+            break  # nothing was measured on purpose: the failure above says why
         if rec.baseline is None or rec.baseline.error or rec.tf_error:
             cause = rec.baseline.error if rec.baseline is not None and rec.baseline.error else rec.tf_error or "not run"
             warnings.append(f"calibration prompt {rec.prompt.id} could not be measured: {cause}")

@@ -37,8 +37,13 @@ from specparity.types import TokenScores
 
 #: Headroom over the largest margin noise observed in the baseline.
 DEFAULT_MULTIPLIER = 1.5
-#: Below this the threshold is float32 resolution of a logprob near 0, not a measurement.
-FLOOR_NATS = 1e-6
+#: Below this a threshold or drift bound is float32 resolution, not a measurement: a margin is the
+#: difference of two float32 logprobs, each rounded to its own ulp, and top-k logprobs reach −40
+#: nats (ulp 3.8e-6), so two computations of the same margin may differ by ~8e-6 even when every
+#: logit is bit-identical but one elsewhere in the vocabulary moved the log-sum-exp (measured on the
+#: H200: bf16 decode and teacher-forced scoring agreed exactly, noise 0, while the verify pass's rows
+#: differed by 1.9e-6 nats; docs/gpu-numerics.md). 1e-6 called that drift.
+FLOOR_NATS = 1e-5
 #: A measured threshold above this is refused (``--near-tie-ceiling`` raises it on purpose).
 DEFAULT_CEILING_NATS = 2.0
 #: Latent-drift bound: this many times the largest margin noise measured on the baseline.
@@ -105,6 +110,13 @@ class NearTieThreshold:
             "calibration": self.calibration,
             "description": self.describe(),
         }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "NearTieThreshold":
+        noise = data.get("noise")
+        return cls(float(data["nats"]), data["source"], NoiseStats(**noise) if noise else None,
+                   float(data["multiplier"]), float(data.get("ceiling", DEFAULT_CEILING_NATS)),
+                   data.get("calibration", ""))
 
 
 def _margin_deltas(a: TokenScores, b: TokenScores) -> tuple[np.ndarray, np.ndarray]:

@@ -17,17 +17,19 @@ from typing import Any, Mapping, Sequence
 
 from specparity.engines import EngineLoadError, Factory, check_options, engine_info, resolve_factory
 from specparity.engines.base import EngineOptions
-from specparity.fixtures import REPO_ROOT
+from specparity.golden import Golden, GoldenError, load_golden
+from specparity.journal import JOURNAL, Journal, JournalError, read_journal
+from specparity.policy import PolicyError, load_policy, merge
+from specparity.fixtures import prompt_file
 from specparity.noise import DEFAULT_CEILING_NATS
+from specparity.option_table import DEFAULT_ENGINE, DEFAULT_REPORT  # noqa: F401 - re-exported
 from specparity.records import DEFAULT_MAX_NEAR_TIE, DRIFT_POLICIES, GateConfig, GatePolicy
 from specparity.prompts import Prompt, PromptFileError, load_many
 from specparity.scoring import SCORERS
 from specparity.types import DEFAULT_TOP_K
 
-DEFAULT_PROMPTS = REPO_ROOT / "prompts" / "default.jsonl"
-DEFAULT_REPORT = "reports/lossless"
-#: The embedded engine used when --engine is not given.
-DEFAULT_ENGINE = "dflash"
+#: prompts/default.jsonl in a checkout, the copy the wheel carries when installed (fixtures.prompt_file).
+DEFAULT_PROMPTS = prompt_file("default.jsonl")
 MIN_TOP_K = 5
 
 
@@ -47,6 +49,10 @@ class GateSetup:
     prompts: list[Prompt] = field(default_factory=list)
     #: The prompts the noise is measured on (None: the selected prompts themselves).
     calibration: list[Prompt] | None = None
+    #: The golden named by --golden, read and checked (None: none there yet, or no --golden).
+    golden: Golden | None = None
+    #: The journal --resume continues (None: a new run).
+    resume: Journal | None = None
 
 
 def _int(raw: Mapping[str, Any], key: str, flag: str, minimum: int, default: int | None = None) -> int | None:
@@ -154,6 +160,11 @@ def build_setup(raw: Mapping[str, Any], *, check_report: bool = False) -> GateSe
     ``check_report``: also create the report directory and prove it writable (done when the user
     named one; the default directory is created when the run starts).
     """
+    if raw.get("policy"):
+        try:
+            raw = merge(dict(raw), load_policy(raw["policy"]))
+        except PolicyError as exc:
+            raise BadInput(str(exc)) from None
     engine_spec = raw.get("engine") or DEFAULT_ENGINE
     server_flags = [flag for flag, key in (("--baseline-url", "baseline_url"), ("--spec-url", "spec_url"),
                                            ("--preset", "preset")) if raw.get(key)]
@@ -186,6 +197,8 @@ def build_setup(raw: Mapping[str, Any], *, check_report: bool = False) -> GateSe
         preset=raw.get("preset"),
         request_timeout=_float(raw, "request_timeout", "--request-timeout", 1.0, default=300.0),
         log_dir=str(Path(report) / "servers") if report else None,
+        kv_cache_dtype=_kv_cache_dtype(raw.get("kv_cache_dtype"), info),
+        device=_device(raw.get("device"), info),
     )
     try:
         options = check_options(factory, options, engine_spec)
@@ -220,6 +233,8 @@ def build_setup(raw: Mapping[str, Any], *, check_report: bool = False) -> GateSe
         raise BadInput("--scorer embedded: needs --scorer-model HF_DIR (the target's weights in Hugging Face format)")
     if report and check_report:
         report = check_report_dir("--report", report)
+    golden, golden_mode, update = _golden(raw)
+    resume = _resume(raw, report)
     config = GateConfig(
         prompts=prompt_files,
         categories=categories,
@@ -239,7 +254,129 @@ def build_setup(raw: Mapping[str, Any], *, check_report: bool = False) -> GateSe
             require_paths=_require_paths(raw.get("require_all_paths")),
             allow_unknown_activity=bool(raw.get("allow_unknown_activity")),
             drift=drift,
+            min_accept_length=_float(raw, "min_accept_length", "min_accept_length", 0.0),
         ),
+        golden=raw.get("golden") or None,
+        golden_mode=golden_mode,
+        update_golden=update,
+        resume=bool(raw.get("resume")),
     )
-    return GateSetup(engine_spec, factory, options, config, select_prompts(suite, categories), calibration)
+    if resume is not None:
+        check_resumable(resume, config)
+    return GateSetup(engine_spec, factory, options, config, select_prompts(suite, categories), calibration,
+                     golden, resume)
+
+
+GOLDEN_MODES = ("spec", "baseline")
+
+
+def _kv_cache_dtype(value: Any, info: Any) -> str | None:
+    """``--kv-cache-dtype``: checked here, before any model loads; only in-process engines take it
+    (a server's KV cache is set by its own launch flags)."""
+    from specparity.engines.kvcache import KV_CACHE_DTYPES
+
+    if value in (None, "", "auto"):
+        return None
+    if value not in KV_CACHE_DTYPES:
+        raise BadInput(f"--kv-cache-dtype {value!r}: expected one of {', '.join(KV_CACHE_DTYPES)}")
+    if info is not None and info.server:
+        raise BadInput(f"--kv-cache-dtype {value}: engine {info.name!r} runs the KV cache its server was launched "
+                       f"with (e.g. SGLang --kv-cache-dtype, llama-server -ctk/-ctv); the flag is for in-process engines")
+    return value
+
+
+def _device(value: Any, info: Any) -> str:
+    """``--device``: cpu, cuda or cuda:N, for in-process engines; a CUDA device must exist here."""
+    if value in (None, "", "cpu"):
+        return "cpu"
+    text = str(value)
+    head, _, index = text.partition(":")
+    if head != "cuda" or (index and not index.isdigit()):
+        raise BadInput(f"--device {text!r}: expected cpu, cuda or cuda:N")
+    if info is not None and info.server:
+        raise BadInput(f"--device {text}: engine {info.name!r} runs where its server runs (e.g. llama-server -ngl)")
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is not None:
+        import torch
+
+        if not torch.cuda.is_available():
+            raise BadInput(f"--device {text}: torch sees no CUDA device on this machine")
+        if index and int(index) >= torch.cuda.device_count():
+            raise BadInput(f"--device {text}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+    return text
+
+
+def _golden(raw: Mapping[str, Any]) -> tuple[Golden | None, str, str | None]:
+    """``--golden FILE`` read and checked now (a corrupted or hand-edited golden is bad input, named
+    by file:line); a missing file is not an error here: the run fails with "no golden" unless
+    ``--update-golden`` records it."""
+    path, mode, update = raw.get("golden"), raw.get("golden_mode") or "spec", raw.get("update_golden")
+    if mode not in GOLDEN_MODES:
+        raise BadInput(f"--golden-mode {mode!r}: expected one of {', '.join(GOLDEN_MODES)}")
+    if update not in (None, "update", "force"):
+        raise BadInput(f"--update-golden={update}: expected no value or force")
+    if not path:
+        for flag, given in (("--update-golden", update), ("--golden-mode", raw.get("golden_mode"))):
+            if given:
+                raise BadInput(f"{flag}: needs --golden FILE (the golden to record or compare with)")
+        return None, mode, None
+    if update and mode == "baseline":
+        raise BadInput("--update-golden with --golden-mode baseline: record the golden first (--update-golden), "
+                       "then compare a new baseline with it (--golden-mode baseline)")
+    if Path(path).is_dir():
+        raise BadInput(f"--golden {path}: a directory; expected a golden file (e.g. golden/dflash-default.jsonl)")
+    try:
+        return load_golden(path), mode, update
+    except FileNotFoundError:
+        return None, mode, update
+    except GoldenError as exc:
+        if update == "force":
+            return None, mode, update  # replaced whatever is there
+        raise BadInput(f"{exc} (pass --update-golden=force to replace it)" if update else str(exc)) from None
+
+
+def _resume(raw: Mapping[str, Any], report: str | None) -> Journal | None:
+    if not raw.get("resume"):
+        return None
+    if not report:
+        raise BadInput("--resume: needs --report DIR (the directory whose results.jsonl is continued)")
+    path = Path(report) / JOURNAL
+    if not path.is_file():
+        raise BadInput(f"--resume: {path}: no journal to continue (run without --resume first)")
+    try:
+        journal = read_journal(path)
+    except JournalError as exc:
+        raise BadInput(f"--resume: {exc}") from None
+    if "verdict" in journal.segment_kinds and "interrupted" not in journal.segment_kinds \
+            and "fatal" not in journal.segment_kinds and not _unfinished(journal):
+        raise BadInput(f"--resume: {path}: that run finished (its verdict is written); start a new run without --resume")
+    return journal
+
+
+#: GateConfig fields a resumed run must share with the interrupted one (else its finished results
+#: answer other requests or another threshold), with the flag that sets each.
+RESUME_FIELDS = {"prompts": "--prompts", "max_new_tokens": "--max-new-tokens", "top_k": "--top-k",
+                 "near_tie_nats": "--near-tie-nats", "calibration": "--calibration", "golden": "--golden",
+                 "golden_mode": "--golden-mode", "scorer": "--scorer"}
+
+
+def check_resumable(journal: Journal, config: GateConfig) -> None:
+    """The resumed run must make the same requests and measure the same threshold as the one it
+    continues; otherwise one line naming the option that differs."""
+    old = journal.header.get("config") or {}
+    new = config.to_json()
+    for key, flag in RESUME_FIELDS.items():
+        if key in old and old[key] != new[key]:
+            raise BadInput(f"--resume: {flag} differs from the interrupted run's ({old[key]!r} there, {new[key]!r} now); "
+                           f"resume with the same options or start a new run")
+
+
+def _unfinished(journal: Journal) -> bool:
+    """Whether the journal's run left prompts without a verdict, or with an error verdict."""
+    baselines = set(journal.baselines)
+    judged = {pid for pid, line in journal.judged.items()
+              if line.get("verdict") and line["verdict"].get("class") != "error"}
+    return bool(baselines - judged) or any(
+        (line.get("verdict") or {}).get("class") == "error" for line in journal.judged.values())
 

@@ -47,6 +47,12 @@ class Prompt:
             return None
         return [{"role": r, "content": c} for r, c in self.messages]
 
+    @classmethod
+    def from_json(cls, data: Any, source: str = "") -> "Prompt":
+        """The inverse of :meth:`to_json`, checked like a prompt file's line (``source`` names where
+        the object came from: a journal's or golden's ``file:line``)."""
+        return _parse_record(data, source)
+
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"id": self.id, "category": self.category, "lang": self.lang}
         if self.prompt is not None:

@@ -24,73 +24,17 @@ from typing import Any
 import pytest
 
 from specparity import exitcodes
-from specparity.options import (
-    DEFAULT_ENGINE,
-    DEFAULT_REPORT,
-    BadInput,
-    GateSetup,
-    build_setup,
-)
-from specparity.noise import DEFAULT_CEILING_NATS
-from specparity.records import DEFAULT_MAX_NEAR_TIE
-from specparity.types import DEFAULT_TOP_K
+from specparity.option_table import DEFAULT_REPORT, add_gate_options, gate_dests
+from specparity.options import BadInput, GateSetup, build_setup
 
 _SETUP_KEY = pytest.StashKey[GateSetup]()
 _OUTCOME_KEY = pytest.StashKey[dict]()
-#: Options build_setup reads (pytest ``dest`` names).
-_GATE_OPTIONS = (
-    "engine", "target", "draft", "spec_mode", "num_draft_tokens", "dtype", "threads", "engine_opt", "prompts",
-    "categories", "max_new_tokens", "near_tie_nats", "max_near_tie", "bit_exact", "allow_near_tie",
-    "require_all_paths", "allow_unknown_activity", "top_k", "report", "baseline_url", "spec_url", "preset",
-    "concurrency", "request_timeout", "scorer", "scorer_model", "near_tie_ceiling", "calibration", "drift_policy",
-)
+#: Options build_setup reads (pytest ``dest`` names), declared once in option_table.
+_GATE_OPTIONS = gate_dests()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    g = parser.getgroup("specparity", "specparity lossless gate")
-    g.addoption("--engine", default=None,
-                help=f"engine: {DEFAULT_ENGINE} (default), hf, module:factory or path/to/file.py:factory")
-    g.addoption("--target", default=None, help="target model directory (default: the committed fixture)")
-    g.addoption("--draft", default=None, help="draft model directory (default: the engine's fixture draft)")
-    g.addoption("--spec-mode", default=None, help="speculative method inside the engine (dflash: dflash2, dflash1; hf: draft, prompt_lookup)")
-    g.addoption("--num-draft-tokens", default=None, help="draft width / block size (integer >= 1)")
-    g.addoption("--dtype", default="float32", help="in-process engines: float32, bfloat16, float16")
-    g.addoption("--threads", default=1, help="torch threads for in-process engines (default 1)")
-    g.addoption("--engine-opt", action="append", default=[], metavar="KEY=VALUE",
-                help="engine-specific option; unknown keys are refused, naming the ones the engine knows")
-    g.addoption("--prompts", action="append", default=[], help="prompt JSONL file(s) (default prompts/default.jsonl)")
-    g.addoption("--categories", default=None, help="comma-separated categories to run")
-    g.addoption("--max-new-tokens", default=None, help="override every prompt's max_new_tokens")
-    g.addoption("--near-tie-nats", default=None, help="near-tie threshold in nats (default: measured)")
-    g.addoption("--max-near-tie", default=DEFAULT_MAX_NEAR_TIE, help="allowed fraction of near-tie prompts")
-    g.addoption("--bit-exact", action="store_true", help="demand bit-exactness: a near-tie flip fails (the default "
-                "when the engine declares deterministic / batch-invariant inference for both sides)")
-    g.addoption("--allow-near-tie", action="store_true", help="allow near ties up to --max-near-tie even when the "
-                "engine declares deterministic inference (which otherwise makes the gate bit-exact)")
-    g.addoption("--require-all-paths", nargs="?", const=1, default=0, metavar="N",
-                help="fail when a speculative path is taken on fewer than N prompts (N defaults to 1)")
-    g.addoption("--near-tie-ceiling", default=None, metavar="NATS",
-                help=f"refuse a measured near-tie threshold above this (default {DEFAULT_CEILING_NATS:g} nats)")
-    g.addoption("--calibration", default="suite", metavar="SET",
-                help="what the noise is measured on: suite (every prompt of the prompt files, default), "
-                "selected (only the prompts that run), or a prompt file")
-    g.addoption("--drift-policy", default="fail", help="a drifted prompt (identical tokens, rows beyond the "
-                "noise): fail (default) or warn")
-    g.addoption("--allow-unknown-activity", action="store_true",
-                help="do not fail when the engine reports no draft counters")
-    g.addoption("--top-k", default=DEFAULT_TOP_K, help="alternatives recorded per position (>= 5)")
-    g.addoption("--report", default=DEFAULT_REPORT, help=f"report directory (default {DEFAULT_REPORT}; '' for none)")
-    s = parser.getgroup("specparity servers", "specparity: engines behind HTTP (llamacpp, sglang, vllm)")
-    s.addoption("--baseline-url", action="append", default=[], metavar="URL",
-                help="a running server without speculation (repeatable: several shard the prompts)")
-    s.addoption("--spec-url", action="append", default=[], metavar="URL",
-                help="a running server with speculation (repeatable)")
-    s.addoption("--preset", default=None, help="a named launch configuration to start both servers "
-                "(specparity.engines.presets; llamacpp default: llamacpp-draft-simple)")
-    s.addoption("--concurrency", default=None, help="requests in flight per phase (default: what the engine serves)")
-    s.addoption("--request-timeout", default=None, help="seconds one request may take (default 300)")
-    s.addoption("--scorer", default="auto", help="teacher-forced scorer: auto, engine, embedded")
-    s.addoption("--scorer-model", default=None, help="HF model directory for --scorer embedded")
+    add_gate_options(lambda name, description: parser.getgroup(name, description).addoption)
     from specparity.pytest_options import add_probe_options
 
     add_probe_options(parser)
@@ -100,9 +44,31 @@ def _is_worker(config: pytest.Config) -> bool:
     return hasattr(config, "workerinput")
 
 
+_ERROR_KEY = pytest.StashKey[str]()
+#: Fixtures of the tests that need the gate's options (the lossless gate, invariance, sweeps).
+GATE_FIXTURES = frozenset({"lossless_prompt", "gate_session", "invariance_case", "invariance", "sweep"})
+
+
 def gate_setup(config: pytest.Config) -> GateSetup:
     """The validated options of this session (built in ``pytest_configure``)."""
+    error = setup_error(config)
+    if error is not None:
+        raise pytest.UsageError(error)
     return config.stash[_SETUP_KEY]
+
+
+def setup_error(config: pytest.Config) -> str | None:
+    """Why the gate's options are bad, when that was deferred (see :func:`pytest_configure`)."""
+    return config.stash.get(_ERROR_KEY, None)
+
+
+def _names_gate_suite(config: pytest.Config) -> bool:
+    """Whether the command line (or testpaths) names a folder that holds gate suites."""
+    for arg in config.args:
+        parts = Path(str(arg).split("::")[0]).parts
+        if "suites" in parts or "suite" in parts or str(arg).startswith("specparity.suite"):
+            return True
+    return False
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -116,8 +82,20 @@ def pytest_configure(config: pytest.Config) -> None:
     try:
         config.stash[_SETUP_KEY] = build_setup(raw, check_report=check_report)
     except BadInput as exc:
-        raise pytest.UsageError(f"specparity: {exc}") from None
+        # The plugin is installed for every pytest run of a repository (pytest11 entry point): an
+        # engine team's own tests must not fail because the gate has no --target there. Bad gate
+        # options fail now when the command names a gate suite, else once a gate test is collected
+        # (pytest_collection_modifyitems); either way one line, exit 4, before any model loads.
+        if _names_gate_suite(config):
+            raise pytest.UsageError(f"specparity: {exc}") from None
+        config.stash[_ERROR_KEY] = f"specparity: {exc}"
     _configure_xdist(config)
+
+
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
+    error = setup_error(config)
+    if error is not None and any(GATE_FIXTURES & set(getattr(item, "fixturenames", ())) for item in items):
+        raise pytest.UsageError(error)
 
 
 def _configure_xdist(config: pytest.Config) -> None:
@@ -140,7 +118,7 @@ def _configure_xdist(config: pytest.Config) -> None:
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "lossless_prompt" in metafunc.fixturenames:
-        prompts = gate_setup(metafunc.config).prompts
+        prompts = [] if setup_error(metafunc.config) else gate_setup(metafunc.config).prompts
         metafunc.parametrize("lossless_prompt", prompts, ids=[p.id for p in prompts])
 
 
@@ -223,44 +201,23 @@ def collected_prompt_ids(session: pytest.Session) -> set[str]:
     }
 
 
-def load_session_engine(config: pytest.Config) -> Any:
-    """Build the engine from the validated setup; a failure is an engine error (exit 3), not a gate
-    verdict."""
-    from specparity.engines import build_engine
-
-    setup = gate_setup(config)
-    try:
-        return build_engine(setup.factory, setup.engine_options, setup.engine_spec)
-    except Exception as exc:  # noqa: BLE001 - any load failure: one line, exit code 3, nothing to gate
-        pytest.exit(f"specparity: cannot load engine {setup.engine_spec!r}: {type(exc).__name__}: {exc}",
-                    returncode=exitcodes.ENGINE_ERROR)
-
-
 @pytest.fixture(scope="session")
 def gate_session(request: pytest.FixtureRequest) -> SessionRun:
     from specparity.report import terminal_lines
-    from specparity.runner import JOURNAL, GateInterrupted, conclude, run_gate
+    from specparity.session import EngineLoadFailed, SessionResult, execute
 
     config = request.config
     setup = gate_setup(config)
-    gc = setup.config
     wanted = collected_prompt_ids(request.session)
     prompts = [p for p in setup.prompts if p.id in wanted] if wanted else setup.prompts
-    engine = load_session_engine(config)
 
-    def finish(run: Any) -> SessionRun:
-        decision = conclude(run)
-        paths = [Path(gc.report_dir) / "summary.md", Path(gc.report_dir) / JOURNAL] if gc.report_dir else []
-        report_section(config, "specparity",
-                       terminal_lines(run, decision) + [f"report: {p}" for p in paths])
-        require_exit(config, decision.exit_code)
-        return SessionRun(run, decision, paths)
+    def show(result: SessionResult) -> None:
+        report_section(config, "specparity", terminal_lines(result.run, result.decision)
+                       + [f"report: {p}" for p in result.paths if p.exists()])
+        require_exit(config, result.decision.exit_code)
 
     try:
-        run = run_gate(engine, prompts, gc, calibration=setup.calibration)
-    except GateInterrupted as stopped:
-        finish(stopped.run)
-        raise
-    finally:
-        engine.close()
-    return finish(run)
+        result = execute(setup, prompts, on_finish=show)
+    except EngineLoadFailed as exc:
+        pytest.exit(f"specparity: {exc}", returncode=exc.exit_code)
+    return SessionRun(result.run, result.decision, result.paths)

@@ -7,7 +7,7 @@ These types cross the run, policy and report layers (``runner`` fills them, ``ga
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from specparity.compare import Verdict
@@ -32,6 +32,9 @@ class GatePolicy:
     ``max_near_tie``: the fraction of near-tie prompts allowed where near ties are.
     ``require_paths``: each speculative path must be taken on at least this many prompts (0: a path
     never taken is a warning). ``drift``: what a ``drifted`` prompt does (``fail`` or ``warn``).
+    ``min_accept_length``: the acceptance floor — a run whose mean accept length is below it fails
+    (speculation collapsed: lossless but slower than promised); None: no floor.
+    A policy file (``--policy``, :mod:`specparity.policy`) sets the same fields.
     """
 
     max_near_tie: float = DEFAULT_MAX_NEAR_TIE
@@ -39,6 +42,7 @@ class GatePolicy:
     require_paths: int = 0
     allow_unknown_activity: bool = False
     drift: str = "fail"
+    min_accept_length: float | None = None
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.max_near_tie <= 1.0:
@@ -47,9 +51,16 @@ class GatePolicy:
             raise ValueError(f"--drift-policy: expected one of {', '.join(DRIFT_POLICIES)}, got {self.drift!r}")
         if self.require_paths < 0:
             raise ValueError(f"--require-all-paths: expected a count >= 1, got {self.require_paths}")
+        if self.min_accept_length is not None and not self.min_accept_length >= 0:
+            raise ValueError(f"min_accept_length: expected a number >= 0, got {self.min_accept_length}")
 
     def to_json(self) -> dict[str, Any]:
         return vars(self).copy()
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "GatePolicy":
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})
 
 
 @dataclass
@@ -74,6 +85,16 @@ class GateConfig:
     scorer: str = "auto"
     scorer_model: str | None = None
     policy: GatePolicy = field(default_factory=GatePolicy)
+    #: A golden file (:mod:`specparity.golden`): the baselines are read from it instead of run.
+    golden: str | None = None
+    #: "spec": the speculative run against the golden; "baseline": a new baseline (no speculation)
+    #: against it — an engine upgrade, judged with the same classes.
+    golden_mode: str = "spec"
+    #: None, "update" (record or rewrite the golden from this run's baselines) or "force" (also over
+    #: a golden recorded under another engine fingerprint).
+    update_golden: str | None = None
+    #: Continue the run journalled in ``report_dir`` (finished prompts are kept, not rerun).
+    resume: bool = False
 
     def __post_init__(self) -> None:
         if self.max_new_tokens is not None and self.max_new_tokens < 1:
@@ -86,6 +107,12 @@ class GateConfig:
     def to_json(self) -> dict[str, Any]:
         return {**vars(self), "policy": self.policy.to_json()}
 
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "GateConfig":
+        known = {f.name for f in fields(cls)}
+        values = {k: v for k, v in data.items() if k in known and k != "policy"}
+        return cls(**values, policy=GatePolicy.from_json(data.get("policy", {})))
+
 
 @dataclass
 class PromptRecord:
@@ -97,10 +124,16 @@ class PromptRecord:
     spec_tf: TokenScores | None = None
     verdict: Verdict | None = None
     tf_error: str | None = None  # scoring the baseline failed (the prompt is then an error)
+    #: Where the baseline came from: "run" (this run decoded it), "golden" or "journal" (--resume).
+    baseline_from: str = "run"
+    #: For a reused baseline: the prompt ids and token limit it was decoded with (checked against
+    #: this run's request: a reused baseline must answer the same request).
+    reused_request: tuple[list[int], int] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
             "kind": "prompt",
+            "baseline_from": self.baseline_from,
             "prompt": self.prompt.to_json(),
             "prompt_ids": list(self.request.prompt_ids) if self.request else None,
             "max_new_tokens": self.request.max_new_tokens if self.request else None,
@@ -173,6 +206,16 @@ class GateRun:
     calibration_error: str | None = None
     #: The scorer check's findings (:class:`specparity.calibration.ScorerCheck`), as JSON.
     scorer_check: dict[str, Any] | None = None
+    #: Why the golden could not be used (missing, another fingerprint, unreadable): nothing was
+    #: judged, and the gate fails (record it with ``--update-golden``).
+    golden_error: str | None = None
+    #: What the golden contributed, in words (the summary says it): where it was recorded, which
+    #: prompts it lacked, or that this run rewrote it.
+    golden_notes: list[str] = field(default_factory=list)
+    #: Prompts whose results came from the journal of an earlier, interrupted run (``--resume``):
+    #: baselines reused and prompts whose verdict was already written.
+    resumed_baselines: int = 0
+    resumed_verdicts: int = 0
 
     def activity(self, category: str | None = None) -> Activity:
         act = Activity()

@@ -1,26 +1,40 @@
-"""Readable summaries of a gate run: ``summary.md`` and the terminal table.
+"""Readable reports of a gate run: ``summary.md``, the triage report (``report.html``, one
+self-contained file, and ``report.md``, the same facts compactly for a PR comment) and the
+terminal table.
 
-The full HTML triage report is a later piece; it will read the same ``results.jsonl``.
+Everything here renders from a :class:`~specparity.records.GateRun` and its
+:class:`~specparity.gate.GateDecision` alone — records, threshold, fingerprint, config, coverage,
+timings — so a run rebuilt from ``results.jsonl`` renders the same report, and a run with pieces
+missing (no threshold, interrupted, a fatal error, prompts without a speculative result) still
+renders. docs/REPORT.md describes each section.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import html
+import json
+import math
+import traceback
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import jinja2
+from markupsafe import Markup
 
-from specparity.compare import CLASSES
+from specparity.compare import CLASSES, REMERGE_MIN_RUN
 from specparity.coverage import PATHS
-from specparity.gate import GateDecision, near_tie_policy
+from specparity.gate import GateDecision, bit_exact, near_tie_policy
 from specparity.noise import DRIFT_MULTIPLIER
-from specparity.records import DEFAULT_MAX_NEW_TOKENS, GateRun
+from specparity.plots import AcceptBar, MarginPoint, RefLine, accept_plot, margin_plot
+from specparity.records import DEFAULT_MAX_NEW_TOKENS, GateRun, PromptRecord
 
 _TEMPLATES = Path(__file__).parent / "templates"
 SUMMARY = "summary.md"
+REPORT_HTML = "report.html"
+REPORT_MD = "report.md"
 #: Files rendered from a run's journal: a new run removes them first (runner.ResultsWriter).
-DERIVED_FILES = (SUMMARY,)
+DERIVED_FILES = (SUMMARY, REPORT_HTML, REPORT_MD)
 
 
 @dataclass
@@ -143,6 +157,9 @@ def render_summary_md(run: GateRun, decision: GateDecision) -> str:
         drift=drift_line(run),
         scorer_check=scorer_check_line(run),
         calibration_error=run.calibration_error,
+        golden_error=run.golden_error,
+        golden_notes=run.golden_notes,
+        resumed=(run.resumed_baselines, run.resumed_verdicts),
         coverage=run.coverage,
         details=details,
         timings=sorted(run.timings.items()),
@@ -165,10 +182,24 @@ class _UnknownFingerprint:
 
 
 def write_reports(run: GateRun, decision: GateDecision, report_dir: str | Path) -> Path:
+    """Write ``summary.md``, ``report.html`` and ``report.md``; returns the summary's path.
+
+    The summary is written first: a report that fails to render never costs the run its summary."""
     out = Path(report_dir)
     out.mkdir(parents=True, exist_ok=True)
     path = out / SUMMARY
     path.write_text(render_summary_md(run, decision), encoding="utf-8")
+    for name, render in ((REPORT_HTML, render_report_html), (REPORT_MD, render_report_md)):
+        try:
+            text = render(run, decision)
+        except Exception:  # noqa: BLE001 - the verdict stands; the file says the report broke, and why
+            tb = traceback.format_exc()
+            text = (f"<!doctype html><meta charset=utf-8><title>specparity report failed</title>"
+                    f"<h1>specparity: rendering this report failed</h1><p>gate: {html.escape(decision.status)}</p>"
+                    f"<pre>{html.escape(tb)}</pre>") if name == REPORT_HTML else (
+                    f"**specparity lossless gate: {decision.status}** (rendering the report failed)\n\n"
+                    f"```\n{tb.replace('```', 'ˋˋˋ')}\n```\n")
+        (out / name).write_text(text, encoding="utf-8")
     return path
 
 
@@ -182,6 +213,10 @@ def terminal_lines(run: GateRun, decision: GateDecision) -> list[str]:
     if run.fingerprint:
         fp = run.fingerprint
         lines.append(f"engine {fp.engine} [{fp.dtype}] spec {fp.spec_config}")
+    lines += [f"golden: {note}" for note in getattr(run, "golden_notes", None) or []]
+    resumed = (getattr(run, "resumed_baselines", 0) or 0, getattr(run, "resumed_verdicts", 0) or 0)
+    if any(resumed):
+        lines.append(f"resumed: {resumed[0]} baseline(s) and {resumed[1]} verdict(s) from the interrupted run's journal")
     if run.threshold:
         lines.append(f"near-tie threshold: {run.threshold.describe()}")
         lines.append(f"latent drift: {drift_line(run)}")
@@ -214,3 +249,706 @@ def terminal_lines(run: GateRun, decision: GateDecision) -> list[str]:
     lines += [f"FAIL: {f}" for f in decision.failures]
     lines += [f"warning: {w}" for w in decision.warnings]
     return lines
+
+
+# ------------------------------------------------------------------------------------------------
+# The triage report: report.html (self-contained) and report.md (a PR comment)
+# ------------------------------------------------------------------------------------------------
+
+#: Characters of each full output shown under a non-exact prompt (a 128K-token output stays readable).
+FULL_TEXT_CHARS = 4000
+#: Characters of the prompt shown under a non-exact prompt.
+PROMPT_CHARS = 600
+#: The margin plot shows at most this many later non-argmax tokens per prompt (the first ones).
+MAX_LATER_POINTS = 50
+#: report.md details at most this many non-exact prompts (GitHub caps a comment at 65,536 characters).
+MD_MAX_DETAILS = 20
+MD_MAX_CHARS = 60_000
+
+_MARKS = {"ok": "✅", "fail": "❌", "warn": "⚠️", "info": "ℹ️"}
+_SYMBOLS = {"ok": "✓", "fail": "✗", "warn": "!", "info": "i"}
+
+
+@dataclass
+class Check:
+    """One step of the reasoning behind a prompt's class, in words: ``ok`` (passes what a near tie
+    needs), ``fail`` (why it is not exact or a near tie), ``warn``, or ``info`` (context)."""
+
+    state: str
+    text: str
+
+    @property
+    def mark(self) -> str:
+        """An emoji for markdown (GitHub renders it)."""
+        return _MARKS[self.state]
+
+    @property
+    def symbol(self) -> str:
+        """A plain symbol for HTML (no emoji font needed)."""
+        return _SYMBOLS[self.state]
+
+
+def visible(text: str | None) -> str:
+    """Text with line breaks and tabs made visible (the line break is kept after its mark)."""
+    return (text or "").replace("\r", "␍").replace("\t", "⇥").replace("\n", "⏎\n")
+
+
+def token_shown(text: str | None) -> str:
+    """A single token for display: every whitespace visible, never empty."""
+    if text is None:
+        return "(end of stream)"
+    if text == "":
+        return "∅ (decodes to nothing)"
+    return text.replace(" ", "·").replace("\r", "␍").replace("\t", "⇥").replace("\n", "⏎")
+
+
+def _one_line(text: str | None) -> str:
+    return (text or "").replace("\r", "␍").replace("\t", "⇥").replace("\n", "⏎")
+
+
+def _tokname(t: Any) -> str:
+    return "the end of its stream" if t is None else f"token {t.id} “{token_shown(t.text)}”"
+
+
+def _clip(text: str, limit: int) -> tuple[str, int]:
+    return (text, 0) if len(text) <= limit else (text[:limit], len(text) - limit)
+
+
+@dataclass
+class FlipView:
+    """A non-exact (or never judged) prompt, ready to render."""
+
+    id: str
+    category: str
+    klass: str
+    reason: str
+    prompt_text: str
+    prompt_more: int
+    tags: list[str]
+    baseline_len: int | None
+    spec_len: int | None
+    baseline_finish: str
+    spec_finish: str
+    div: Any  # compare.Divergence | None
+    context: str = ""
+    split_base: str = ""
+    split_spec: str = ""
+    rest_base: str = ""
+    rest_spec: str = ""
+    checks: list[Check] = field(default_factory=list)
+    tf: list[Any] = field(default_factory=list)  # compare.TFViolation
+    tf_more: int = 0
+    drift: Any = None  # compare.Drift | None
+    baseline_text: str = ""
+    baseline_more: int = 0
+    spec_text: str = ""
+    spec_more: int = 0
+    baseline_error: str | None = None
+    spec_error: str | None = None
+    accept_length: float | None = None
+    threshold: float | None = None
+    baseline_from: str = "run"
+
+    @property
+    def anchor(self) -> str:
+        return "p-" + "".join(c if c.isalnum() or c in "-_" else "_" for c in self.id)
+
+
+def _split_rest(tok: Any, after: str) -> tuple[str, str]:
+    """(the split token's text, what follows it) from the decoded window that starts at the split."""
+    if tok is None:
+        return "", ""
+    if after.startswith(tok.text):
+        return tok.text, after[len(tok.text):]
+    return tok.text, after  # a token that only decodes inside its neighbours (byte pieces)
+
+
+def source_words(source: str) -> str:
+    """Where a baseline margin was read, in words (``Divergence.margin_source``)."""
+    return {"decode": "the baseline's own decode row",
+            "teacher-forced": "teacher-forced scoring of the baseline"}.get(source, source)
+
+
+def _drift_check(v: Any, upto: int | None) -> Check:
+    dr = v.drift
+    where = f"before the split (positions 0–{upto - 1})" if upto else "over the whole stream"
+    if dr is None:
+        return Check("info", "latent drift not checked: no drift bound (no noise was measured)")
+    if dr.checked == 0:
+        return Check("warn", f"latent drift not checked {where}: the engine reported no per-position logprobs for "
+                             f"the speculative run there")
+    if dr.start is None:
+        return Check("ok", f"no latent drift {where}: the speculative run's own logprobs stay within "
+                           f"{dr.max_nats:.3g} nats of the baseline's (bound {dr.bound:.3g} nats = "
+                           f"{DRIFT_MULTIPLIER:g} × the measured noise; {dr.checked} positions compared)")
+    return Check("fail", f"latent drift {where}: from position {dr.start} the speculative run's own logprobs leave "
+                         f"the baseline's by up to {dr.max_nats:.4g} nats, above the bound {dr.bound:.3g} "
+                         f"({dr.over} of {dr.checked} positions): a corrupted computation, not numeric noise")
+
+
+def near_tie_budget(run: GateRun, decision: GateDecision) -> Check:
+    """Whether this run's near ties fit the policy, in words."""
+    policy = run.config.policy
+    n = decision.counts.get("near_tie", 0)
+    total = sum(decision.counts.values())
+    if bit_exact(run, policy):
+        state = "fail" if n else "ok"
+        return Check(state, f"bit-exact run ({near_tie_policy(run)}): any near tie fails; this run has {n}")
+    frac = n / total if total else 0.0
+    state = "ok" if frac <= policy.max_near_tie else "fail"
+    return Check(state, f"near ties are allowed up to {policy.max_near_tie:.0%} of the prompts (--max-near-tie): "
+                        f"this run has {n} of {total} judged ({frac:.0%})")
+
+
+def judgement(rec: PromptRecord, run: GateRun, decision: GateDecision | None = None) -> list[Check]:
+    """Why a prompt got its class, step by step, from its verdict alone (what the comparison
+    checked, in the order it checked it)."""
+    v = rec.verdict
+    if v is None:
+        return [Check("fail", "never judged: the run ended before this prompt finished")]
+    if v.klass == "error":
+        return [Check("fail", v.reason)]
+    thr = v.threshold
+    noise = run.threshold.noise if run.threshold is not None else None
+    checks: list[Check] = []
+    stream_problem = v.reason.startswith("speculative stream:")
+    d = v.divergence
+    if d is None:
+        if v.baseline_finish != v.spec_finish:
+            checks.append(Check("fail", f"the same {v.baseline_len} token ids, but finish reason {v.spec_finish!r} "
+                                        f"against the baseline's {v.baseline_finish!r}"))
+        else:
+            checks.append(Check("ok", f"identical token ids ({v.baseline_len} tokens) and finish reason "
+                                      f"({v.baseline_finish})"))
+        if stream_problem:
+            checks.append(Check("fail", v.reason))
+        checks.append(_drift_check(v, None))
+        return checks
+    i = d.position
+    a, b = d.baseline_token, d.spec_token
+    checks.append(Check("info", f"first difference at output position {i}: the baseline emitted {_tokname(a)}, "
+                                f"the speculative run {_tokname(b)}"))
+    if stream_problem:
+        checks.append(Check("fail", v.reason))
+    if a is None or b is None:
+        shorter = "speculative run" if b is None else "baseline"
+        checks.append(Check("fail", f"the {shorter} ended at position {i} while the other went on "
+                                    f"(baseline {v.baseline_len} tokens/{v.baseline_finish}, speculative "
+                                    f"{v.spec_len} tokens/{v.spec_finish}): a length difference without a flip "
+                                    f"is never a near tie"))
+        return checks
+    m = d.baseline_margin
+    if m is None:
+        checks.append(Check("fail", f"baseline margin unknown: {v.reason}" if v.klass == "diverged" and
+                            "position" in v.reason else "baseline margin unknown (the speculative token is outside "
+                            "the baseline's recorded top-k, or the row was not reported): never assumed to be a near tie"))
+    elif m <= thr:
+        text = (f"baseline margin {m:.4g} nats ≤ near-tie threshold {thr:.4g} nats: at this position the target "
+                f"itself gave “{token_shown(b.text)}” {math.exp(-m):.3f}× the probability of “{token_shown(a.text)}” "
+                f"(margin source: {source_words(d.margin_source)})")
+        if noise is not None and noise.pairs:
+            text += (f"; the target's own noise between two ways of computing the same tokens reaches "
+                     f"{noise.max_abs_delta:.3g} nats")
+            if m <= noise.max_abs_delta:
+                text += ", so this margin is inside the measured noise itself"
+        checks.append(Check("ok", text))
+    else:
+        checks.append(Check("fail", f"baseline margin {m:.4g} nats > near-tie threshold {thr:.4g} nats: the target "
+                                    f"preferred “{token_shown(a.text)}” {math.exp(min(m, 700)):.3g}× over "
+                                    f"“{token_shown(b.text)}” (margin source: {source_words(d.margin_source)}); "
+                                    f"numeric noise does not explain the switch"))
+    sm = d.spec_margin
+    if sm is None:
+        checks.append(Check("info", f"the speculative run's own row at {i} holds no logprob for the baseline's token "
+                                    f"(rank {_rank(d.baseline_rank_in_spec)}), so its margin is unknown"))
+    elif sm >= 0:
+        text = (f"the speculative run's own row at {i} preferred “{token_shown(b.text)}” by {sm:.4g} nats (the "
+                f"baseline's token at rank {_rank(d.baseline_rank_in_spec)} there)")
+        state = "info"
+        if m is not None:
+            text += (f": the two computations' margins on this pair of tokens differ by {m + sm:.4g} nats")
+            if noise is not None and noise.pairs:
+                text += f" (measured noise max {noise.max_abs_delta:.3g})"
+            bound = v.drift.bound if v.drift is not None else None
+            if bound is not None and m + sm > bound:
+                text += f", more than the drift bound {bound:.3g}"
+                if v.klass == "near_tie":
+                    state = "warn"
+                    text += (": at the split itself the speculative computation is outside the target's noise (the "
+                             "class does not use this; a near tie here may hide a loop bug)")
+        checks.append(Check(state, text))
+    else:
+        checks.append(Check("warn", f"the speculative run's own row at {i} prefers the baseline's token by "
+                                    f"{-sm:.4g} nats, yet it emitted “{token_shown(b.text)}”: the emitted token was "
+                                    f"not its own verify pass's argmax"))
+    later = [t for t in v.tf_violations if t.position > i]
+    over = [t for t in later if t.margin is None or t.margin > thr]
+    if "could not be scored teacher-forced" in v.reason:
+        checks.append(Check("fail", "the speculative stream after the split could not be scored teacher-forced, so "
+                                    "its later tokens are unchecked"))
+    elif over:
+        t = over[0]
+        how = "outside the top-k" if t.margin is None else f"by {t.margin:.4g} nats"
+        checks.append(Check("fail", f"{len(over)} later speculative token(s) are not the target's own choice under "
+                                    f"their prefix beyond the threshold (teacher-forced): first at position "
+                                    f"{t.position}, token {t.spec_token} where the target picks {t.target_argmax} "
+                                    f"({how})"))
+    elif later:
+        worst = max(t.margin for t in later if t.margin is not None)
+        checks.append(Check("ok", f"every later speculative token is the target's argmax under its own prefix within "
+                                  f"the threshold (teacher-forced; {len(later)} position(s) differ by at most "
+                                  f"{worst:.3g} nats ≤ {thr:.4g})"))
+    elif rec.spec_tf is None and v.klass != "near_tie":
+        checks.append(Check("info", "later tokens: the teacher-forced scores of the speculative stream are not in "
+                                    "this record"))
+    else:
+        n_after = max(0, v.spec_len - i - 1)
+        checks.append(Check("ok", f"every later speculative token ({n_after} after the split) is the target's argmax "
+                                  f"under its own prefix (teacher-forced): after “{token_shown(b.text)}” the "
+                                  f"speculative run wrote exactly what the target alone would"))
+    checks.append(_drift_check(v, i))
+    if d.remerge:
+        r0, r1 = d.remerge
+        checks.append(Check("info", f"the texts re-merge: the streams re-align at baseline position {r0} / "
+                                    f"speculative position {r1} ({r0 - i} / {r1 - i} tokens after the split)"))
+    else:
+        checks.append(Check("info", "the texts do not re-merge after the split (no run of "
+                                    f"{REMERGE_MIN_RUN} equal tokens, nor a common ending)"))
+    if v.klass == "near_tie" and decision is not None:
+        checks.append(near_tie_budget(run, decision))
+    return checks
+
+
+def _prompt_text(p: Any) -> str:
+    if p.prompt is not None:
+        return p.prompt
+    return "\n".join(f"[{role}] {content}" for role, content in (p.messages or ()))
+
+
+def flip_views(run: GateRun, decision: GateDecision | None = None) -> list[FlipView]:
+    """Every prompt that is not exact (near_tie, drifted, diverged, error, never judged), in run order."""
+    out = []
+    for rec in run.records:
+        v = rec.verdict
+        if v is not None and v.klass == "exact":
+            continue
+        p = rec.prompt
+        ptext, pmore = _clip(_prompt_text(p), PROMPT_CHARS)
+        base, spec = rec.baseline, rec.spec
+        btext, bmore = _clip(base.text if base else "", FULL_TEXT_CHARS)
+        stext, smore = _clip(spec.text if spec else "", FULL_TEXT_CHARS)
+        f = FlipView(
+            id=p.id, category=p.category, klass=v.klass if v else "not run",
+            reason=v.reason if v else "never judged: the run ended before this prompt finished",
+            prompt_text=ptext, prompt_more=pmore, tags=list(p.tags),
+            baseline_len=len(base.output_ids) if base else None, spec_len=len(spec.output_ids) if spec else None,
+            baseline_finish=base.finish_reason if base else "-", spec_finish=spec.finish_reason if spec else "-",
+            div=v.divergence if v else None, checks=judgement(rec, run, decision),
+            drift=v.drift if v else None, baseline_text=btext, baseline_more=bmore, spec_text=stext,
+            spec_more=smore, baseline_error=base.error if base else None, spec_error=spec.error if spec else None,
+            accept_length=spec.spec.mean_accept_length if spec else None, baseline_from=_baseline_from(rec),
+        )
+        if v is not None:
+            f.threshold = v.threshold if v.klass != "error" else None
+            f.tf, f.tf_more = v.tf_violations[:20], max(0, len(v.tf_violations) - 20)
+        d = f.div
+        if d is not None:
+            f.context = d.context_before
+            f.split_base, f.rest_base = _split_rest(d.baseline_token, d.baseline_after)
+            f.split_spec, f.rest_spec = _split_rest(d.spec_token, d.spec_after)
+        out.append(f)
+    return out
+
+
+@dataclass
+class ClassRow:
+    name: str
+    counts: dict[str, int]
+    not_run: int
+    total: int
+
+
+def class_table(run: GateRun) -> list[ClassRow]:
+    """Prompts per class and category; the last row is the total."""
+    rows = []
+    for cat in run.categories() + [None]:
+        recs = [r for r in run.records if cat is None or r.prompt.category == cat]
+        counts = {k: sum(1 for r in recs if r.verdict is not None and r.verdict.klass == k) for k in CLASSES}
+        rows.append(ClassRow(cat if cat is not None else "total", counts,
+                             sum(1 for r in recs if r.verdict is None), len(recs)))
+    return rows
+
+
+@dataclass
+class SpeedRow:
+    """Decode speed without and with speculation over the prompts whose both runs succeeded and
+    were timed: tokens / end-to-end request seconds (prefill included), summed over the prompts."""
+
+    name: str
+    klass: str = ""
+    prompts: int = 0
+    base_tokens: int = 0
+    base_s: float = 0.0
+    spec_tokens: int = 0
+    spec_s: float = 0.0
+    accept_length: float | None = None
+    acceptance_rate: float | None = None
+    verify_steps: int = 0
+
+    @property
+    def base_tps(self) -> float | None:
+        return self.base_tokens / self.base_s if self.base_s > 0 else None
+
+    @property
+    def spec_tps(self) -> float | None:
+        return self.spec_tokens / self.spec_s if self.spec_s > 0 else None
+
+    @property
+    def speedup(self) -> float | None:
+        b, s = self.base_tps, self.spec_tps
+        return s / b if b and s else None
+
+
+def _baseline_from(rec: PromptRecord) -> str:
+    return getattr(rec, "baseline_from", "run") or "run"
+
+
+def _timed(rec: PromptRecord) -> bool:
+    """Both runs succeeded and were timed here (a golden's baseline was timed elsewhere, at another time)."""
+    b, s = rec.baseline, rec.spec
+    return bool(b and s and not b.error and not s.error and b.wall_s > 0 and s.wall_s > 0
+                and _baseline_from(rec) != "golden")
+
+
+def speed_rows(run: GateRun) -> tuple[list[SpeedRow], list[SpeedRow]]:
+    """(per category + a final total row, per prompt) speed rows."""
+    cats = []
+    for cat in run.categories() + [None]:
+        row = SpeedRow(cat if cat is not None else "total")
+        for r in run.records:
+            if (cat is None or r.prompt.category == cat) and _timed(r):
+                row.prompts += 1
+                row.base_tokens += len(r.baseline.output_ids)
+                row.base_s += r.baseline.wall_s
+                row.spec_tokens += len(r.spec.output_ids)
+                row.spec_s += r.spec.wall_s
+        act = run.activity(cat)
+        row.accept_length, row.acceptance_rate, row.verify_steps = (act.mean_accept_length, act.acceptance_rate,
+                                                                    act.verify_steps)
+        cats.append(row)
+    prompts = []
+    for r in run.records:
+        if not _timed(r):
+            continue
+        st = r.spec.spec
+        prompts.append(SpeedRow(
+            r.prompt.id, r.verdict.klass if r.verdict else "not run", 1, len(r.baseline.output_ids),
+            r.baseline.wall_s, len(r.spec.output_ids), r.spec.wall_s, st.mean_accept_length,
+            st.accepted / st.proposed if st.available and st.proposed else None, st.verify_steps))
+    return cats, prompts
+
+
+def _nominal_block(run: GateRun) -> float | None:
+    fp = run.fingerprint
+    width = fp.spec_config.get("num_draft_tokens") if fp is not None and isinstance(fp.spec_config, dict) else None
+    return float(width) + 1 if isinstance(width, (int, float)) and not isinstance(width, bool) and width > 0 else None
+
+
+def accept_bars(run: GateRun) -> list[AcceptBar]:
+    bars = []
+    for cat in run.categories():
+        pts = [(r.prompt.id, r.spec.spec.mean_accept_length) for r in run.records
+               if r.prompt.category == cat and r.spec is not None and r.spec.spec.mean_accept_length is not None]
+        bars.append(AcceptBar(cat, run.activity(cat).mean_accept_length, pts))
+    return bars
+
+
+def margin_points(run: GateRun) -> list[MarginPoint]:
+    pts = []
+    for r in run.records:
+        v = r.verdict
+        if v is None or v.divergence is None:
+            continue
+        d = v.divergence
+        if d.baseline_token is None or d.spec_token is None:
+            continue
+        pts.append(MarginPoint(r.prompt.id, v.klass, d.baseline_margin, "split", d.position))
+        later = [t for t in v.tf_violations if t.position > d.position][:MAX_LATER_POINTS]
+        pts += [MarginPoint(r.prompt.id, v.klass, t.margin, "later", t.position) for t in later]
+    return pts
+
+
+def margin_lines(run: GateRun) -> list[RefLine]:
+    th = run.threshold
+    lines = []
+    if th is not None:
+        how = "--near-tie-nats" if th.source == "override" else "measured"
+        lines.append(RefLine(th.nats, f"near-tie threshold {th.nats:.3g} ({how})", "#c62828"))
+        if th.noise is not None and th.noise.pairs:
+            lines.append(RefLine(th.noise.max_abs_delta, f"noise max {th.noise.max_abs_delta:.3g}", "#555", "6,4"))
+            if th.noise.p99_abs_delta > 0 and th.noise.p99_abs_delta < th.noise.max_abs_delta * 0.8:
+                lines.append(RefLine(th.noise.p99_abs_delta, f"noise p99 {th.noise.p99_abs_delta:.3g}", "#999", "2,3"))
+    else:
+        judged = [r.verdict.threshold for r in run.records
+                  if r.verdict is not None and r.verdict.klass != "error" and r.verdict.threshold > 0]
+        if judged:
+            lines.append(RefLine(max(judged), f"near-tie threshold {max(judged):.3g} (from the verdicts)", "#c62828"))
+    return lines
+
+
+def launch_view(run: GateRun) -> tuple[str, list[tuple[str, str]]]:
+    """(how the engine ran, in words; [(role, command)]) from the fingerprint."""
+    fp = run.fingerprint
+    if fp is None:
+        return "unknown: the run stopped before the engine was fingerprinted", []
+    extra = fp.extra if isinstance(fp.extra, dict) else {}
+    launch = extra.get("launch")
+    cmds = []
+    if isinstance(launch, dict):
+        for role, argvs in launch.items():
+            for argv in argvs if isinstance(argvs, (list, tuple)) else [argvs]:
+                cmds.append((str(role), argv if isinstance(argv, str) else " ".join(map(str, argv))))
+    if cmds:
+        return "servers launched by the gate", cmds
+    urls = [u for key in ("baseline_urls", "spec_urls") for u in (extra.get(key) or [])]
+    if launch is not None or urls:
+        return ("servers already running, not launched by the gate (no launch command recorded)"
+                + (f": {', '.join(map(str, urls))}" if urls else "")), []
+    return "in-process engine: it ran inside the gate's own process (no launch command)", []
+
+
+def _jsonish(value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    try:
+        return json.dumps(value, ensure_ascii=False, sort_keys=True, default=str)
+    except (TypeError, ValueError):
+        return str(value)
+
+
+def fingerprint_rows(run: GateRun) -> list[tuple[str, str]]:
+    fp = run.fingerprint
+    if fp is None:
+        return [("engine", "unknown (the run stopped before the engine was fingerprinted)")]
+    rows = [("engine", f"{fp.engine} ({fp.engine_version})"), ("dtype", str(fp.dtype)),
+            ("target", f"{fp.target.path} [{fp.target.kind or '-'}] sha256 {fp.target.sha256}")]
+    if fp.draft is not None:
+        rows.append(("draft", f"{fp.draft.path or '-'} [{fp.draft.kind or '-'}]"
+                              + (f" sha256 {fp.draft.sha256}" if fp.draft.sha256 else "")))
+    else:
+        rows.append(("draft", "none (no separate draft model)"))
+    rows.append(("spec config", _jsonish(fp.spec_config)))
+    for k, val in sorted((fp.extra or {}).items()):
+        if k != "launch":
+            rows.append((f"extra: {k}", _jsonish(val)))
+    return rows
+
+
+def calibration_rows(run: GateRun) -> list[tuple[str, str]]:
+    th = run.threshold
+    rows = [("near-tie threshold", th.describe() if th else "not measured (the run stopped before calibration "
+                                                                "ended, or nothing could be measured)")]
+    if th is not None:
+        rows.append(("source", "set by --near-tie-nats" if th.source == "override" else
+                     f"measured: {th.multiplier:g} × the largest |Δmargin| between incremental decode and "
+                     f"teacher-forced scoring of the baseline"))
+        if th.noise is not None:
+            n = th.noise
+            rows.append(("measured noise", f"max |Δmargin| {n.max_abs_delta:.4g} nats, p99 {n.p99_abs_delta:.4g} "
+                                           f"over {n.pairs} token pairs at {n.positions} positions"))
+        rows.append(("ceiling", f"{th.ceiling:g} nats (a measured threshold above it is refused)"))
+        if th.calibration:
+            rows.append(("calibrated on", th.calibration))
+    rows.append(("latent drift", drift_line(run)))
+    rows.append(("teacher-forced scorer", run.scorer or "not chosen (the run stopped early)"))
+    rows.append(("scorer check", scorer_check_line(run)))
+    if run.calibration_records:
+        bad = [r.prompt.id for r in run.calibration_records
+               if r.baseline is None or r.baseline.error or r.tf_error]
+        rows.append(("calibration-only prompts", f"{len(run.calibration_records)} run as baselines only"
+                                                 + (f"; not measured: {', '.join(bad)}" if bad else "")))
+    if run.calibration_error:
+        rows.append(("calibration refused", run.calibration_error))
+    return rows
+
+
+def coverage_rows(run: GateRun) -> list[tuple[str, str, int, int, bool]]:
+    taken = run.coverage.taken()
+    known = run.coverage.requests_with_steps > 0
+    return [(name, desc, taken[name], run.coverage.prompts[name], known and run.coverage.prompts[name] == 0)
+            for name, desc in PATHS.items()]
+
+
+def config_rows(run: GateRun) -> list[tuple[str, str]]:
+    c = run.config
+    return [
+        ("prompts", f"{len(run.records)} judged" + (f" ({len(run.calibration_records)} more for calibration only)"
+                                                   if run.calibration_records else "")),
+        ("max_new_tokens", str(c.max_new_tokens or f"per prompt (default {DEFAULT_MAX_NEW_TOKENS})")),
+        ("top-k recorded per position", str(c.top_k)),
+        ("requests in flight per phase", str(run.concurrency)),
+        ("calibration set", c.calibration + (" (--near-tie-nats set)" if c.near_tie_nats is not None else "")),
+        ("policy", _jsonish(c.policy.to_json())),
+    ]
+
+
+def _counts_line(decision: GateDecision, n: int) -> str:
+    return ", ".join(f"{k} {decision.counts.get(k, 0)}" for k in CLASSES) + f" ({n} prompts)"
+
+
+def report_model(run: GateRun, decision: GateDecision) -> dict[str, Any]:
+    """Everything both triage templates show, computed once."""
+    flips = flip_views(run, decision)
+    speed, speed_prompts = speed_rows(run)
+    how, launches = launch_view(run)
+    act = run.activity()
+    fp = run.fingerprint
+    points = margin_points(run)
+    return {
+        "decision": decision,
+        "status": decision.status,
+        "counts_line": _counts_line(decision, len(run.records)),
+        "near_tie_policy": near_tie_policy(run),
+        "budget": near_tie_budget(run, decision),
+        "fatal": run.fatal,
+        "interrupted": run.interrupted,
+        "calibration_error": run.calibration_error,
+        "classes": CLASSES,
+        "class_rows": class_table(run),
+        "any_not_run": any(r.verdict is None for r in run.records),
+        "flips": flips,
+        "points": points,
+        "margin_svg": margin_plot(points, margin_lines(run)) if points else None,
+        "accept_svg": (accept_plot(accept_bars(run), nominal=_nominal_block(run))
+                       if any(b.value is not None or b.prompts for b in accept_bars(run)) else None),
+        "activity": act,
+        "aggregate": run.aggregate,
+        "counters_error": run.counters_error,
+        "speed": speed,
+        "speed_prompts": speed_prompts,
+        "concurrency": run.concurrency,
+        "engine": f"{fp.engine} [{fp.dtype}]" if fp is not None else "unknown engine",
+        "fingerprint": fingerprint_rows(run),
+        "launch_how": how,
+        "launches": launches,
+        "attachments": list(run.attachments),
+        "calibration": calibration_rows(run),
+        "threshold": run.threshold,
+        "coverage": coverage_rows(run),
+        "coverage_known": run.coverage.requests_with_steps > 0,
+        "cov": run.coverage,
+        "hist": sorted(run.coverage.accepted_hist.items()),
+        "config": config_rows(run),
+        "timings": sorted(run.timings.items()),
+        "deterministic": run.deterministic,
+        "golden_error": getattr(run, "golden_error", None),
+        "golden_notes": list(getattr(run, "golden_notes", None) or []),
+        "resumed": (getattr(run, "resumed_baselines", 0) or 0, getattr(run, "resumed_verdicts", 0) or 0),
+        "golden_baselines": sum(1 for r in run.records if _baseline_from(r) == "golden"),
+        "no_speculation": bool(getattr(run.config, "golden", None))
+        and getattr(run.config, "golden_mode", "spec") == "baseline",
+    }
+
+
+def _fmt_num(x: float | None, spec: str = ".1f", none: str = "n/a") -> str:
+    return none if x is None else format(x, spec)
+
+
+def _md(text: Any) -> str:
+    """Inline markdown text: HTML-escaped (GitHub renders raw HTML), table pipes and code ticks safe,
+    one line."""
+    s = html.escape(str(text if text is not None else ""), quote=False)
+    return _one_line(s).replace("|", "\\|").replace("`", "ˋ").replace("*", "\\*").replace("_", "\\_")
+
+
+def _codespan(text: Any) -> str:
+    """Text for an inline code span (literal: only a backtick could close it)."""
+    return _one_line(str(text if text is not None else "")).replace("`", "ˋ")
+
+
+def _h(text: Any) -> str:
+    """Text inside raw HTML in markdown (``<summary>``): escaped, one line."""
+    return html.escape(_one_line(str(text if text is not None else "")))
+
+
+def _code(text: Any) -> str:
+    """Text for a fenced code block: literal, so only a closing fence could escape it."""
+    return str(text or "").replace("```", "ˋˋˋ")
+
+
+def _report_env(autoescape: bool) -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(_TEMPLATES)),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        autoescape=autoescape,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    filters: dict[str, Callable[..., Any]] = {
+        "visible": visible, "token_shown": token_shown, "one_line": _one_line, "num": _fmt_num,
+        "nats": _nats, "rank": _rank, "source": source_words, "md": _md, "code": _code, "cs": _codespan, "h": _h,
+    }
+    env.filters.update(filters)
+    return env
+
+
+def render_report_html(run: GateRun, decision: GateDecision) -> str:
+    """``report.html``: one self-contained page (inline CSS and SVG, nothing fetched)."""
+    return _report_env(True).get_template("report.html.j2").render(
+        css=Markup(_CSS), max_later=MAX_LATER_POINTS, **report_model(run, decision))
+
+
+def render_report_md(run: GateRun, decision: GateDecision) -> str:
+    """``report.md``: the triage report compactly, as GitHub markdown for a PR comment."""
+    m = report_model(run, decision)
+    shown = m["flips"][:MD_MAX_DETAILS]
+    text = _report_env(False).get_template("report.md.j2").render(
+        shown=shown, hidden=len(m["flips"]) - len(shown), **m)
+    while len(text) > MD_MAX_CHARS and shown:
+        shown = shown[: len(shown) // 2]
+        text = _report_env(False).get_template("report.md.j2").render(
+            shown=shown, hidden=len(m["flips"]) - len(shown), **m)
+    return text
+
+
+_CSS = """
+:root{--ok:#2e7d32;--tie:#e0a000;--drift:#8e24aa;--div:#c62828;--err:#616161;--fg:#1b1b1b;--muted:#666;
+--line:#ddd;--bg2:#f6f7f9}
+*{box-sizing:border-box}
+body{font-family:system-ui,-apple-system,"Segoe UI",Roboto,"Noto Sans","Noto Sans CJK SC",sans-serif;color:var(--fg);
+margin:0;padding:0 24px 48px;line-height:1.45;font-size:14px;max-width:1240px}
+h1{font-size:22px;margin:18px 0 6px}h2{font-size:18px;margin:28px 0 8px;border-bottom:1px solid var(--line);
+padding-bottom:4px}h3{font-size:15px;margin:0}
+code,pre,.mono{font-family:ui-monospace,"DejaVu Sans Mono",Menlo,Consolas,monospace;font-size:12.5px}
+pre{white-space:pre-wrap;word-break:break-word;background:var(--bg2);padding:8px;border-radius:4px;margin:4px 0}
+table{border-collapse:collapse;margin:6px 0 10px}th,td{border:1px solid var(--line);padding:3px 8px;text-align:left;
+vertical-align:top}th{background:var(--bg2);font-weight:600}td.n,th.n{text-align:right;font-variant-numeric:tabular-nums}
+tr.total td{font-weight:600;background:#fafafa}
+.status{display:inline-block;padding:2px 12px;border-radius:4px;color:#fff;font-weight:700;letter-spacing:.5px}
+.status-PASS{background:var(--ok)}.status-FAIL{background:var(--div)}.status-INTERRUPTED{background:#ef6c00}
+.badge{display:inline-block;padding:0 7px;border-radius:9px;color:#fff;font-size:12px;font-weight:600}
+.k-exact{background:var(--ok)}.k-near_tie{background:var(--tie)}.k-drifted{background:var(--drift)}
+.k-diverged{background:var(--div)}.k-error{background:var(--err)}.k-not_run{background:#999}
+td.zero{color:#bbb}
+#flip-index code{white-space:nowrap}
+nav{font-size:13px;margin:4px 0 8px;color:var(--muted)}nav a{margin-right:10px}
+ul.why{margin:4px 0;padding-left:20px}ul.checks{list-style:none;padding-left:0;margin:6px 0}
+ul.checks li{margin:3px 0;padding-left:22px;text-indent:-22px}
+.card{border:1px solid var(--line);border-left:5px solid #999;border-radius:4px;padding:10px 12px;margin:12px 0}
+.card.near_tie{border-left-color:var(--tie)}.card.diverged{border-left-color:var(--div)}
+.card.drifted{border-left-color:var(--drift)}.card.error{border-left-color:var(--err)}
+.reason{margin:6px 0}
+table.streams{width:100%;table-layout:fixed}table.streams td{white-space:pre-wrap;word-break:break-word;
+font-family:ui-monospace,"DejaVu Sans Mono",Menlo,Consolas,monospace;font-size:12.5px}
+.ctx{color:#777}mark.split{background:#ffe082;outline:2px solid #e0a000;border-radius:2px;padding:0 1px;color:#000;
+font-weight:700}mark.split.spec{background:#ffcdd2;outline-color:#c62828}
+.note{color:var(--muted);font-size:12.5px}
+.grid{display:grid;grid-template-columns:1fr 1fr;gap:10px}
+details>summary{cursor:pointer;color:#1565c0}
+svg.plot{max-width:100%;height:auto;background:#fff;border:1px solid var(--line);border-radius:4px}
+.fail{color:var(--div)}.warn{color:#ef6c00}
+.mark{display:inline-block;width:16px;height:16px;border-radius:8px;color:#fff;text-align:center;font-size:11px;
+line-height:16px;font-weight:700;text-indent:0;margin-right:6px;font-family:"DejaVu Sans",sans-serif}
+.mark-ok{background:var(--ok)}.mark-fail{background:var(--div)}.mark-warn{background:#ef6c00}.mark-info{background:#90a4ae}
+"""

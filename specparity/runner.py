@@ -13,7 +13,10 @@ Two phases, so the near-tie threshold is fixed before any speculative output is 
    prefix, and the comparison.
 
 Each finished prompt is written to ``results.jsonl`` at once, so a later failure (an engine
-crash, a dead server) never loses finished results.
+crash, a dead server) never loses finished results, and ``--resume`` continues from it
+(:mod:`specparity.journal`). With a golden (:mod:`specparity.golden`) phase 1 reads the baselines
+from it instead of running them (``--update-golden`` runs them and records them); with
+``--golden-mode baseline`` phase 2 runs a new baseline, not the speculative decoder.
 """
 
 from __future__ import annotations
@@ -30,6 +33,8 @@ from specparity.calibration import Sample, calibrate
 from specparity.compare import Verdict, compare
 from specparity.engines.base import Engine, capabilities_of
 from specparity.gate import GateDecision, decide
+from specparity.golden import Golden, GoldenError, Recorded, baseline_fields, baseline_key, describe_difference, write_golden
+from specparity.journal import JOURNAL, RESULTS_SCHEMA, Journal, baseline_record, judged_record
 from specparity.noise import CalibrationError
 from specparity.prompts import Prompt
 from specparity.records import DEFAULT_MAX_NEW_TOKENS, GateConfig, GateRun, PromptRecord
@@ -40,8 +45,7 @@ from specparity.types import GenerationRequest, GenerationResult, SpecStats, Tok
 T = TypeVar("T")
 R = TypeVar("R")
 
-RESULTS_SCHEMA = "specparity.results/1"
-JOURNAL = "results.jsonl"
+__all__ = ["JOURNAL", "RESULTS_SCHEMA", "GateInterrupted", "ResultsWriter", "run_gate", "conclude", "request_for"]
 
 
 class GateInterrupted(KeyboardInterrupt):
@@ -55,20 +59,21 @@ class GateInterrupted(KeyboardInterrupt):
 class ResultsWriter:
     """Appends one JSON line per finished unit of work and flushes it immediately.
 
-    Opening it for a new run truncates the journal and removes every file derived from a previous
-    one (``summary.md`` …): a report directory never shows a verdict that is not this run's, even
-    when this run is killed before it writes its own.
+    Opening it for a new run (``mode`` "new") truncates the journal; for a resumed one ("resume")
+    it appends. Both remove every file derived from a previous run (``summary.md`` …): a report
+    directory never shows a verdict that is not this run's, even when this run is killed before it
+    writes its own. "append" only appends (the final verdict line).
     """
 
-    def __init__(self, report_dir: str | None, *, append: bool = False):
+    def __init__(self, report_dir: str | None, *, mode: str = "new"):
         self._fh: IO[str] | None = None
         if report_dir:
             out = Path(report_dir)
             out.mkdir(parents=True, exist_ok=True)
-            if not append:
+            if mode != "append":
                 for name in DERIVED_FILES:
                     (out / name).unlink(missing_ok=True)
-            self._fh = open(out / JOURNAL, "a" if append else "w", encoding="utf-8")
+            self._fh = open(out / JOURNAL, "w" if mode == "new" else "a", encoding="utf-8")
 
     def write(self, obj: dict[str, Any]) -> None:
         if self._fh is not None:
@@ -128,7 +133,7 @@ def _score(scorer: Scorer, req: GenerationRequest, result: GenerationResult) -> 
     if result.error:
         return None, None
     try:
-        scores = scorer.score(req.prompt_ids, result.output_ids, req.top_k)
+        scores = scorer.score(list(req.prompt_ids), result.output_ids, req.top_k)
     except Exception as exc:  # noqa: BLE001
         return None, f"teacher-forced scoring failed: {type(exc).__name__}: {exc}"
     problem = rows_problem(scores, len(result.output_ids), req.top_k, "teacher-forced scores")
@@ -146,7 +151,8 @@ def _decode_and_score(engine: Engine, scorer: Scorer, speculative: bool, rec: Pr
     t0 = time.perf_counter()
     result = _generate_one(engine, rec.request, speculative)
     t1 = time.perf_counter()
-    if speculative and not result.error and rec.baseline_tf is not None and result.output_ids == rec.baseline.output_ids:
+    if (not result.error and rec.baseline_tf is not None and rec.baseline_from != "golden"
+            and result.output_ids == rec.baseline.output_ids):
         tf, err = rec.baseline_tf, None
     else:
         tf, err = _score(scorer, rec.request, result)
@@ -177,6 +183,9 @@ def run_gate(
     *,
     calibration: Sequence[Prompt] | None = None,
     progress: Callable[[str], None] | None = None,
+    golden: Golden | None = None,
+    resume: Journal | None = None,
+    baselines_only: bool = False,
 ) -> GateRun:
     """Run both phases over ``prompts``; never raises for a per-prompt failure.
 
@@ -184,11 +193,16 @@ def run_gate(
     reused, the others run a baseline only); None measures on ``prompts`` themselves, so the
     threshold then depends on the selection, and the summary says so.
 
+    ``golden``: the golden named by ``config.golden`` (None: none recorded there yet). ``resume``:
+    the journal of an interrupted run of the same engine and prompts (``config.report_dir``): what
+    it finished is kept, the rest runs, and the journal is appended to. ``baselines_only``: stop
+    after phase 1 (``specparity record``: the golden is written, nothing is judged).
+
     Ctrl-C ends the run with :class:`GateInterrupted` (a ``KeyboardInterrupt``) carrying the
     partial run, after the journal has recorded the interruption.
     """
     say = progress or (lambda _msg: None)
-    writer = ResultsWriter(config.report_dir)
+    writer = ResultsWriter(config.report_dir, mode="resume" if resume is not None else "new")
     run = GateRun(fingerprint=None, config=config, records=[PromptRecord(p) for p in prompts])
     if calibration is not None and config.calibration != "selected":
         # a selected prompt's baseline is reused only for the same prompt, not merely the same id
@@ -198,7 +212,7 @@ def run_gate(
         run.calibration_records = [PromptRecord(p) for p in calibration if _content(p) not in chosen]
     t_start = time.perf_counter()
     try:
-        _run_phases(engine, run, writer, say)
+        _run_phases(engine, run, writer, say, golden, resume, baselines_only)
     except KeyboardInterrupt:
         run.interrupted = True
         writer.write({"kind": "interrupted", "finished_prompts": sum(r.verdict is not None for r in run.records)})
@@ -208,6 +222,7 @@ def run_gate(
         writer.write({"kind": "fatal", "error": run.fatal})
     finally:
         run.timings["total"] = time.perf_counter() - t_start
+        writer.write({"kind": "timings", "timings": {k: round(v, 6) for k, v in run.timings.items()}})
         writer.close()
     return run
 
@@ -216,7 +231,8 @@ def _content(p: Prompt) -> tuple[Any, ...]:
     return p.id, p.prompt, p.messages, p.max_new_tokens
 
 
-def _run_phases(engine: Engine, run: GateRun, writer: ResultsWriter, say: Callable[[str], None]) -> None:
+def _run_phases(engine: Engine, run: GateRun, writer: ResultsWriter, say: Callable[[str], None],
+                golden: Golden | None, resume: Journal | None, baselines_only: bool = False) -> None:
     config = run.config
     caps = capabilities_of(engine)
     run.concurrency = max(1, min(config.concurrency or caps.max_concurrency, caps.max_concurrency)
@@ -229,16 +245,32 @@ def _run_phases(engine: Engine, run: GateRun, writer: ResultsWriter, say: Callab
     run.attachments = list(logs()) if callable(logs) else []
     run.deterministic = caps.deterministic
     run.deterministic_partial = caps.deterministic_partial
+    if resume is not None:
+        problem = _restore(run, resume)
+        if problem:
+            run.fatal = problem
+            writer.write({"kind": "resume", "schema": RESULTS_SCHEMA, "error": problem})
+            writer.write({"kind": "fatal", "error": problem})
+            return
     scorer = choose_scorer(engine, config.scorer, config.scorer_model)
     run.scorer = scorer.description
-    writer.write({"kind": "run", "schema": RESULTS_SCHEMA, "fingerprint": run.fingerprint.to_json(),
-                  "config": config.to_json(), "scorer": run.scorer, "concurrency": run.concurrency,
-                  "capabilities": vars(caps)})
+    writer.write({"kind": "resume" if resume is not None else "run", "schema": RESULTS_SCHEMA,
+                  "fingerprint": run.fingerprint.to_json(), "config": config.to_json(), "scorer": run.scorer,
+                  "concurrency": run.concurrency, "capabilities": vars(caps), "attachments": run.attachments,
+                  "stop_token_ids": [int(t) for t in engine.stop_token_ids()],
+                  "calibrated_apart": run.calibrated_apart, "calibration_reused": run.calibration_reused,
+                  "resumed_baselines": run.resumed_baselines, "resumed_verdicts": run.resumed_verdicts})
     try:
+        if config.golden and not _use_golden(run, golden, writer, say):
+            return
         if not _baselines(engine, run, scorer, writer, say):
             return
+        if config.update_golden:
+            _record_golden(run, golden, writer, say)
+        if baselines_only:
+            return
         counters_before = _aggregate_counters(engine, caps.counters)
-        _speculative(engine, run, scorer, writer, say)
+        _speculative(engine, run, scorer, writer, say, golden)
         if counters_before is not None:
             try:
                 run.aggregate = _aggregate_delta(counters_before, _aggregate_counters(engine, caps.counters))
@@ -263,20 +295,171 @@ def _baselines(engine: Engine, run: GateRun, scorer: Scorer, writer: ResultsWrit
             rec.request = request_for(engine, p, config, stop_ids)
         except Exception as exc:  # noqa: BLE001
             rec.baseline = GenerationResult.failed(p.id, f"encoding the prompt failed: {type(exc).__name__}: {exc}")
+        else:
+            _check_reused(rec)
 
     work = partial(_decode_and_score, engine, scorer, False)
     t_phase = time.perf_counter()
     calibration_only = {id(r) for r in run.calibration_records}
-    todo = [r for r in run.records + run.calibration_records if r.request]
+    todo = [r for r in run.records + run.calibration_records if r.request and r.baseline is None]
     for rec, (result, tf, err, t_gen, t_tf) in dispatch(todo, work, run.concurrency):
         rec.baseline, rec.baseline_tf, rec.tf_error = result, tf, err
         run.timings["baseline_decode"] += t_gen
         run.timings["tf_scoring"] += t_tf
         writer.write({"kind": "calibration" if id(rec) in calibration_only else "baseline", "prompt_id": rec.prompt.id,
-                      "baseline": result.to_json(), "tf_error": err})
+                      "prompt": rec.prompt.to_json(), "baseline": result.to_json(),
+                      "baseline_tf": tf.to_json() if tf is not None else None, "tf_error": err})
         say(f"baseline {rec.prompt.id}: {len(result.output_ids)} tokens" + (f" ERROR {result.error}" if result.error else ""))
     run.timings["baseline_phase_wall"] = time.perf_counter() - t_phase
     return _calibrate(run, scorer, writer, say)
+
+
+def _reuse(rec: PromptRecord, baseline: GenerationResult, tf: TokenScores | None, source: str,
+           request: tuple[list[int], int] | None, tf_error: str | None = None) -> None:
+    rec.baseline, rec.baseline_tf, rec.tf_error = baseline, tf, tf_error
+    rec.baseline_from, rec.reused_request = source, request
+
+
+def _check_reused(rec: PromptRecord) -> None:
+    """A reused baseline (golden, journal) must answer this run's very request: the same prompt ids
+    (the engine may tokenize differently since) and the same token limit; else the prompt is an
+    error naming what differs, never a comparison of two different requests."""
+    if rec.reused_request is None or rec.request is None or rec.baseline is None:
+        return
+    ids, limit = rec.reused_request
+    where = "the golden" if rec.baseline_from == "golden" else "the resumed journal"
+    problem = None
+    if list(ids) != list(rec.request.prompt_ids):
+        problem = (f"the engine encodes this prompt differently from {where} ({len(rec.request.prompt_ids)} ids now, "
+                   f"{len(ids)} recorded; first difference at id {_first_diff(ids, rec.request.prompt_ids)})")
+    elif limit != rec.request.max_new_tokens:
+        problem = f"{where} holds this prompt's baseline for max_new_tokens {limit}, this run asks {rec.request.max_new_tokens}"
+    if problem:
+        rec.baseline, rec.baseline_tf = GenerationResult.failed(rec.prompt.id, problem), None
+
+
+def _first_diff(a: Sequence[int], b: Sequence[int]) -> int:
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
+def _restore(run: GateRun, journal: Journal) -> str | None:
+    """Take from an interrupted run's journal what it finished: baselines (and calibration
+    baselines) of the same prompts, and judged prompts. Returns why it cannot resume (None: it can)."""
+    old = journal.header.get("fingerprint")
+    if old != run.fingerprint.to_json():
+        from specparity.types import Fingerprint
+
+        theirs = Fingerprint.from_json(old) if old else None
+        diff = describe_difference(baseline_fields(theirs), baseline_fields(run.fingerprint)) if theirs else "none recorded"
+        if theirs is not None and diff == "no difference":
+            diff = (f"speculative config {theirs.spec_config} → {run.fingerprint.spec_config}, draft "
+                    f"{theirs.draft} → {run.fingerprint.draft}")
+        return (f"--resume: {journal.path} was written by another engine configuration ({diff}); "
+                f"start a new run without --resume")
+    by_id = {r.prompt.id: r for r in run.records + run.calibration_records}
+    for pid, line in {**journal.calibration, **journal.baselines}.items():
+        rec = by_id.get(pid)
+        if rec is None or not line.get("baseline"):
+            continue
+        old_rec = baseline_record(journal, pid, line)
+        if old_rec.prompt.to_json() != rec.prompt.to_json():
+            continue  # the same id, another prompt: run it again
+        base = old_rec.baseline
+        if base.error or (old_rec.baseline_tf is None and not old_rec.tf_error):
+            continue  # a failed baseline is retried
+        _reuse(rec, base, old_rec.baseline_tf, "journal", None, old_rec.tf_error)
+        run.resumed_baselines += 1
+    for pid, line in journal.judged.items():
+        rec = by_id.get(pid)
+        if rec is None or not line.get("verdict") or rec not in run.records:
+            continue
+        old_rec = judged_record(journal, line)
+        if old_rec.prompt.to_json() != rec.prompt.to_json() or old_rec.verdict.klass == "error":
+            continue  # an error is retried: the engine or server may have died mid-run
+        rec.spec, rec.spec_tf, rec.verdict = old_rec.spec, old_rec.spec_tf, old_rec.verdict
+        if rec.baseline is None:
+            _reuse(rec, old_rec.baseline, old_rec.baseline_tf, "journal", None)
+        run.resumed_verdicts += 1
+    return None
+
+
+def _use_golden(run: GateRun, golden: Golden | None, writer: ResultsWriter, say: Callable[[str], None]) -> bool:
+    """Check the golden against this engine and take its baselines. Returns False when the golden
+    cannot be used (``run.golden_error``: nothing is judged and the gate fails)."""
+    config = run.config
+    key, fields_ = baseline_key(run.fingerprint), baseline_fields(run.fingerprint)
+    error = None
+    if config.update_golden:
+        if golden is not None and golden.key != key and config.update_golden != "force":
+            error = (f"--update-golden: {golden.path} was recorded under another engine fingerprint "
+                     f"({describe_difference(golden.fields, fields_)}); it is not overwritten: pass "
+                     f"--update-golden=force to replace it, or name another --golden file")
+        elif golden is not None and golden.key == key:
+            run.golden_notes.append(f"rewrote {golden.describe()} from this run's baselines")
+        else:
+            run.golden_notes.append(f"recorded {config.golden} from this run's baselines")
+    elif golden is None:
+        error = (f"--golden {config.golden}: no golden recorded there (a missing golden is a failure, never a pass); "
+                 f"record it with --update-golden")
+    elif golden.key != key and config.golden_mode == "spec":
+        error = (f"--golden {golden.path}: recorded under another engine fingerprint "
+                 f"({describe_difference(golden.fields, fields_)}); a speculative run is compared with a golden of "
+                 f"its own baseline: re-record with --update-golden, or judge the engine change with --golden-mode baseline")
+    if error:
+        run.golden_error = error
+        writer.write({"kind": "golden", "path": config.golden, "mode": config.golden_mode, "error": error})
+        for rec in run.records:
+            rec.verdict = Verdict(rec.prompt.id, rec.prompt.category, "error", f"not judged: {error}")
+            writer.write(rec.to_json())
+        say(error)
+        return False
+    if config.update_golden:
+        writer.write({"kind": "golden", "path": config.golden, "mode": "update", "notes": run.golden_notes})
+        return True
+    if config.golden_mode == "baseline":
+        change = describe_difference(golden.fields, fields_) if golden.key != key else "the same engine fingerprint"
+        run.golden_notes.append(f"new baselines (no speculation) judged against {golden.describe()}: {change}; "
+                                f"the noise is measured on the new baselines")
+        writer.write({"kind": "golden", "path": config.golden, "mode": config.golden_mode, "notes": run.golden_notes})
+        return True
+    run.golden_notes.append(f"baselines read from {golden.describe()}")
+    missing = []
+    for rec in run.records + run.calibration_records:
+        if rec.baseline is not None:
+            continue  # resumed
+        entry = golden.entry_for(rec.prompt)
+        if entry is not None:
+            _reuse(rec, entry.baseline, entry.tf, "golden", (entry.prompt_ids, entry.max_new_tokens))
+        elif rec in run.records:
+            missing.append(rec.prompt.id)
+            rec.baseline = GenerationResult.failed(
+                rec.prompt.id, f"no golden for this prompt in {golden.path} (added or edited since it was recorded: "
+                f"record it with --update-golden)")
+    if missing:
+        run.golden_notes.append(f"{len(missing)} prompt(s) not in the golden (errors): {', '.join(missing)}")
+    writer.write({"kind": "golden", "path": config.golden, "mode": config.golden_mode, "notes": run.golden_notes})
+    return True
+
+
+def _record_golden(run: GateRun, golden: Golden | None, writer: ResultsWriter, say: Callable[[str], None]) -> None:
+    """``--update-golden``: write this run's measured baselines (selected and calibration prompts)."""
+    config = run.config
+    done = [Recorded(r.prompt, r.request.prompt_ids, r.request.max_new_tokens, r.baseline, r.baseline_tf,
+                     r.request.stop_token_ids)
+            for r in run.records + run.calibration_records
+            if r.request is not None and r.baseline is not None and not r.baseline.error and r.baseline_tf is not None]
+    keep = golden if golden is not None and golden.key == baseline_key(run.fingerprint) else None
+    try:
+        n = write_golden(config.golden, run.fingerprint, done, prompt_files=config.prompts, top_k=config.top_k, keep=keep,
+                         stop_token_ids=[t for r in done[:1] for t in r.stop_token_ids])
+    except (OSError, GoldenError) as exc:
+        run.golden_error = f"--update-golden: cannot write {config.golden}: {exc}"
+        writer.write({"kind": "golden", "path": config.golden, "error": run.golden_error})
+        return
+    note = f"wrote {config.golden}: {n} prompt(s), {len(done)} recorded by this run"
+    run.golden_notes.append(note)
+    writer.write({"kind": "golden", "path": config.golden, "mode": "update", "notes": [note]})
+    say(note)
 
 
 def _calibration_label(run: GateRun, n: int) -> str:
@@ -339,49 +522,68 @@ def _baseline_error(rec: PromptRecord) -> Verdict:
 
 
 def _speculative(engine: Engine, run: GateRun, scorer: Scorer, writer: ResultsWriter,
-                 say: Callable[[str], None]) -> None:
-    """Phase 2: every prompt with speculation, scored and classified as it finishes."""
-    stop_ids = tuple(engine.stop_token_ids())
+                 say: Callable[[str], None], golden: Golden | None = None) -> None:
+    """Phase 2: every prompt with speculation, scored and classified as it finishes; prompts a
+    resumed journal already judged are kept. Under ``--golden-mode baseline`` nothing runs: each
+    new baseline (phase 1) is judged against the golden's (:func:`_against_golden`)."""
     todo = []
     for rec in run.records:
-        if rec.request is None or rec.baseline is None or rec.baseline.error:
+        if rec.verdict is not None:  # judged by the interrupted run (--resume)
+            if rec.spec is not None:
+                run.coverage.add(rec.spec.spec)
+        elif rec.request is None or rec.baseline is None or rec.baseline.error:
             rec.verdict = _baseline_error(rec)  # nothing to compare against: no speculative run
             writer.write(rec.to_json())
         else:
             todo.append(rec)
-
+    judge = partial(_judge, run, tuple(engine.stop_token_ids()), engine.decode, writer, say)
+    if run.config.golden and run.config.golden_mode == "baseline":
+        for rec in todo:
+            _against_golden(rec, golden)
+            judge(rec, None)
+        return
     work = partial(_decode_and_score, engine, scorer, True)
     t_phase = time.perf_counter()
     for rec, (result, tf, err, t_gen, t_tf) in dispatch(todo, work, run.concurrency):
-        p = rec.prompt
         rec.spec, rec.spec_tf = result, tf
         run.timings["spec_decode"] += t_gen
         run.timings["tf_scoring"] += t_tf
+        run.coverage.add(rec.spec.spec)
+        judge(rec, err)
+    run.timings["spec_phase_wall"] = time.perf_counter() - t_phase
+
+
+def _against_golden(rec: PromptRecord, golden: Golden) -> None:
+    """``--golden-mode baseline``: the golden's baseline becomes the reference and this run's new
+    baseline the stream judged against it (its own rows and teacher-forced scores with it)."""
+    entry = golden.entry_for(rec.prompt)
+    new, new_tf = rec.baseline, rec.baseline_tf
+    if entry is None:
+        rec.baseline = GenerationResult.failed(rec.prompt.id, f"no golden for this prompt in {golden.path} (added or "
+                                               f"edited since it was recorded: record it with --update-golden)")
+        return
+    rec.spec, rec.spec_tf = new, new_tf
+    _reuse(rec, entry.baseline, entry.tf, "golden", (entry.prompt_ids, entry.max_new_tokens), rec.tf_error)
+    _check_reused(rec)
+
+
+def _judge(run: GateRun, stop_ids: tuple[int, ...], decode: Callable[[Sequence[int]], str], writer: ResultsWriter,
+           say: Callable[[str], None], rec: PromptRecord, err: str | None) -> None:
+    """Classify one prompt (its baseline against ``rec.spec``), journal it and say it."""
+    p = rec.prompt
+    if rec.baseline is None or rec.baseline.error or rec.spec is None:
+        rec.verdict = _baseline_error(rec)
+    else:
         if rec.tf_error:  # the baseline's own scoring failed first: that is the cause
             err = f"baseline {rec.tf_error}"
-        run.coverage.add(rec.spec.spec)
-        rec.verdict = _timed(
-            run.timings,
-            "comparison",
-            lambda: compare(
-                p.id,
-                p.category,
-                rec.baseline,
-                rec.spec,
-                rec.spec_tf,
-                threshold=run.threshold.nats,
-                max_new_tokens=rec.request.max_new_tokens,
-                stop_ids=stop_ids,
-                decode=engine.decode,
-                baseline_tf=rec.baseline_tf,
-                drift_nats=run.threshold.drift_nats,
-            ),
-        )
+        rec.verdict = _timed(run.timings, "comparison", lambda: compare(
+            p.id, p.category, rec.baseline, rec.spec, rec.spec_tf, threshold=run.threshold.nats,
+            max_new_tokens=rec.request.max_new_tokens, stop_ids=stop_ids, decode=decode,
+            baseline_tf=rec.baseline_tf, drift_nats=run.threshold.drift_nats))
         if err and rec.verdict.klass != "diverged":
             rec.verdict.klass, rec.verdict.reason = "error", err
-        writer.write(rec.to_json())
-        say(f"{p.id}: {rec.verdict.klass}")
-    run.timings["spec_phase_wall"] = time.perf_counter() - t_phase
+    writer.write(rec.to_json())
+    say(f"{p.id}: {rec.verdict.klass}")
 
 
 def _aggregate_counters(engine: Engine, kind: str) -> dict[str, int] | None:
@@ -401,7 +603,7 @@ def conclude(run: GateRun) -> GateDecision:
     reads the result without parsing markdown) and ``summary.md`` beside it."""
     decision = decide(run)
     if run.config.report_dir:
-        writer = ResultsWriter(run.config.report_dir, append=True)
+        writer = ResultsWriter(run.config.report_dir, mode="append")
         try:
             writer.write({"kind": "verdict", **decision.to_json(), "interrupted": run.interrupted})
         finally:

@@ -275,3 +275,10 @@ class Fingerprint:
             "spec_config": self.spec_config,
             "extra": self.extra,
         }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "Fingerprint":
+        draft = data.get("draft")
+        return cls(data["engine"], data["engine_version"], ArtifactId(**data["target"]),
+                   ArtifactId(**draft) if draft else None, data["dtype"], data.get("spec_config", {}),
+                   data.get("extra", {}))

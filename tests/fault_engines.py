@@ -2,6 +2,10 @@
 
 ``interrupting``: the real ``hf`` engine, except that the N-th speculative call sends SIGINT to
 its own process — a real Ctrl-C in the middle of the speculative phase, as an operator would.
+``dying``: the real ``hf`` engine that logs every decode to ``$SPECPARITY_TEST_CALL_LOG`` and
+SIGKILLs its own process at the N-th speculative call when ``$SPECPARITY_TEST_DIE_AFTER`` is N — a
+crash with no chance to write anything; the same engine (same fingerprint) without the variable
+finishes the run (``--resume``).
 :class:`RescoredEngine` wraps a real engine with a wrong teacher-forced scorer.
 """
 
@@ -38,6 +42,32 @@ class InterruptingEngine(HFEngine):
 ))
 def interrupting(options: EngineOptions) -> InterruptingEngine:
     return InterruptingEngine(options)
+
+
+class DyingEngine(HFEngine):
+    name = "hf-dying"
+
+    def __init__(self, options: EngineOptions):
+        super().__init__(options)
+        self.die_after = int(os.environ.get("SPECPARITY_TEST_DIE_AFTER", "0"))
+        self.log = os.environ.get("SPECPARITY_TEST_CALL_LOG")
+        self.spec_calls = 0
+
+    def generate(self, requests, *, speculative):
+        if self.log:
+            with open(self.log, "a", encoding="utf-8") as fh:
+                for r in requests:
+                    fh.write(f"{'spec' if speculative else 'base'} {r.request_id}\n")
+        if speculative:
+            self.spec_calls += 1
+            if self.spec_calls == self.die_after:
+                os.kill(os.getpid(), signal.SIGKILL)
+        return super().generate(requests, speculative=speculative)
+
+
+@engine_factory(EngineInfo("hf-dying", spec_modes=SPEC_MODES, options=HF_OPTIONS))
+def dying(options: EngineOptions) -> DyingEngine:
+    return DyingEngine(options)
 
 
 class RescoredEngine:

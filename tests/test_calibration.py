@@ -157,3 +157,13 @@ def test_a_fixed_calibration_set_does_not_move_with_the_selection(hf_options, de
     assert inside.threshold.calibration == outside.threshold.calibration == "the calibration set cal.jsonl (3 prompts measured)"
     assert [r.prompt.id for r in inside.calibration_records] == [p.id for p in cal[1:]]
     assert [r.prompt.id for r in outside.calibration_records] == [p.id for p in cal]
+
+
+def test_threshold_and_drift_floor_cover_float32_resolution():
+    """Noise measured as exactly 0 (bf16 decode and teacher-forced scoring bit-identical, seen on an
+    H200) must not make a 1.9e-6-nat difference of float32 logprobs "drift" (docs/gpu-numerics.md)."""
+    from specparity.noise import FLOOR_NATS, NoiseStats, derive_threshold
+
+    t = derive_threshold(NoiseStats(0.0, 0.0, 201, 1407))
+    assert t.nats == FLOOR_NATS and t.drift_nats == FLOOR_NATS
+    assert FLOOR_NATS > 2 * float(np.spacing(np.float32(40.0)))

@@ -180,3 +180,20 @@ def test_remerge_found_after_flip():
     spec_rest = [20, 21, 11, 12, 13, 14, 15]
     assert find_remerge(base_rest, spec_rest) == (1, 2)
     assert find_remerge([1, 2, 3], [4, 5, 6]) is None
+
+
+def test_near_tie_whose_spec_row_disagrees_beyond_the_drift_bound_is_drifted():
+    """At a genuine tie the two runs' rows at the split agree up to noise; a speculative row that
+    prefers its token by far more than the drift bound is a corrupted computation (found by the
+    triage report on a bf16 broken loop: baseline margin 0.25, speculative row 1.56 the other way)."""
+    ids = [5, 6, 7, 8]
+    base = scores_for(ids, [5, 6, 9, 8 + 1], [5.0, 5.0, 0.005, 5.0])
+    spec_ids = [5, 6, 9, 8]
+    own = scores_for(spec_ids, [5 + 1, 6 + 1, 7, 8 + 1], [5.0, 5.0, 1.5, 5.0])
+    tf = scores_for(spec_ids)
+    common = dict(threshold=THRESHOLD, max_new_tokens=4, stop_ids=[STOP], decode=lambda x: str(x))
+    v = compare("p", "c", result(ids, base, 4), result(spec_ids, own, 4), tf, drift_nats=0.04, **common)
+    assert v.klass == "drifted" and "the two computations of the same position are 1.5 nats apart" in v.reason
+    close = scores_for(spec_ids, [5 + 1, 6 + 1, 7, 8 + 1], [5.0, 5.0, 0.004, 5.0])
+    v = compare("p", "c", result(ids, base, 4), result(spec_ids, close, 4), tf, drift_nats=0.04, **common)
+    assert v.klass == "near_tie", v.reason

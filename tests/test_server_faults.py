@@ -34,7 +34,8 @@ from specparity.engines.base import EngineOptions
 from specparity.engines.http import DEAD_AFTER
 from specparity.engines.server import HFTokenizer
 from specparity.fixtures import REPO_ROOT, fixture_dir
-from specparity.gate import GateDecision
+from specparity.gate import GateDecision, decide
+from specparity.journal import load_run
 from specparity.prompts import Prompt, load_prompts
 from specparity.records import GateConfig, GateRun
 from specparity.runner import conclude, run_gate
@@ -214,7 +215,9 @@ def test_refused_at_start_is_an_engine_error_subprocess(tmp_path):
     assert proc.returncode == exitcodes.ENGINE_ERROR, out[-3000:]
     assert cause in out and "specparity lossless gate: FAIL" in out, out[-3000:]
     lines = journal(report)
-    assert [x["kind"] for x in lines] == ["fatal", "verdict"]  # no prompt ran, none is called exact
+    assert [x["kind"] for x in lines] == ["fatal", "timings", "verdict"]  # no prompt ran, none is called exact
+    rebuilt = load_run(report)
+    assert rebuilt.fatal and not rebuilt.records and decide(rebuilt).exit_code == exitcodes.ENGINE_ERROR
     assert lines[-1]["exit_code"] == exitcodes.ENGINE_ERROR and lines[-1]["counts"]["exact"] == 0
     assert any(cause in f for f in lines[-1]["failures"])
     summary = (report / "summary.md").read_text()

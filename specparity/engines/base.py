@@ -62,6 +62,12 @@ class EngineOptions:
     request_timeout: float = 300.0
     #: Where launched servers write their logs (the report directory, when there is one).
     log_dir: str | None = None
+    #: In-process engines: the target's KV-cache dtype (``--kv-cache-dtype``): None / "auto" (the
+    #: model dtype) or "fp8_e4m3" (static-scale float8 round trip, :mod:`specparity.engines.kvcache`).
+    kv_cache_dtype: str | None = None
+    #: In-process engines: the torch device the target (and draft) run on (``--device``): "cpu"
+    #: (default) or "cuda" / "cuda:N".
+    device: str = "cpu"
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,12 @@ hook-derived ones, or the request fails as an engine error. ``return_stats=True`
 ``torch.cuda.synchronize()``, which raises on a CPU-only torch: while the call runs,
 ``dflash.model._cuda_time`` is swapped for ``time.perf_counter`` (scoped, restored afterwards; the
 package itself is not modified). See ``docs/DFLASH.md``.
+
+``--kv-cache-dtype fp8_e4m3``: ``dflash_generate`` builds its own target cache
+(``dflash.model._make_cache``, a ``DynamicCache``) and passes it to every target forward; the
+target's fp8 hook (:func:`specparity.engines.kvcache.install_guard`) quantizes that cache's writes,
+so the prefill and every verify block store float8 K/V like the baseline's decode. The draft model
+and its own cache stay in the model dtype (the hook is on the target only).
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ from specparity.engines.common import torch_dtype
 from specparity.engines.hf import HF_OPTIONS
 from specparity.engines.common import artifact
 from specparity.engines.inprocess import InProcessEngine, LoopOutput, TorchTarget
+from specparity.engines.kvcache import check_engine_options
 from specparity.fixtures import fixture_dir
 from specparity.types import ArtifactId, GenerationRequest, StepRecord
 
@@ -40,7 +47,7 @@ from specparity.types import ArtifactId, GenerationRequest, StepRecord
 SPEC_MODES = {"dflash2": ("DFlash2DraftModel", "dflash2"), "dflash1": ("DFlashDraftModel", "dflash1")}
 #: ``dflash_config`` keys a DFlash2 draft must carry; without them it silently runs as v1 (REFERENCE §1 trap c).
 DFLASH2_KEYS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
-INFO = EngineInfo("dflash", spec_modes=tuple(SPEC_MODES), options=HF_OPTIONS)
+INFO = EngineInfo("dflash", spec_modes=tuple(SPEC_MODES), options=HF_OPTIONS, check=check_engine_options)
 SOURCE = "target forward hook (verify blocks), cross-checked with dflash acceptance_lengths"
 
 
@@ -245,7 +252,7 @@ class DFlashLoop:
                     f"--draft {self.draft_path}: {key.replace('_', ' ')} loading it as {self.draft_kind}: "
                     f"{bad[:6]}{' …' if len(bad) > 6 else ''}"
                 )
-        draft = draft.eval()
+        draft = draft.eval().to(target.device)
         t, d = target.model.config, draft.config
         layers = list(draft.target_layer_ids)
         problems = []

@@ -5,6 +5,11 @@ Baseline: ``generate(do_sample=False)`` (:meth:`TorchTarget.greedy`). Speculativ
 n-gram prompt lookup (``prompt_lookup_num_tokens``). Acceptance is counted truthfully by wrapping
 the candidate generator that ``_assisted_decoding`` drives: every ``get_candidates`` call records
 what was proposed, every ``update_candidate_strategy`` call what was appended.
+
+``--kv-cache-dtype fp8_e4m3``: the target's cache in both runs stores float8 K/V (the target's
+hook, :mod:`specparity.engines.kvcache`, quantizes the cache ``generate`` builds); the assistant
+model builds its own ``DynamicCache`` (transformers does not share the target's cache with it) and
+has no hook, so the draft's K/V stay in the model dtype.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from specparity.engines.base import EngineInfo, EngineOptions, OptionSpec, engin
 from specparity.engines.common import torch_dtype
 from specparity.engines.common import artifact
 from specparity.engines.inprocess import InProcessEngine, LoopOutput, TorchTarget
+from specparity.engines.kvcache import KV_SCALE_MODES, check_engine_options
 from specparity.fixtures import fixture_dir
 from specparity.types import ArtifactId, GenerationRequest, StepRecord
 
@@ -26,8 +32,12 @@ HF_OPTIONS = {
     "attn_implementation": OptionSpec("transformers attention implementation", choices=("sdpa", "eager")),
     "stop_token_ids": OptionSpec("comma-separated token ids that end generation instead of the target's EOS "
                                  "(naming a token that never comes decodes past EOS)", parse=parse_int_list),
+    "kv_scales": OptionSpec("with --kv-cache-dtype fp8_e4m3: the static K/V scales — per_tensor (default: 1.0, "
+                            "SGLang without checkpoint scales), per_layer (calibrated amax/448 per layer, SGLang with "
+                            "a calibrated checkpoint) or per_head (calibrated per layer and KV head)",
+                            choices=KV_SCALE_MODES),
 }
-INFO = EngineInfo("hf", spec_modes=SPEC_MODES, options=HF_OPTIONS)
+INFO = EngineInfo("hf", spec_modes=SPEC_MODES, options=HF_OPTIONS, check=check_engine_options)
 
 
 class RecordingCandidateGenerator:
@@ -75,7 +85,7 @@ def load_draft_model(path: str, target: TorchTarget):
     return AutoModelForCausalLM.from_pretrained(
         path, dtype=torch_dtype(target.dtype_name), attn_implementation=target.attn_implementation,
         local_files_only=True,
-    ).eval()
+    ).eval().to(target.device)
 
 
 class AssistedLoop:

@@ -26,6 +26,13 @@ computed it) and one :class:`~specparity.types.StepRecord` per verify step (buil
 :func:`specparity.engines.base.step_record` from what was proposed and what was emitted).
 Loaded with ``--engine``, the factory gets ``options.target`` / ``options.draft`` already defaulted to
 the fixtures and torch already pinned to ``--threads`` (:mod:`specparity.engines`).
+
+KV cache: under ``--kv-cache-dtype fp8_e4m3`` the target stores K/V as float8 e4m3 with static
+scales (:mod:`specparity.engines.kvcache`), in every forward of ``target.model`` whoever makes it:
+a hook on the model quantizes the writes of any cache it is given and gives a float8 cache to a
+forward given none. The baseline, the batched baseline, teacher-forced scoring, transformers'
+``generate`` and a loop's own ``target.model(...)`` calls (with or without its own
+``DynamicCache``) therefore read the same kind of K/V; a draft model is not touched.
 """
 
 from __future__ import annotations
@@ -42,6 +49,7 @@ from specparity.engines.common import (
     set_threads,
     torch_dtype,
 )
+from specparity.engines.kvcache import KVCacheSpec, resolve_kv_options
 from specparity.fixtures import fixture_dir
 from specparity.prompts import encode_prompt
 from specparity.types import (
@@ -92,13 +100,22 @@ class TorchTarget:
     attn_implementation: str = "sdpa"
     threads: int | None = 1
     stop_ids_override: tuple[int, ...] | None = None
+    #: ``--kv-cache-dtype`` (None/"auto" or "fp8_e4m3") and ``--engine-opt kv_scales`` (fp8 only).
+    kv_cache_dtype: str | None = None
+    kv_scales: str | None = None
+    #: ``--device``: where the target runs ("cpu", "cuda", "cuda:N"); a loop puts its draft there too.
+    device: str = "cpu"
     model: Any = field(init=False, repr=False)
     tokenizer: Any = field(init=False, repr=False)
+    #: The target's KV cache (``auto`` or fp8 with its static scales); under fp8 every forward of
+    #: ``model`` goes through it (:func:`specparity.engines.kvcache.install_guard`).
+    kv: KVCacheSpec = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
+        resolve_kv_options(self.kv_cache_dtype, self.kv_scales)  # a bad value fails before the model loads
         set_threads(self.threads)
         self.torch = torch
         # local_files_only: a path typo must fail here, never turn into a model-hub download.
@@ -106,14 +123,19 @@ class TorchTarget:
         self.model = AutoModelForCausalLM.from_pretrained(
             self.path, dtype=torch_dtype(self.dtype_name), attn_implementation=self.attn_implementation,
             local_files_only=True,
-        ).eval()
+        ).eval().to(self.device)
+        # static scales, calibrated once here (before the hook): the same for the baseline, the
+        # scoring and the loop; then every forward of the target stores its K/V through them
+        self.kv = KVCacheSpec.load(self.model, self.tokenizer, self.kv_cache_dtype, self.kv_scales)
+        self._kv_hooks = self.kv.install(self.model)
         self._stop_ids = self.stop_ids_override or self._eos_ids()
         self._artifact: ArtifactId | None = None
 
     @classmethod
     def from_options(cls, options: EngineOptions) -> "TorchTarget":
         """The target named by ``--target`` (default: the committed fixture), with ``--dtype``,
-        ``--threads`` and the ``attn_implementation`` / ``stop_token_ids`` engine options."""
+        ``--threads``, ``--kv-cache-dtype`` and the ``attn_implementation`` / ``stop_token_ids`` /
+        ``kv_scales`` engine options."""
         stop = options.extra.get("stop_token_ids")
         if isinstance(stop, str):  # options not passed through check_options (a direct construction)
             from specparity.engines.base import parse_int_list
@@ -125,6 +147,9 @@ class TorchTarget:
             attn_implementation=str(options.extra.get("attn_implementation", "sdpa")),
             threads=options.threads,
             stop_ids_override=tuple(stop) if stop else None,
+            kv_cache_dtype=options.kv_cache_dtype,
+            kv_scales=options.extra.get("kv_scales"),
+            device=options.device,
         )
 
     # ------------------------------------------------------------------ tokenizer side
@@ -146,6 +171,12 @@ class TorchTarget:
         return tuple(ids)
 
     # ------------------------------------------------------------------ decoding and scoring
+    def new_cache(self) -> Any:
+        """A fresh KV cache for the target: an :class:`~specparity.engines.kvcache.Fp8KVCache` under
+        ``--kv-cache-dtype fp8_e4m3``, None under ``auto``. Optional for a loop: under fp8 any cache
+        the target is given is quantized anyway."""
+        return self.kv.new_cache(self.model)
+
     def generation_config(self, req: GenerationRequest):
         """Greedy settings for ``model.generate`` (used by the baseline and by assisted generation)."""
         from transformers import GenerationConfig
@@ -175,8 +206,10 @@ class TorchTarget:
         stop = sorted({t for r in reqs for t in (r.stop_token_ids or self._stop_ids)})
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else stop[0]
         width = max(len(r.prompt_ids) for r in reqs)
-        ids = torch.tensor([[pad] * (width - len(r.prompt_ids)) + list(r.prompt_ids) for r in reqs], dtype=torch.long)
-        mask = torch.tensor([[0] * (width - len(r.prompt_ids)) + [1] * len(r.prompt_ids) for r in reqs], dtype=torch.long)
+        ids = torch.tensor([[pad] * (width - len(r.prompt_ids)) + list(r.prompt_ids) for r in reqs], dtype=torch.long,
+                           device=self.device)
+        mask = torch.tensor([[0] * (width - len(r.prompt_ids)) + [1] * len(r.prompt_ids) for r in reqs], dtype=torch.long,
+                            device=self.device)
         config = self.generation_config(reqs[0])
         config.max_new_tokens = max(r.max_new_tokens for r in reqs)
         config.eos_token_id = stop
@@ -197,7 +230,7 @@ class TorchTarget:
         """``model.generate`` on ``req`` with greedy settings (``kwargs`` may add an assistant);
         returns the output and its wall time."""
         torch = self.torch
-        ids = torch.tensor([list(req.prompt_ids)], dtype=torch.long)
+        ids = torch.tensor([list(req.prompt_ids)], dtype=torch.long, device=self.device)
         kwargs.setdefault("generation_config", self.generation_config(req))
         t0 = time.perf_counter()
         with torch.inference_mode():
@@ -212,7 +245,7 @@ class TorchTarget:
         torch = self.torch
         if not continuation_ids:
             return TokenScores.empty(top_k)
-        ids = torch.tensor([list(prompt_ids) + list(continuation_ids)], dtype=torch.long)
+        ids = torch.tensor([list(prompt_ids) + list(continuation_ids)], dtype=torch.long, device=self.device)
         with torch.inference_mode():
             logits = self.model(input_ids=ids).logits[0]
         n = len(prompt_ids)
@@ -243,6 +276,12 @@ class TorchTarget:
             self._artifact = artifact(self.path)
         return self._artifact
 
+    def device_label(self) -> str:
+        """The device in the fingerprint: "cpu", or the CUDA device with its name (kernels differ by GPU)."""
+        if self.device == "cpu":
+            return "cpu"
+        return f"{self.device} ({self.torch.cuda.get_device_name(self.torch.device(self.device))})"
+
     @staticmethod
     def version() -> str:
         import torch
@@ -251,6 +290,8 @@ class TorchTarget:
         return f"transformers {transformers.__version__}, torch {torch.__version__}"
 
     def close(self) -> None:
+        for hook in getattr(self, "_kv_hooks", ()):
+            hook.remove()
         self.model = None
 
 
@@ -317,7 +358,8 @@ class InProcessEngine:
                 draft=self.loop.draft_artifact(),
                 dtype=t.dtype_name,
                 spec_config=self.loop.spec_config(),
-                extra={"attn_implementation": t.attn_implementation, "threads": t.threads, **self._extra},
+                extra={"attn_implementation": t.attn_implementation, "threads": t.threads, "device": t.device_label(),
+                       **t.kv.fingerprint_extra(), **self._extra},
             )
         return self._fingerprint
 

@@ -22,7 +22,7 @@ import pytest
 from specparity.fixtures import REPO_ROOT, fixture_dir
 from specparity.options import DEFAULT_REPORT
 from specparity.prompts import load_prompts
-from specparity.pytest_plugin import gate_setup, report_section
+from specparity.pytest_plugin import gate_setup, report_section, setup_error
 
 NEAR_TIE_PROMPTS = REPO_ROOT / "prompts" / "near_tie.jsonl"
 #: The embedded configurations: (check, dtype). Self-draft is hf with the target as assistant.
@@ -33,6 +33,8 @@ _REPORTS = pytest.StashKey[list]()
 
 
 def _configs(config: pytest.Config) -> list[tuple[str, str]]:
+    if setup_error(config):
+        return []  # the plugin reports the bad option once the items are collected
     if config.getoption("engine") is None:
         return EMBEDDED
     dtype = gate_setup(config).engine_options.dtype

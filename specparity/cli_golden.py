@@ -1,0 +1,284 @@
+"""``specparity record``, ``compare`` and ``report``: goldens and journals from the command line.
+
+* ``record``: run the baselines only (no speculation) and write the golden named by ``--golden``;
+  the slow part of a gate run on a big server, done once.
+* ``compare OLD NEW``: judge two recorded runs against each other with the gate's classes, no
+  engine needed — each side a golden or a journal (``results.jsonl`` or its directory). OLD gives
+  the reference stream (a golden's baseline, a journal's baseline), NEW the stream judged (a
+  golden's baseline, a journal's speculative output; ``--new-side baseline`` takes its baseline:
+  an engine upgrade between two journals; ``--old-side spec`` makes OLD's speculative output the
+  reference: does a prompt's output depend on what else was in flight). The threshold comes from
+  both sides' measured noise.
+* ``report DIR``: rebuild every report of a run from its journal alone (after a crash, or with a
+  newer specparity), and print the verdict.
+
+Each exits like the gate: 0 pass, 1 gate failure, 3 harness/engine error, 4 bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from specparity import exitcodes
+
+
+# --------------------------------------------------------------------------- record
+
+
+def _gate_raw(args: argparse.Namespace) -> dict[str, Any]:
+    from specparity.option_table import gate_dests
+
+    return {dest: getattr(args, dest, None) for dest in gate_dests()}
+
+
+def _run_record(args: argparse.Namespace) -> int:
+    from specparity.options import BadInput, build_setup
+    from specparity.runner import run_gate
+    from specparity.session import load_engine
+
+    raw = _gate_raw(args)
+    if not raw.get("golden"):
+        raise BadInput("--golden: specparity record needs --golden FILE (where to write the golden)")
+    raw["update_golden"] = raw.get("update_golden") or "update"
+    setup = build_setup(raw, check_report=bool(raw.get("report")))
+    engine = load_engine(setup)
+    try:
+        run = run_gate(engine, setup.prompts, setup.config, calibration=setup.calibration, golden=setup.golden,
+                       baselines_only=True, progress=None if args.json else _say)
+    finally:
+        engine.close()
+    failed = [r.prompt.id for r in run.records + run.calibration_records
+              if r.baseline is None or r.baseline.error or r.tf_error]
+    if run.golden_error:
+        code, status = exitcodes.GATE_FAILED, run.golden_error
+    elif run.calibration_error or run.fatal:
+        code, status = exitcodes.ENGINE_ERROR, run.calibration_error or run.fatal.splitlines()[0]
+    elif failed:
+        code, status = exitcodes.ENGINE_ERROR, f"{len(failed)} baseline(s) failed and were not recorded: {', '.join(failed)}"
+    else:
+        code, status = exitcodes.PASS, "; ".join(run.golden_notes)
+    if args.json:
+        print(json.dumps({"status": "PASS" if code == 0 else "FAIL", "exit_code": code, "message": status,
+                          "golden": setup.config.golden, "threshold": run.threshold.to_json() if run.threshold else None,
+                          "failed": failed}, indent=2))
+    else:
+        print(f"specparity record: {'PASS' if code == 0 else 'FAIL'} — {status}")
+        if run.threshold:
+            print(f"near-tie threshold it supports: {run.threshold.describe()}")
+    return code
+
+
+def _say(msg: str) -> None:
+    print(msg, file=sys.stderr)
+
+
+def add_record_command(sub: Any) -> None:
+    from specparity.option_table import add_gate_options
+
+    p = sub.add_parser("record", help="run the baselines only and write the golden (--golden FILE)",
+                       description="Record a golden: every prompt greedily without speculation, scored "
+                       "teacher-forced, written to --golden FILE (golden/README.md). A golden recorded under "
+                       "another engine fingerprint is replaced only with --update-golden=force.")
+    add_gate_options(lambda name, desc: p.add_argument_group(name, desc).add_argument)
+    p.add_argument("--json", action="store_true", help="print the outcome as JSON")
+    p.set_defaults(func=_run_record)
+
+
+# --------------------------------------------------------------------------- compare
+
+
+@dataclass
+class Side:
+    """One side of ``compare``: per prompt (record, stream, its teacher-forced scores)."""
+
+    label: str
+    fingerprint: Any
+    #: prompt id -> (Prompt, GenerationResult, TokenScores | None, max_new_tokens)
+    streams: dict[str, tuple[Any, Any, Any, int]]
+    samples: list[Any]  # calibration samples (decode rows vs teacher-forced), for the threshold
+    speculative: bool
+    stop_ids: tuple[int, ...] = ()
+
+
+def _load_side(path: str, which: str, side: str) -> Side:
+    from specparity.calibration import Sample
+    from specparity.golden import GoldenError, load_golden
+    from specparity.journal import JOURNAL, JournalError, load_run
+    from specparity.options import BadInput
+    from specparity.records import DEFAULT_MAX_NEW_TOKENS
+
+    p = Path(path)
+    journal = p / JOURNAL if p.is_dir() else p
+    if not journal.exists():
+        raise BadInput(f"{which} {path}: no such file or directory (expected a golden or a journal)")
+    try:
+        head = journal.read_text(encoding="utf-8").split("\n", 1)[0]
+        is_golden = '"specparity_golden"' in head
+        if is_golden:
+            g = load_golden(journal)
+            from specparity.types import Fingerprint
+
+            streams = {pid: (e.prompt, e.baseline, e.tf, e.max_new_tokens) for pid, e in g.entries.items()}
+            samples = [Sample(pid, e.baseline.output_ids, e.baseline.scores, e.tf) for pid, e in g.entries.items()]
+            return Side(f"golden {journal}", Fingerprint.from_json(g.header["fingerprint"]), streams, samples, False,
+                        tuple(g.header.get("stop_token_ids", ())))
+        run = load_run(journal)
+    except (GoldenError, JournalError) as exc:
+        raise BadInput(f"{which}: {exc}") from None
+    streams, samples = {}, []
+    for r in run.records + run.calibration_records:
+        if r.baseline is not None and not r.baseline.error and r.baseline_tf is not None:
+            samples.append(Sample(r.prompt.id, r.baseline.output_ids, r.baseline.scores, r.baseline_tf))
+        if r in run.calibration_records:
+            continue
+        limit = r.request.max_new_tokens if r.request else (run.config.max_new_tokens or r.prompt.max_new_tokens
+                                                             or DEFAULT_MAX_NEW_TOKENS)
+        if side == "spec" and r.spec is not None and not r.spec.error:
+            streams[r.prompt.id] = (r.prompt, r.spec, r.spec_tf, limit)
+        elif side == "baseline" and r.baseline is not None and not r.baseline.error:
+            streams[r.prompt.id] = (r.prompt, r.baseline, r.baseline_tf, limit)
+    stops = next((r.request.stop_token_ids for r in run.records if r.request), ())
+    return Side(f"journal {journal} ({side})", run.fingerprint, streams, samples, side == "spec", tuple(stops))
+
+
+def _decoder(fingerprint: Any) -> Callable[[Any], str]:
+    """Token text from the target's tokenizer when it is on this machine, else the ids themselves."""
+    try:
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(fingerprint.target.path, local_files_only=True)
+        return lambda ids: tok.decode(list(ids))
+    except Exception:  # noqa: BLE001 - a server's target path, or a machine without the model
+        return lambda ids: "".join(f"⟨{int(i)}⟩" for i in ids)
+
+
+def _run_compare(args: argparse.Namespace) -> int:
+    from specparity.calibration import calibrate
+    from specparity.compare import Verdict, compare
+    from specparity.gate import decide
+    from specparity.noise import CalibrationError
+    from specparity.options import BadInput, check_report_dir
+    from specparity.records import GateConfig, GatePolicy, GateRun, PromptRecord
+    from specparity.report import terminal_lines, write_reports
+
+    old = _load_side(args.old, "OLD", args.old_side)
+    new = _load_side(args.new, "NEW", args.new_side)
+    if args.report:
+        check_report_dir("--report", args.report)
+    if not old.streams or not new.streams:
+        raise BadInput(f"{'OLD' if not old.streams else 'NEW'}: no usable prompt in {old.label if not old.streams else new.label}")
+    mode = "spec" if new.speculative else "baseline"
+    config = GateConfig(report_dir=args.report or None, golden=args.old, golden_mode=mode,
+                        near_tie_nats=args.near_tie_nats,
+                        policy=GatePolicy(max_near_tie=args.max_near_tie, drift=args.drift_policy,
+                                          allow_unknown_activity=True))
+    run = GateRun(fingerprint=new.fingerprint, config=config, records=[], scorer=f"recorded: {old.label}")
+    run.golden_notes.append(f"{new.label} judged against {old.label}")
+    # the noise of both engines: a new engine's own decode-vs-scoring noise widens what is a near tie
+    samples = old.samples + new.samples
+    try:
+        _check, run.threshold = calibrate(samples, scorer=old.label, override=args.near_tie_nats,
+                                          label=f"the recorded baselines of OLD ({len(old.samples)}) and NEW "
+                                                f"({len(new.samples)})")
+    except (CalibrationError, ValueError) as exc:
+        run.calibration_error = str(exc)
+    decode = _decoder(old.fingerprint)
+    stops = set(old.stop_ids) | set(new.stop_ids)
+    wanted = [pid for pid in old.streams if pid in new.streams] if args.only_common else list(old.streams)
+    if args.only_common and len(wanted) < len(old.streams):
+        run.golden_notes.append(f"--only-common: {len(old.streams) - len(wanted)} prompt(s) of OLD not in NEW were left out")
+    for pid in wanted:
+        prompt, ref, ref_tf, limit = old.streams[pid]
+        rec = PromptRecord(prompt, baseline=ref, baseline_tf=ref_tf, baseline_from="golden")
+        got = new.streams.get(pid)
+        if got is None:
+            rec.verdict = Verdict(pid, prompt.category, "error", f"not in NEW ({new.label})")
+        elif run.threshold is None:
+            rec.verdict = Verdict(pid, prompt.category, "error", f"not judged: {run.calibration_error}")
+        else:
+            rec.spec, rec.spec_tf = got[1], got[2]
+            if got[3] != limit:
+                rec.verdict = Verdict(pid, prompt.category, "error",
+                                      f"OLD was decoded with max_new_tokens {limit}, NEW with {got[3]}: not the same request")
+            else:
+                rec.verdict = compare(pid, prompt.category, ref, got[1], got[2], threshold=run.threshold.nats,
+                                      max_new_tokens=limit, stop_ids=tuple(stops), decode=decode, baseline_tf=ref_tf,
+                                      drift_nats=run.threshold.drift_nats)
+            run.coverage.add(got[1].spec)
+        run.records.append(rec)
+    only_new = sorted(set(new.streams) - set(old.streams))
+    if only_new:
+        run.golden_notes.append(f"{len(only_new)} prompt(s) only in NEW, not judged: {', '.join(only_new)}")
+    decision = decide(run)
+    if args.report:
+        write_reports(run, decision, args.report)
+    if args.json:
+        print(json.dumps({**decision.to_json(), "prompts": [r.verdict.to_json() for r in run.records]}, indent=2))
+    else:
+        print("\n".join(terminal_lines(run, decision)))
+    return decision.exit_code
+
+
+def add_compare_command(sub: Any) -> None:
+    p = sub.add_parser("compare", help="judge two recorded runs (goldens or journals) with the gate's classes",
+                       description="OLD gives the reference (a golden's or a journal's baseline), NEW the stream "
+                       "judged (a golden's baseline, a journal's speculative output, or with --new-side baseline its "
+                       "baseline). The threshold is measured on OLD's recorded baselines. No engine runs.")
+    p.add_argument("old", metavar="OLD", help="golden file, results.jsonl or report directory")
+    p.add_argument("new", metavar="NEW", help="golden file, results.jsonl or report directory")
+    p.add_argument("--new-side", choices=("spec", "baseline"), default="spec",
+                   help="which stream of a NEW journal is judged (default spec)")
+    p.add_argument("--old-side", choices=("baseline", "spec"), default="baseline",
+                   help="which stream of an OLD journal is the reference (default baseline; spec: e.g. the "
+                   "speculative outputs at concurrency 1 against those at concurrency N)")
+    p.add_argument("--near-tie-nats", type=float, default=None, help="near-tie threshold (default: measured on OLD)")
+    p.add_argument("--max-near-tie", type=float, default=0.25, help="allowed fraction of near-tie prompts")
+    p.add_argument("--drift-policy", choices=("fail", "warn"), default="fail")
+    p.add_argument("--only-common", action="store_true",
+                   help="judge only the prompts both sides hold (default: a prompt of OLD missing from NEW is an error)")
+    p.add_argument("--report", default=None, help="write the reports of the comparison to this directory")
+    p.add_argument("--json", action="store_true", help="print the decision and per-prompt verdicts as JSON")
+    p.set_defaults(func=_run_compare)
+
+
+# --------------------------------------------------------------------------- report
+
+
+def _run_report(args: argparse.Namespace) -> int:
+    from specparity.gate import decide
+    from specparity.journal import JournalError, load_run
+    from specparity.options import BadInput, check_report_dir
+    from specparity.report import terminal_lines, write_reports
+
+    try:
+        run = load_run(args.journal)
+    except JournalError as exc:
+        raise BadInput(str(exc)) from None
+    source = Path(args.journal)
+    out = args.out or str(source if source.is_dir() else source.parent)
+    check_report_dir("--out", out)
+    decision = decide(run)
+    write_reports(run, decision, out)
+    if args.json:
+        print(json.dumps({**decision.to_json(), "report": out}, indent=2))
+    else:
+        print("\n".join(terminal_lines(run, decision) + [f"report: {out}"]))
+    return decision.exit_code
+
+
+def add_report_command(sub: Any) -> None:
+    p = sub.add_parser("report", help="rebuild a run's reports from its journal (results.jsonl) alone",
+                       description="Rebuild summary.md, report.md and report.html from a journal and print the "
+                       "verdict; exits with the run's exit code (1 when it failed).")
+    p.add_argument("journal", metavar="JOURNAL", help="results.jsonl or the report directory holding it")
+    p.add_argument("--out", default=None, help="where to write the reports (default: beside the journal)")
+    p.add_argument("--json", action="store_true", help="print the decision as JSON")
+    p.set_defaults(func=_run_report)
+
+
+COMMANDS = (add_record_command, add_compare_command, add_report_command)

@@ -1,0 +1,117 @@
+"""The gate policy file (``--policy FILE``): what fails a merge, in one reviewed file.
+
+A team keeps its rules next to its CI (``ci/policy.toml``) and changes them by review, not by
+editing flags scattered over workflow files::
+
+    [gate]
+    fail_on = ["diverged", "error", "drifted"]  # classes that fail; add "near_tie" to demand bit-exactness
+    max_near_tie = 0.25                          # fraction of prompts that may be near-tie flips
+    min_accept_length = 1.5                      # acceptance floor (mean accept length)
+    require_all_paths = 0                        # each speculative path on at least N prompts (0: warn)
+    allow_unknown_activity = false
+
+``diverged`` and ``error`` always fail (a policy cannot make a real bug pass). ``drifted`` left
+out of ``fail_on`` makes drift a warning; ``near_tie`` in it makes the gate bit-exact. A flag given
+on the command line overrides the file's value. Mistakes are one line: ``file:line: key: what was
+expected``.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+from pathlib import Path
+from typing import Any
+
+from specparity.compare import CLASSES
+
+ALWAYS_FAIL = ("diverged", "error")
+KEYS = ("fail_on", "max_near_tie", "min_accept_length", "require_all_paths", "allow_unknown_activity")
+
+
+class PolicyError(ValueError):
+    """A policy file that cannot be used; the message names the file, line and key."""
+
+
+def _line_of(text: str, key: str) -> int:
+    for lineno, line in enumerate(text.splitlines(), start=1):
+        if re.match(rf"\s*{re.escape(key)}\s*=", line):
+            return lineno
+    return 1
+
+
+def load_policy(path: str | Path) -> dict[str, Any]:
+    """The policy as raw option values (``dest`` names, as :func:`specparity.options.build_setup` reads
+    them): ``max_near_tie``, ``drift_policy``, ``bit_exact``, ``require_all_paths``,
+    ``allow_unknown_activity``, ``min_accept_length``."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise PolicyError(f"--policy {path}: cannot read the policy file ({exc.strerror or exc})") from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise PolicyError(f"{p}: not TOML: {exc}") from None
+    unknown_tables = sorted(set(data) - {"gate"})
+    if unknown_tables or "gate" not in data or not isinstance(data["gate"], dict):
+        where = f"{p}:{_line_of(text, unknown_tables[0]) if unknown_tables else 1}"
+        raise PolicyError(f"{where}: expected one table [gate] with keys {', '.join(KEYS)}"
+                          + (f"; unknown {', '.join(unknown_tables)}" if unknown_tables else ""))
+    gate = data["gate"]
+    out: dict[str, Any] = {}
+
+    def bad(key: str, expected: str) -> PolicyError:
+        return PolicyError(f"{p}:{_line_of(text, key)}: {key}: expected {expected}, got {gate[key]!r}")
+
+    for key in gate:
+        if key not in KEYS:
+            raise PolicyError(f"{p}:{_line_of(text, key)}: {key}: unknown key; expected one of {', '.join(KEYS)}")
+    if "fail_on" in gate:
+        classes = gate["fail_on"]
+        if not isinstance(classes, list) or not all(isinstance(c, str) and c in CLASSES and c != "exact" for c in classes):
+            raise bad("fail_on", f"a list of classes among {', '.join(c for c in CLASSES if c != 'exact')}")
+        missing = [c for c in ALWAYS_FAIL if c not in classes]
+        if missing:
+            raise bad("fail_on", f"a list that includes {' and '.join(ALWAYS_FAIL)} (they always fail: a policy "
+                                 f"cannot make a real bug pass)")
+        out["drift_policy"] = "fail" if "drifted" in classes else "warn"
+        if "near_tie" in classes:
+            out["bit_exact"] = True
+    if "max_near_tie" in gate:
+        v = gate["max_near_tie"]
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= 1:
+            raise bad("max_near_tie", "a fraction in [0, 1]")
+        out["max_near_tie"] = float(v)
+    if "min_accept_length" in gate:
+        v = gate["min_accept_length"]
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
+            raise bad("min_accept_length", "a number >= 0 (tokens per verify step)")
+        out["min_accept_length"] = float(v)
+    if "require_all_paths" in gate:
+        v = gate["require_all_paths"]
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise bad("require_all_paths", "an integer >= 0")
+        out["require_all_paths"] = v
+    if "allow_unknown_activity" in gate:
+        if not isinstance(gate["allow_unknown_activity"], bool):
+            raise bad("allow_unknown_activity", "true or false")
+        out["allow_unknown_activity"] = gate["allow_unknown_activity"]
+    return out
+
+
+def merge(raw: dict[str, Any], policy: dict[str, Any]) -> dict[str, Any]:
+    """``raw`` option values with the policy file's filling every option the command line left unset
+    (None or False). ``--allow-near-tie`` on the command line wins over ``near_tie`` in ``fail_on``."""
+    out = dict(raw)
+    for key, value in policy.items():
+        if key == "bit_exact" and raw.get("allow_near_tie"):
+            continue
+        if out.get(key) in (None, False, ""):
+            out[key] = value
+    return out

@@ -1,0 +1,188 @@
+"""``ci/gate.sh``, the pre-merge gate, run for real: JUnit XML per suite, ``gate.json``, the policy
+file, the worst exit code.
+
+The lossless runs use the embedded engine on a few prompts (``--calibration selected``); the probes
+run on the fixtures against ``llamacpp==11434``, whose ``dflash2-format`` probe fails on the DFlash2
+fixture draft (it reads the target's last layer, docs/findings.md F9) — a real predicted failure.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from specparity import exitcodes
+from specparity.fixtures import REPO_ROOT
+
+GATE = REPO_ROOT / "ci" / "gate.sh"
+POLICY = REPO_ROOT / "ci" / "policy.toml"
+MODELS = REPO_ROOT / "fixtures" / "models"
+FAST = ("--categories", "code", "--calibration", "selected", "--max-new-tokens", "16")
+
+
+def gate(*args: str | Path, cwd: Path, script: Path = GATE, **env: str) -> subprocess.CompletedProcess[str]:
+    full_env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHON": sys.executable, **env}
+    full_env.pop("SPECPARITY_POLICY", None)
+    return subprocess.run(["bash", str(script), *map(str, args)], cwd=cwd, capture_output=True, text=True,
+                          timeout=600, env=full_env)
+
+
+def junit(path: Path) -> tuple[dict[str, int], list[ET.Element]]:
+    root = ET.parse(path).getroot()
+    suites = list(root.iter("testsuite"))
+    counts = {k: sum(int(s.get(k, 0)) for s in suites) for k in ("tests", "failures", "errors", "skipped")}
+    return counts, list(root.iter("testcase"))
+
+
+def failed(cases: list[ET.Element]) -> list[str]:
+    return sorted(c.get("name") for c in cases if c.find("failure") is not None)
+
+
+def summary(report: Path) -> dict:
+    return json.loads((report / "gate.json").read_text())
+
+
+def write_policy(path: Path, **keys: object) -> Path:
+    body = {"fail_on": ["diverged", "error", "drifted"], **keys}
+    path.write_text("[gate]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in body.items()))
+    return path
+
+
+def out(proc: subprocess.CompletedProcess[str]) -> str:
+    return (proc.stdout + proc.stderr)[-4000:]
+
+
+def test_policy_file_is_the_documented_one():
+    from specparity.policy import load_policy
+
+    policy = load_policy(POLICY)  # it parses, and says what its comments say
+    assert (policy["drift_policy"], policy["max_near_tie"], policy["min_accept_length"]) == ("fail", 0.25, 1.5)
+    assert policy["require_all_paths"] == 0 and policy["allow_unknown_activity"] is False
+    assert not policy.get("bit_exact")  # near_tie is not in fail_on
+
+
+def test_dry_run_shows_each_suites_command(tmp_path):
+    proc = gate("--dry-run", "--suites", "lossless,invariance,probes", "--engine", "hf", "--target", MODELS / "target",
+                "--draft", MODELS / "draft", "--probe-engine", "sglang==0.5.23", "--report", "r", "--",
+                "--categories", "math", cwd=tmp_path)
+    assert proc.returncode == 0, out(proc)
+    lossless, invariance, probes = proc.stdout.splitlines()
+    report = tmp_path / "r"
+    assert " lossless --engine hf " in lossless and f"--policy {POLICY}" in lossless
+    assert f"--report {report}/lossless --junitxml {report}/junit/lossless.xml --categories math" in lossless
+    assert f"{REPO_ROOT}/suites/invariance" in invariance and f"--draft {MODELS / 'target'}" in invariance
+    assert "--categories" not in invariance  # extra args after -- go to the lossless suite only
+    assert f"{REPO_ROOT}/suites/probes" in probes and "--probe-engine sglang==0.5.23" in probes
+    assert f"--junitxml {report}/junit/probes.xml" in probes
+
+
+def test_lossless_pass_writes_junit_reports_and_summary(tmp_path):
+    proc = gate("--report", "r", "--", *FAST, cwd=tmp_path)
+    assert proc.returncode == exitcodes.PASS, out(proc)
+    report = tmp_path / "r"
+    counts, cases = junit(report / "junit" / "lossless.xml")
+    assert counts == {"tests": 6, "failures": 0, "errors": 0, "skipped": 0}  # five code prompts + the policy
+    assert sorted(c.get("name") for c in cases)[0] == "test_gate_policy"
+    assert (report / "lossless" / "results.jsonl").is_file() and (report / "lossless" / "summary.md").is_file()
+    assert "specparity lossless gate: PASS" in (report / "lossless.log").read_text()
+    doc = summary(report)
+    assert doc["exit_code"] == 0 and doc["policy"] == str(POLICY)  # ci/policy.toml beside the script by default
+    assert doc["suites"]["lossless"] == {"exit_code": 0, "junit": str(report / "junit" / "lossless.xml"),
+                                         "log": str(report / "lossless.log"), **counts}
+    assert "lossless    exit 0 (pass): 6 tests, 0 failed" in proc.stdout
+
+
+def test_acceptance_floor_of_the_policy_fails_the_gate(tmp_path):
+    policy = write_policy(tmp_path / "floor.toml", min_accept_length=99)
+    proc = gate("--policy", policy, "--report", "r", "--", *FAST, cwd=tmp_path)
+    assert proc.returncode == exitcodes.GATE_FAILED, out(proc)
+    counts, cases = junit(tmp_path / "r" / "junit" / "lossless.xml")
+    assert counts["tests"] == 6 and counts["failures"] == 1
+    assert failed(cases) == ["test_gate_policy"]
+    (policy_case,) = [c for c in cases if c.get("name") == "test_gate_policy"]
+    assert "acceptance floor" in policy_case.find("failure").get("message")
+    assert summary(tmp_path / "r")["exit_code"] == 1
+
+
+@pytest.mark.slow
+def test_near_ties_pass_or_fail_by_policy(tmp_path):
+    """bf16 flips on prompts/near_tie.jsonl, judged with a 30-nat threshold: near ties within the budget
+    pass; the same run fails under a policy that lists near_tie in fail_on (bit-exact)."""
+    args = ("--", "--prompts", REPO_ROOT / "prompts" / "near_tie.jsonl", "--dtype", "bfloat16", "--calibration",
+            "selected", "--near-tie-nats", "30")
+    allow = gate("--policy", write_policy(tmp_path / "allow.toml", max_near_tie=1.0), "--report", "allow", *args,
+                 cwd=tmp_path)
+    assert allow.returncode == exitcodes.PASS, out(allow)
+    verdicts = [json.loads(line) for line in (tmp_path / "allow" / "lossless" / "results.jsonl").read_text().splitlines()]
+    ties = sorted(v["verdict"]["prompt_id"] for v in verdicts if v.get("kind") == "prompt" and v["verdict"]["class"] == "near_tie")
+    assert ties, "no near-tie flip under bf16: the fixture no longer has near ties on prompts/near_tie.jsonl"
+    counts, _ = junit(tmp_path / "allow" / "junit" / "lossless.xml")
+    assert counts["failures"] == 0
+
+    strict = gate("--policy", write_policy(tmp_path / "strict.toml", fail_on=["diverged", "error", "drifted", "near_tie"]),
+                  "--report", "strict", *args, cwd=tmp_path)
+    assert strict.returncode == exitcodes.GATE_FAILED, out(strict)
+    counts, cases = junit(tmp_path / "strict" / "junit" / "lossless.xml")
+    assert counts["failures"] == len(ties) + 1
+    assert failed(cases) == sorted([f"test_lossless[{t}]" for t in ties] + ["test_gate_policy"])
+
+
+def test_worst_exit_code_over_the_suites_in_a_repository_without_the_checkout(tmp_path):
+    """gate.sh copied into another repository: probes run as `specparity probe` (JUnit from its JSON),
+    invariance cannot run there (4); the worst code wins and every suite is still reported."""
+    ci = tmp_path / "ci"
+    ci.mkdir()
+    shutil.copy2(GATE, ci / "gate.sh")
+    shutil.copy2(POLICY, ci / "policy.toml")
+    probe_args = ("--target", MODELS / "target", "--draft", MODELS / "dflash2", "--probe-engine", "llamacpp==11434")
+    proc = gate("--suites", "probes", *probe_args, "--report", "p", cwd=tmp_path, script=ci / "gate.sh")
+    assert proc.returncode == exitcodes.GATE_FAILED, out(proc)
+    counts, cases = junit(tmp_path / "p" / "junit" / "probes.xml")
+    assert failed(cases) == ["dflash2-format"] and counts["tests"] == 5 and counts["skipped"] >= 1
+    assert json.loads((tmp_path / "p" / "probes.json").read_text())[0]["probe"] == "lm-head"
+
+    proc = gate("--suites", "probes,invariance", *probe_args, "--report", "both", cwd=tmp_path, script=ci / "gate.sh")
+    assert proc.returncode == exitcodes.BAD_INPUT, out(proc)
+    assert "suite invariance: suites/invariance is not shipped in the package" in proc.stderr
+    doc = summary(tmp_path / "both")
+    assert doc["exit_code"] == 4
+    assert {k: v["exit_code"] for k, v in doc["suites"].items()} == {"probes": 1, "invariance": 4}
+    assert doc["suites"]["invariance"]["junit"] is None
+
+
+def test_probes_suite_of_the_checkout(tmp_path):
+    proc = gate("--suites", "probes", "--target", MODELS / "target", "--draft", MODELS / "dflash2",
+                "--probe-engine", "llamacpp==11434", "--report", "r", cwd=tmp_path)
+    assert proc.returncode == exitcodes.GATE_FAILED, out(proc)
+    counts, cases = junit(tmp_path / "r" / "junit" / "probes.xml")
+    assert failed(cases) == ["test_static_probe[dflash2-format]"] and counts["failures"] == 1
+
+
+@pytest.mark.parametrize("args, code, fragment", [
+    (("--suites", "lossless,nope"), 4, "--suites: unknown suite 'nope'"),
+    (("--policy", "missing.toml"), 4, "--policy missing.toml: no such file"),
+    (("--suites", "probes"), 4, "suite probes: needs SPECPARITY_PROBE_ENGINE"),
+    (("--frobnicate",), 4, "--frobnicate: unknown option"),
+    (("--", "--max-near-tie", "3"), 4, "--max-near-tie 3: expected a number in [0, 1]"),  # from the suite
+    (("--", "-k", "no_such_test"), 4, "0 selected"),  # pytest's 5 (nothing collected) counts as bad input
+])
+def test_bad_input_exits_4(tmp_path, args, code, fragment):
+    proc = gate("--report", "r", *args, cwd=tmp_path)
+    assert proc.returncode == code, out(proc)
+    assert fragment in proc.stdout + proc.stderr
+
+
+def test_bad_policy_key_is_bad_input_of_the_suite(tmp_path):
+    policy = tmp_path / "typo.toml"
+    policy.write_text("[gate]\nmax_near_ties = 0.1\n")
+    proc = gate("--policy", policy, "--report", "r", "--", *FAST, cwd=tmp_path)
+    assert proc.returncode == exitcodes.BAD_INPUT, out(proc)
+    assert f"{policy}:2: max_near_ties: unknown key" in proc.stdout + proc.stderr
+    assert summary(tmp_path / "r")["suites"]["lossless"]["exit_code"] == 4

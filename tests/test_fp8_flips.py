@@ -1,0 +1,43 @@
+"""Real fp8 KV-cache flips on a CPU, classified with their evidence (docs/FP8_KV.md).
+
+bfloat16 weights, an fp8 e4m3 KV cache with SGLang's default scales (1.0), and outputs decoded past
+EOS to 128 tokens (``stop_token_ids=4``): the default suite then shows real near-tie flips, as the
+field reports' fp8 server did. How many depends on the CPU's bf16 kernels (14 with dflash on the
+development machine, 4–7 on an H200: docs/gpu-numerics.md), so the test asserts only what holds on
+any CPU: there are flips, every one is a near tie whose margin is within the measured threshold,
+nothing diverges or drifts, and the report explains each flip.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from specparity.engines import load_engine
+from specparity.engines.base import EngineOptions
+from specparity.gate import GatePolicy
+from specparity.records import GateConfig
+from specparity.runner import conclude, run_gate
+
+pytestmark = pytest.mark.slow
+
+
+def test_fp8_kv_cache_flips_are_near_ties(default_prompts, tmp_path):
+    engine = load_engine("dflash", EngineOptions(dtype="bfloat16", kv_cache_dtype="fp8_e4m3",
+                                                 extra={"stop_token_ids": "4"}))
+    config = GateConfig(max_new_tokens=128, report_dir=str(tmp_path), policy=GatePolicy(max_near_tie=1.0))
+    try:
+        run = run_gate(engine, default_prompts, config, calibration=default_prompts)
+    finally:
+        engine.close()
+    decision = conclude(run)
+    counts = decision.counts
+    print(f"fp8 KV flips on this CPU: {counts}")  # a measurement, not an assertion
+    assert counts["diverged"] == counts["drifted"] == counts["error"] == 0, decision.failures
+    flips = [r for r in run.records if r.verdict.klass == "near_tie"]
+    assert flips, "bf16 + fp8 KV past EOS should flip at least one of 54 prompts (14 on the development CPU)"
+    for r in flips:
+        d = r.verdict.divergence
+        assert d.baseline_margin is not None and d.baseline_margin <= run.threshold.nats, r.verdict.reason
+    html = (tmp_path / "report.html").read_text()
+    assert all(r.prompt.id in html for r in flips)
+    assert decision.passed

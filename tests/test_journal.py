@@ -1,0 +1,64 @@
+"""Every report rebuilds from the journal alone: ``load_run`` gives back the run the gate judged."""
+
+from __future__ import annotations
+
+import pytest
+
+from specparity.engines import load_engine
+from specparity.engines.base import EngineOptions
+from specparity.gate import decide
+from specparity.journal import JournalError, load_run, read_journal
+from specparity.prompts import load_many
+from specparity.records import GateConfig
+from specparity.report import render_summary_md
+from specparity.runner import conclude, run_gate
+
+
+@pytest.fixture(scope="module")
+def broken_run(tmp_path_factory):
+    from specparity.fixtures import REPO_ROOT
+
+    out = tmp_path_factory.mktemp("journal")
+    prompts = [p for p in load_many([REPO_ROOT / "prompts" / "default.jsonl"]) if p.category in ("math", "code")]
+    engine = load_engine(f"{REPO_ROOT / 'tests' / 'broken_loops.py'}:create",
+                         EngineOptions(extra={"bug": "short_crop"}))
+    try:
+        run = run_gate(engine, prompts, GateConfig(report_dir=str(out)))
+    finally:
+        engine.close()
+    return run, conclude(run), out
+
+
+def test_rebuilt_run_decides_and_reports_the_same(broken_run):
+    run, decision, out = broken_run
+    rebuilt = load_run(out)
+    again = decide(rebuilt)
+    assert again.to_json() == decision.to_json()
+    assert decision.counts["diverged"] > 0, "the broken loop must give the journal something to rebuild"
+    assert [r.verdict.to_json() for r in rebuilt.records] == [r.verdict.to_json() for r in run.records]
+    assert rebuilt.threshold.to_json() == run.threshold.to_json()
+    assert rebuilt.coverage.to_json() == run.coverage.to_json()
+    assert rebuilt.fingerprint.to_json() == run.fingerprint.to_json()
+    assert render_summary_md(rebuilt, again) == (out / "summary.md").read_text()
+
+
+def test_a_half_written_last_line_is_ignored(broken_run, tmp_path):
+    _run, decision, out = broken_run
+    lines = (out / "results.jsonl").read_text().splitlines()
+    cut = tmp_path / "results.jsonl"
+    cut.write_text("\n".join(lines[:-3]) + "\n" + lines[-3][: len(lines[-3]) // 2])
+    journal = read_journal(cut)
+    assert "verdict" not in journal.segment_kinds and "timings" not in journal.segment_kinds
+    assert len(load_run(cut).records) == len(_run.records)
+
+
+def test_a_corrupted_line_names_file_and_line(broken_run, tmp_path):
+    _run, _decision, out = broken_run
+    lines = (out / "results.jsonl").read_text().splitlines()
+    bad = tmp_path / "results.jsonl"
+    bad.write_text("\n".join(lines[:2] + ["{oops"] + lines[2:]) + "\n")
+    with pytest.raises(JournalError, match=r"results.jsonl:3: not JSON"):
+        read_journal(bad)
+    bad.write_text("\n".join(lines[:2] + ['{"kind": "telemetry"}'] + lines[2:]) + "\n")
+    with pytest.raises(JournalError, match=r"results.jsonl:3: kind 'telemetry': expected one of"):
+        read_journal(bad)

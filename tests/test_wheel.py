@@ -1,0 +1,168 @@
+"""specparity installed from its wheel, in someone else's repository: no checkout, no fixtures beside it.
+
+Builds the wheel from a copy of the sources (the checkout gets no ``build/``), installs it with
+``--no-deps`` into a fresh virtualenv outside the checkout that sees the heavy dependencies (torch,
+transformers, dflash …) of the current environment through a ``.pth`` line instead of reinstalling
+them, and runs the gate from an empty "engine team" folder: ``specparity run``, ``specparity
+lossless``, plain ``pytest`` through the ``pytest11`` entry point, a broken loop of the team's own,
+and a missing ``--target``. The checkout's fixture models are passed explicitly, as a team passes
+its own models.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from specparity import exitcodes
+from specparity.fixtures import REPO_ROOT
+
+pytestmark = pytest.mark.slow
+
+#: What the wheel is built from (pyproject.toml's metadata, setup.py's prompt copy, MANIFEST.in).
+SOURCES = ("pyproject.toml", "setup.py", "MANIFEST.in", "README.md", "prompts", "specparity")
+MODELS = REPO_ROOT / "fixtures" / "models"
+TARGET, DFLASH2_DRAFT, HF_DRAFT = MODELS / "target", MODELS / "dflash2", MODELS / "draft"
+FAST = ("--categories", "code", "--calibration", "selected", "--max-new-tokens", "16")
+
+
+def _setuptools_version() -> tuple[int, ...]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return tuple(int(part) for part in version("setuptools").split(".")[:2] if part.isdigit())
+    except PackageNotFoundError:
+        return ()
+
+
+class Installed:
+    """A virtualenv with the wheel installed, and an empty repository to run in."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self.venv = root / "venv"
+        self.bin = self.venv / "bin"
+        self.python = self.bin / "python"
+        self.repo = root / "engine-team-repo"
+        self.repo.mkdir()
+
+    def env(self) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME")}
+        env.update(PATH=f"{self.bin}{os.pathsep}{env.get('PATH', '')}", VIRTUAL_ENV=str(self.venv), HF_HUB_OFFLINE="1")
+        return env
+
+    def run(self, *argv: str | Path, timeout: int = 600) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([str(a) for a in argv], cwd=self.repo, env=self.env(), capture_output=True, text=True,
+                              timeout=timeout)
+
+
+def _check(proc: subprocess.CompletedProcess[str], code: int = 0) -> subprocess.CompletedProcess[str]:
+    assert proc.returncode == code, f"exit {proc.returncode} (expected {code})\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    return proc
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory) -> Installed:
+    root = tmp_path_factory.mktemp("wheel")
+    assert REPO_ROOT not in root.parents, "the install must live outside the checkout"
+    src, dist = root / "src", root / "dist"
+    src.mkdir()
+    for name in SOURCES:
+        path = REPO_ROOT / name
+        if path.is_dir():
+            shutil.copytree(path, src / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        else:
+            shutil.copy2(path, src / name)
+    # the installed setuptools when it can build this pyproject (no download); else pip's isolated build
+    # fetches one from the package registry
+    isolation = ["--no-build-isolation"] if _setuptools_version() >= (77,) else []
+    _check(subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", *isolation, "-q", "-w",
+                           str(dist), str(src)], capture_output=True, text=True, timeout=300))
+    (wheel,) = dist.glob("specparity-*.whl")
+
+    inst = Installed(root)
+    _check(subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(inst.venv)], capture_output=True,
+                          text=True, timeout=120))
+    (site,) = inst.venv.glob("lib/python*/site-packages")
+    # The current environment's packages, after the new venv's own: torch etc. are found there, while
+    # the wheel installed into the new venv comes first. Its .pth files are not processed, so the
+    # checkout's editable finder (__editable__*.pth) does not come along.
+    (site / "_current_env.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    _check(inst.run(inst.python, "-m", "pip", "install", "-q", "--no-deps", "--ignore-installed", "--no-index", wheel))
+    return inst
+
+
+def test_the_wheel_is_what_runs(installed):
+    proc = _check(installed.run(installed.python, "-c", "import json, specparity, specparity.options as o, "
+                                "specparity.fixtures as f; print(json.dumps([specparity.__file__, str(o.DEFAULT_PROMPTS), "
+                                "f.in_checkout()]))"))
+    module, prompts, in_checkout = json.loads(proc.stdout)
+    assert Path(module).is_relative_to(installed.venv), module
+    assert Path(prompts) == Path(module).parent / "_prompts" / "default.jsonl" and Path(prompts).is_file()
+    assert not in_checkout
+    assert Path(shutil.which("specparity", path=installed.env()["PATH"]) or "").is_relative_to(installed.venv)
+
+
+def test_run_passes_and_writes_the_report_where_asked(installed):
+    proc = _check(installed.run("specparity", "run", "--target", TARGET, "--draft", DFLASH2_DRAFT, *FAST,
+                                "--report", "out"))
+    assert proc.stdout.startswith("specparity lossless gate: PASS"), proc.stdout
+    assert (installed.repo / "out" / "results.jsonl").is_file()
+    assert (installed.repo / "out" / "summary.md").is_file()
+    assert "report: out/results.jsonl" in proc.stdout
+
+
+def test_missing_target_is_one_line_naming_target(installed):
+    proc = _check(installed.run("specparity", "run", "--categories", "code"), exitcodes.BAD_INPUT)
+    assert proc.stdout == ""
+    assert proc.stderr.count("\n") == 1 and "--target" in proc.stderr, proc.stderr
+
+
+def test_lossless_under_pytest_from_the_installed_package(installed):
+    junit = installed.repo / "lossless.xml"
+    proc = _check(installed.run("specparity", "lossless", "--target", TARGET, "--draft", DFLASH2_DRAFT, *FAST,
+                                "--report", "out-lossless", "--junitxml", junit, "-p", "no:cacheprovider"))
+    assert "specparity lossless gate: PASS" in proc.stdout, proc.stdout[-2000:]
+    assert f"rootdir: {installed.repo}" in proc.stdout
+    cases = ET.parse(junit).getroot().iter("testcase")
+    names = sorted(c.get("name") for c in cases)
+    assert names[0] == "test_gate_policy" and len(names) == 1 + 5  # five code prompts
+    assert (installed.repo / "out-lossless" / "results.jsonl").is_file()
+
+
+def test_plain_pytest_loads_the_plugin_through_its_entry_point(installed):
+    # Autoloaded by the pytest11 entry point; `-p specparity` names it (needed only without autoloading).
+    proc = _check(installed.run(installed.python, "-m", "pytest", "-p", "specparity", "--pyargs", "specparity.suite",
+                                "--target", TARGET, "--draft", DFLASH2_DRAFT, *FAST, "--report", "out-pytest", "-q",
+                                "-p", "no:cacheprovider"))
+    assert "specparity lossless gate: PASS" in proc.stdout and "6 passed" in proc.stdout, proc.stdout[-2000:]
+    # -p no:specparity turns it off: its options are then unknown to pytest
+    helps = [installed.run(installed.python, "-m", "pytest", *extra, "--help").stdout
+             for extra in (("--target", str(TARGET)), ("-p", "no:specparity"))]
+    assert "--near-tie-nats" in helps[0] and "--near-tie-nats" not in helps[1]
+
+
+def test_the_teams_own_tests_still_run_with_specparity_installed(installed):
+    (installed.repo / "test_theirs.py").write_text("def test_theirs():\n    assert 1 + 1 == 2\n")
+    proc = _check(installed.run(installed.python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_theirs.py"))
+    assert "1 passed" in proc.stdout
+    # the gate's own suite without a target is still one line, exit 4, before any model loads
+    gate = _check(installed.run(installed.python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--pyargs",
+                                "specparity.suite"), exitcodes.BAD_INPUT)
+    assert "--target" in gate.stderr + gate.stdout
+
+
+def test_a_broken_loop_of_the_team_fails_the_gate(installed):
+    shutil.copy2(REPO_ROOT / "tests" / "broken_loops.py", installed.repo / "our_loop.py")
+    proc = _check(installed.run("specparity", "run", "--engine", "our_loop.py:create", "--engine-opt", "bug=inactive",
+                                "--target", TARGET, "--draft", HF_DRAFT, *FAST, "--report", "out-broken"),
+                  exitcodes.GATE_FAILED)
+    assert proc.stdout.startswith("specparity lossless gate: FAIL") and "speculation inactive" in proc.stdout
