@@ -53,8 +53,11 @@ def chromium():
 def gate_report(tmp_path_factory):
     out = tmp_path_factory.mktemp("report")
     run, decision = shot.demo_run(out, dtype="float32", bug="short_crop", near_tie_nats=1.0, prompt_ids=PROMPTS)
-    assert decision.counts["near_tie"] >= 1 and decision.counts["diverged"] >= 1, (
-        f"the run must hold a near tie and a divergence to exercise the report: {decision.counts}; "
+    # the short_crop split at a small margin: a near tie by its margin, and — since the gate checks
+    # the speculative row at the split against the drift bound (findings F16) — drifted on CPUs
+    # where the cropped cache moved that row; either way a flip card with both streams
+    assert decision.counts["near_tie"] + decision.counts["drifted"] >= 1 and decision.counts["diverged"] >= 1, (
+        f"the run must hold a split at a small margin and a divergence to exercise the report: {decision.counts}; "
         + "; ".join(f"{r.prompt.id}: {r.verdict.klass} {r.verdict.reason}" for r in run.records))
     return run, decision, out
 
@@ -140,15 +143,19 @@ def test_browser_renders_the_report(gate_report, chromium):
     assert len(rows) == 1 + len(run.categories()) + 1  # header, categories, total
     assert cells(dom, rows[-1])[0] == "total" and int(cells(dom, rows[-1])[-1]) == len(run.records)
 
-    cards = {e["attrs"]["data-class"]: e for e in dom.find("div", "flip")}
-    for klass in ("near_tie", "diverged"):
+    cards: dict = {}
+    for e in dom.find("div", "flip"):  # the first card of each class that shows a split
+        if dom.find("mark", "base", inside=e):
+            cards.setdefault(e["attrs"]["data-class"], e)
+    small = "near_tie" if "near_tie" in cards else "drifted"
+    for klass in (small, "diverged"):
         card = cards[klass]
         base = dom.find("mark", "base", inside=card)
         spec = dom.find("mark", "spec", inside=card)
         assert len(base) == len(spec) == 1 and "split" in base[0]["classes"], klass
         assert text(base[0]) and text(spec[0]) and text(base[0]) != text(spec[0])
-    tie = text(cards["near_tie"])
-    assert "nats ≤ near-tie threshold 1 nats" in tie and "every later speculative token" in tie
+    tie = text(cards[small])
+    assert "nats ≤ near-tie threshold 1 nats" in tie if small == "near_tie" else "drift bound" in tie, tie
     assert "> near-tie threshold 1 nats" in text(cards["diverged"]) or "later speculative token(s)" in text(
         cards["diverged"])
 
