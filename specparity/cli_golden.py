@@ -107,7 +107,7 @@ class Side:
 
 def _load_side(path: str, which: str, side: str) -> Side:
     from specparity.calibration import Sample
-    from specparity.golden import GoldenError, load_golden
+    from specparity.golden import HEADER_KEY, GoldenError, load_golden
     from specparity.journal import JOURNAL, JournalError, load_run
     from specparity.options import BadInput
     from specparity.records import DEFAULT_MAX_NEW_TOKENS
@@ -118,7 +118,7 @@ def _load_side(path: str, which: str, side: str) -> Side:
         raise BadInput(f"{which} {path}: no such file or directory (expected a golden or a journal)")
     try:
         head = journal.read_text(encoding="utf-8").split("\n", 1)[0]
-        is_golden = '"specparity_golden"' in head
+        is_golden = f'"{HEADER_KEY}"' in head
         if is_golden:
             g = load_golden(journal)
             from specparity.types import Fingerprint

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import IO, Any, Callable, Iterable, Iterator, Sequence, TypeVar
 
 from specparity.calibration import Sample, calibrate
-from specparity.compare import Verdict, compare
+from specparity.compare import Verdict, compare, first_mismatch
 from specparity.engines.base import Engine, capabilities_of
 from specparity.gate import GateDecision, decide
 from specparity.golden import Golden, GoldenError, Recorded, baseline_fields, baseline_key, describe_difference, write_golden
@@ -331,15 +331,11 @@ def _check_reused(rec: PromptRecord) -> None:
     problem = None
     if list(ids) != list(rec.request.prompt_ids):
         problem = (f"the engine encodes this prompt differently from {where} ({len(rec.request.prompt_ids)} ids now, "
-                   f"{len(ids)} recorded; first difference at id {_first_diff(ids, rec.request.prompt_ids)})")
+                   f"{len(ids)} recorded; first difference at id {first_mismatch(ids, rec.request.prompt_ids)})")
     elif limit != rec.request.max_new_tokens:
         problem = f"{where} holds this prompt's baseline for max_new_tokens {limit}, this run asks {rec.request.max_new_tokens}"
     if problem:
         rec.baseline, rec.baseline_tf = GenerationResult.failed(rec.prompt.id, problem), None
-
-
-def _first_diff(a: Sequence[int], b: Sequence[int]) -> int:
-    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
 def _restore(run: GateRun, journal: Journal) -> str | None:
