@@ -42,6 +42,12 @@ Misbehaviour switches:
   that margin (the fixture target is confident: margins of 5–18 nats, so a test widens
   ``--near-tie-nats``). A test fiction: the answer's ``spec_*`` counters stay those of the
   unflipped speculative decode.
+* ``version="0.26.0"`` (vLLM): answers the way a live vLLM 0.26.0 did (``tests/data/vllm-0.26.0/``):
+  ``system_fingerprint`` ``vllm-0.26.0-nohash``, no ``weight_versions`` in a choice, no
+  ``usage.completion_tokens_details``, ``metrics`` always null (0.26 has no
+  ``--per-request-spec-decode-metrics``: ``per_request_metrics=True`` is refused), ``min_p`` accepted on a
+  greedy speculative request, and a dev-mode ``/server_info`` shaped like the recorded one (the whole
+  ``SpeculativeConfig`` with its nested model/parallel configs and ports, dtype ``torch.bfloat16``).
 * ``version="0.5.19"`` (SGLang): unknown ``sampling_params`` keys give HTTP 500 ``text/plain``
   instead of 0.5.23's 400, the counters carry the 0.5.19 aliases, ``/server_info`` has no
   ``launch_command`` / ``frontend``.
@@ -619,6 +625,10 @@ class VLLMEmulator(Emulator):
 
         if near_tie_flips and not speculative:
             raise ValueError("near_tie_flips: only a speculative emulator flips its answers")
+        #: vLLM 0.26.x answers as recorded live (tests/data/vllm-0.26.0/), else as read in 0.33.0's source
+        self.v026 = version.split(".")[:2] == ["0", "26"]
+        if per_request_metrics and speculative and self.v026:
+            raise ValueError("per_request_metrics: vLLM 0.26 has no --per-request-spec-decode-metrics")
         self.speculative = speculative
         self.dev_mode = dev_mode
         self.batch_invariant = batch_invariant
@@ -631,7 +641,7 @@ class VLLMEmulator(Emulator):
         self.served = served_model_name
         self.num_spec_tokens = self.backend.draft_width
         self.created = int(time.time())
-        self.fingerprint = "vllm-%s-%s" % (version, hashlib.sha256(
+        self.fingerprint = f"vllm-{version}-nohash" if self.v026 else "vllm-%s-%s" % (version, hashlib.sha256(
             f"{served_model_name}{speculative}".encode()).hexdigest()[:8])
         # metrics, declared as vllm/v1/spec_decode/metrics.py:177-275 and vllm/v1/metrics/loggers.py:499
         self.registry = CollectorRegistry()
@@ -713,6 +723,16 @@ class VLLMEmulator(Emulator):
         config = {"model_config": {"model": str(TARGET), "dtype": "torch.float32", "max_model_len": 4096,
                                    "served_model_name": self.served},
                   "speculative_config": spec}
+        if self.v026:  # the recorded 0.26.0 shapes: the whole SpeculativeConfig, nested configs and ports
+            recorded = _recorded(DATA / "vllm-0.26.0" / "server_info_ngram.json")["vllm_config"]
+            model_config = {**recorded["model_config"], "model": str(TARGET), "tokenizer": str(TARGET),
+                            "served_model_name": self.served}
+            spec = copy.deepcopy(recorded["speculative_config"]) if self.speculative else None
+            if spec is not None:
+                spec.update({"method": "draft_model", "model": str(DRAFT), "num_speculative_tokens": self.num_spec_tokens,
+                             "prompt_lookup_max": None, "prompt_lookup_min": None, "target_model_config": model_config})
+                spec["draft_model_config"] = {**model_config, "model": str(DRAFT), "tokenizer": str(DRAFT)}
+            config = {"model_config": model_config, "speculative_config": spec}
         return {"vllm_config": config if "config_format=json" in query else f"VllmConfig(model={str(TARGET)!r}, ...)",
                 "vllm_env": {"VLLM_BATCH_INVARIANT": self.batch_invariant, "VLLM_SERVER_DEV_MODE": True,
                              "VLLM_LOGGING_LEVEL": "INFO"},
@@ -735,7 +755,7 @@ class VLLMEmulator(Emulator):
         top_k = body["top_k"]
         if not isinstance(top_k, int) or top_k < -1:
             return self._error(400, f"top_k must be 0 (disable), or at least 1, got {top_k}.")
-        if self.speculative and (float(body["min_p"]) > 1e-5 or body.get("logit_bias")):
+        if self.speculative and (float(body["min_p"]) > 1e-5 and not self.v026 or body.get("logit_bias")):
             return self._error(400, "The min_p and logit_bias sampling parameters are not yet supported with "
                                     "speculative decoding.")
         if float(body["temperature"]) >= 1e-5:
@@ -848,12 +868,14 @@ class VLLMEmulator(Emulator):
                   "token_ids": ids if with_ids else None, "prompt_logprobs": prompt_lp,
                   "prompt_token_ids": list(prompt) if with_ids else None, "routed_experts": None,
                   "weight_versions": None}
+        usage = {"prompt_tokens": len(prompt), "total_tokens": len(prompt) + len(ids), "completion_tokens": len(ids),
+                 "prompt_tokens_details": None, "completion_tokens_details": None}
+        if self.v026:  # recorded: neither key exists in 0.26.0
+            del choice["weight_versions"], usage["completion_tokens_details"]
         answer = {"id": "cmpl-" + uuid.uuid4().hex[:16], "object": "text_completion", "created": int(time.time()),
                   "model": self.served, "choices": [choice], "service_tier": None,
                   "system_fingerprint": self.fingerprint,
-                  "usage": {"prompt_tokens": len(prompt), "total_tokens": len(prompt) + len(ids),
-                            "completion_tokens": len(ids), "prompt_tokens_details": None,
-                            "completion_tokens_details": None},
+                  "usage": usage,
                   "kv_transfer_params": None, "ec_transfer_params": None, "metrics": metrics}
         return self.json(200, answer)
 

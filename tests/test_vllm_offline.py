@@ -32,18 +32,22 @@ from emulators import DATA, TARGET, VLLMEmulator, run_lossless
 from specparity.engines import load_engine
 from specparity.engines.base import EngineOptions
 from specparity.engines.http import Endpoint, ServerError
-from specparity.engines.presets import presets_for
+from specparity.engines.presets import VLLM_GPU_FRACTION, presets_for
 from specparity.engines.vllm import (
     SPEC_COUNTERS,
     VLLMLaunch,
     check_options,
+    VLLMApi,
     completion_body,
+    drop_unsupported_per_request,
     launch_configs,
+    normalise_dtype,
     parse_completion,
     parse_metrics,
     parse_prompt_logprobs,
     parse_token_key,
     request_spec_stats,
+    stable_spec_config,
     top_k_disabled,
 )
 from specparity.types import GenerationRequest
@@ -180,18 +184,22 @@ def test_emulator_bodies_match_the_recorded_ones():
 
 
 def test_every_vllm_preset_argv():
-    """vllm-mtp / vllm-ngram: `vllm serve MODEL --speculative-config JSON` (flags read in 0.33.0:
-    vllm/engine/arg_utils.py:1864; batch invariance is the env var VLLM_BATCH_INVARIANT only)."""
+    """vllm-mtp / vllm-ngram: `vllm serve MODEL --speculative-config JSON --gpu-memory-utilization F`
+    (flags read in 0.33.0: vllm/engine/arg_utils.py:1864; batch invariance is the env var
+    VLLM_BATCH_INVARIANT only); F per launch so that both fit one GPU (vLLM's default 0.9 cannot
+    start twice on one device: seen live with 0.26.0)."""
     assert presets_for("vllm") == ["vllm-mtp", "vllm-ngram"]
     want = {"vllm-mtp": {"method": "mtp", "num_speculative_tokens": 3},
             "vllm-ngram": {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4,
                            "prompt_lookup_min": 2}}
+    share = ["--gpu-memory-utilization", str(VLLM_GPU_FRACTION)]  # two launches fit one GPU
+    assert 2 * VLLM_GPU_FRACTION < 0.9
     for name in presets_for("vllm"):
         base, spec = launch_configs(EngineOptions(preset=name, target="/models/int8"))
-        assert base.args() == ["/models/int8"]
+        assert base.args() == ["/models/int8", *share]
         args = spec.args()
         assert args[:2] == ["/models/int8", "--speculative-config"] and json.loads(args[2]) == want[name]
-        assert len(args) == 3
+        assert args[3:] == share
         proc = spec.process("vllm-spec", log_dir=None)
         assert proc.argv()[0].endswith("vllm") and proc.argv()[1] == "serve" and proc.env == {}
         assert proc.argv()[-4:-2] == ["--host", "127.0.0.1"]
@@ -204,7 +212,8 @@ def test_launch_options():
                                                      "server_args": ["--max-model-len", "8192"]}))
     assert json.loads(spec.args()[3])["num_speculative_tokens"] == 5
     assert spec.args()[:2] == ["--model", "/m"]
-    assert ["--max-logprobs", "32"] == spec.args()[4:6] and "--per-request-spec-decode-metrics" in spec.args()
+    i = spec.args().index("--max-logprobs")
+    assert spec.args()[i + 1] == "32" and "--per-request-spec-decode-metrics" in spec.args()
     assert "--per-request-spec-decode-metrics" not in base.args() and base.args()[-2:] == ["--max-model-len", "8192"]
     assert spec.process("s", log_dir=None).env == {"VLLM_BATCH_INVARIANT": "1"}
     assert spec.program == [sys.executable, "-m", "vllm.entrypoints.openai.api_server"]
@@ -402,3 +411,203 @@ def test_gate_batch_invariant_is_bit_exact(tmp_path):
     assert f"near-tie policy: bit-exact: declared by the engine ({declared})" in proc.stdout
     assert f"- Near-tie policy: bit-exact: declared by the engine ({declared})" in \
         (tmp_path / "report" / "summary.md").read_text()
+
+
+# ---------------------------------------------------------------------------------------------- live vLLM 0.26.0
+
+V026 = DATA / "vllm-0.26.0"
+
+
+def recorded_026(name: str) -> list[dict]:
+    """The exchanges of one live 0.26.0 server (tests/data/vllm-0.26.0/capture-<name>.json)."""
+    return json.loads((V026 / f"capture-{name}.json").read_text())["exchanges"]
+
+
+def exchange(name: str, label: str) -> dict:
+    return next(e for e in recorded_026(name) if e["label"] == label)
+
+
+def skeleton(obj):
+    """A JSON value's shape: key order and value types, with token-keyed dicts (top_logprobs rows
+    {token: logprob}, prompt_logprobs rows {id: {logprob, rank, decoded_token}}) folded to one entry
+    and a list to the set of its element shapes."""
+    if isinstance(obj, dict):
+        values = list(obj.values())
+        if values and (all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
+                       or all(isinstance(v, dict) and "logprob" in v for v in values)):
+            return {"<token>": sorted({json.dumps(skeleton(v), sort_keys=True) for v in obj.values()})}
+        return {k: skeleton(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return sorted({json.dumps(skeleton(v), sort_keys=True) for v in obj})
+    if isinstance(obj, bool) or obj is None:
+        return repr(obj) if obj is None else "bool"
+    return "number" if isinstance(obj, (int, float)) else type(obj).__name__
+
+
+@pytest.mark.parametrize("name", ["baseline", "ngram", "draft", "dflash"])
+def test_recorded_026_answers_parse(name):
+    """Every live 0.26.0 completion the adapter's own requests got: token ids from "token_id:N",
+    cross-checked against choices[0].token_ids, EOS kept in token_ids but not in text, stop_reason
+    null for EOS, metrics null (no per-request counters in 0.26), no weight_versions, no
+    usage.completion_tokens_details, system_fingerprint vllm-0.26.0-nohash; every speculative server
+    answered the baseline's tokens."""
+    base = {tuple(e["request"]["prompt"]): e["response"] for e in recorded_026("baseline") if e["label"] == "greedy"}
+    greedy = [e for e in recorded_026(name) if e["label"] == "greedy"]
+    assert greedy
+    for e in greedy:
+        k = e["request"]["logprobs"]
+        ids, finish, scores, choice = parse_completion(e["response"], k)
+        assert ids == choice["token_ids"] and scores.top_ids[:, 0].tolist() == ids
+        assert (np.diff(scores.top_logprobs, axis=1) <= 0).all()
+        assert e["response"]["metrics"] is None and request_spec_stats(e["response"]) is None
+        assert "weight_versions" not in choice and "completion_tokens_details" not in e["response"]["usage"]
+        assert e["response"]["system_fingerprint"] == "vllm-0.26.0-nohash"
+        if finish == "stop":
+            assert choice["stop_reason"] is None and ids[-1] in e["request"]["stop_token_ids"]
+        assert ids == base[tuple(e["request"]["prompt"])]["choices"][0]["token_ids"]
+    assert exchange(name, "GET /version")["response"] == {"version": "0.26.0"}
+    assert top_k_disabled(exchange(name, "GET /version")["response"]["version"]) == 0
+
+
+def test_recorded_026_edge_answers():
+    """The 0.26.0 edge cases: logprobs 21 is the recorded 400; min_p 0.1 under greedy is accepted by
+    the speculative server (0.33 refuses it); decoded-string keys are refused by the parser; the
+    prompt_logprobs scoring answer parses into the continuation's rows, argmax = the answer."""
+    for name in ("baseline", "ngram"):
+        e = exchange(name, "logprobs_21")
+        assert e["status"] == 400 and e["response"]["error"]["param"] == "logprobs"
+        assert exchange(name, "min_p_0.1")["status"] == 200
+        with pytest.raises(ValueError, match="ignored return_tokens_as_token_ids"):
+            parse_completion(exchange(name, "text_keys")["response"], 8)
+        assert exchange(name, "logprobs_null")["response"]["choices"][0]["logprobs"] is None
+        score = exchange(name, "score")
+        prompt = score["request"]["prompt"]
+        answer = next(e for e in recorded_026(name) if e["label"] == "greedy"
+                      and prompt[:len(e["request"]["prompt"])] == e["request"]["prompt"])
+        n = len(answer["request"]["prompt"])
+        tf = parse_prompt_logprobs(score["response"]["choices"][0]["prompt_logprobs"], prompt[:n], prompt[n:], 8)
+        assert tf.top_ids[:, 0].tolist() == prompt[n:]
+        _, _, decoded, _ = parse_completion(answer["response"], 8)
+        np.testing.assert_allclose(tf.logprobs, decoded.logprobs, atol=0.05)  # teacher-forced vs incremental, bf16
+    assert not VLLMApi.of("0.26.0").min_p_refused_with_spec and VLLMApi.of("0.33.0").min_p_refused_with_spec
+
+
+def test_recorded_026_metrics_deltas():
+    """/metrics of the live ngram server before/after its three greedy requests: the counters the
+    gate reads moved by the recorded deltas; per-position acceptance sums to the accepted total;
+    the baseline exposes no vllm:spec_decode_* family."""
+    summary = json.loads((V026 / "capture-summary.json").read_text())
+    before = parse_metrics((V026 / "metrics-ngram-before.txt").read_text())
+    after = parse_metrics((V026 / "metrics-ngram-after.txt").read_text())
+    delta = {k: after[k] - before[k] for k in SPEC_COUNTERS}
+    assert delta == summary["ngram"]["delta"] and delta["accepted"] > 0
+    text = (V026 / "metrics-ngram-after.txt").read_text()
+    per_pos = sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                  if line.startswith("vllm:spec_decode_num_accepted_tokens_per_pos_total{"))
+    assert per_pos == after["accepted"]
+    assert parse_metrics((V026 / "metrics-baseline-after.txt").read_text())["spec_families"] is False
+
+
+def test_stable_spec_config_from_recorded_server_info():
+    """The recorded dev-mode /server_info holds a 7 KB SpeculativeConfig with nested model and
+    parallel configs and run-specific ports; the fingerprint keeps its stable part only, and a second
+    launch (other ports) gives the same one."""
+    info = json.loads((V026 / "server_info_ngram.json").read_text())
+    full = info["vllm_config"]["speculative_config"]
+    assert len(json.dumps(full)) > 5000
+    stable = stable_spec_config(full)
+    assert {k: stable[k] for k in ("method", "model", "num_speculative_tokens", "prompt_lookup_max",
+                                   "prompt_lookup_min")} == {"method": "ngram", "model": "ngram",
+                                                             "num_speculative_tokens": 4, "prompt_lookup_max": 4,
+                                                             "prompt_lookup_min": 2}
+    assert len(json.dumps(stable)) < 1000 and not any("port" in k for k in stable)
+    assert not any(isinstance(v, (dict, list)) for v in stable.values())
+    relaunched = json.loads(json.dumps(full))
+    for cfg in ("target_parallel_config", "draft_parallel_config"):
+        relaunched[cfg]["data_parallel_rpc_port"] += 7
+        relaunched[cfg]["master_port"] += 11
+    assert stable_spec_config(relaunched) == stable
+    assert normalise_dtype(info["vllm_config"]["model_config"]["dtype"]) == "bfloat16"
+    assert normalise_dtype("float16") == "float16" and normalise_dtype(None) is None
+
+
+def test_emulator_026_answers_like_the_recorded_server():
+    """VLLMEmulator(version="0.26.0") against every recorded 0.26.0 request, baseline and
+    speculative: the same status, the same shape (keys in order, value types) for every answer, the
+    400 body byte for byte, the same token ids (the fixture target is confident: CPU float32 and GPU
+    bfloat16 agree), logprobs of the chosen tokens within 1e-3 and teacher-forced rows within 0.25
+    nats (bfloat16 on the server); /version, /v1/models and /metrics families as recorded."""
+    for spec, name in ((False, "baseline"), (True, "ngram")):
+        with VLLMEmulator(speculative=spec, version="0.26.0", dev_mode=True) as emu:
+            e = Endpoint(emu.url)
+            for x in recorded_026(name):
+                if x["method"] == "GET":
+                    r = e.request("GET", x["label"][4:])
+                    if x["label"] != "GET /health":
+                        assert skeleton(json.loads(r.body)) == skeleton(x["response"]), x["label"]
+                    continue
+                r = e.request("POST", "/v1/completions", {**x["request"], "model": emu.served}, expect=(200, 400))
+                assert r.status == x["status"], (name, x["label"])
+                got, rec = json.loads(r.body), x["response"]
+                if r.status == 400:
+                    assert got == rec
+                    continue
+                assert skeleton(got) == skeleton(rec), (name, x["label"])
+                c, rc = got["choices"][0], rec["choices"][0]
+                assert c["token_ids"] == rc["token_ids"] and c["text"] == rc["text"], (name, x["label"])
+                assert (c["finish_reason"], c["stop_reason"]) == (rc["finish_reason"], rc["stop_reason"])
+                assert got["system_fingerprint"] == rec["system_fingerprint"] and got["usage"] == rec["usage"]
+                if rc["logprobs"]:
+                    assert c["logprobs"]["tokens"] == rc["logprobs"]["tokens"]
+                    np.testing.assert_allclose(c["logprobs"]["token_logprobs"], rc["logprobs"]["token_logprobs"],
+                                               atol=1e-3)
+                if rc["prompt_logprobs"]:
+                    rows, rrows = c["prompt_logprobs"], rc["prompt_logprobs"]
+                    assert len(rows) == len(rrows) and rows[0] is None is rrows[0]
+                    for row, rrow, tok in zip(rows[1:], rrows[1:], x["request"]["prompt"][1:]):
+                        assert abs(row[str(tok)]["logprob"] - rrow[str(tok)]["logprob"]) < 0.25
+            text = e.request("GET", "/metrics").body.decode()
+            want = {tuple(line.split()[2:4]) for line in (V026 / f"metrics-{name}-after.txt").read_text().splitlines()
+                    if line.startswith("# TYPE vllm:spec_decode_")}
+            have = {tuple(line.split()[2:4]) for line in text.splitlines() if line.startswith("# TYPE")}
+            assert want <= have and (not spec) == (not want)
+    with pytest.raises(ValueError, match="no --per-request-spec-decode-metrics"):
+        VLLMEmulator(speculative=True, version="0.26.0", per_request_metrics=True)
+
+
+def test_adapter_says_which_version_it_saw_and_keeps_a_stable_fingerprint():
+    """Against 0.26.0 emulators in dev mode (the recorded /server_info shape): the fingerprint's
+    spec_config is the stable part of the served SpeculativeConfig (no nested configs, no ports),
+    dtype "bfloat16", and the server summary says which vLLM API the adapter saw; the same
+    fingerprint from a second pair of servers (other ports)."""
+    fingerprints = []
+    for _ in range(2):
+        with VLLMEmulator(version="0.26.0", dev_mode=True) as base, \
+                VLLMEmulator(speculative=True, version="0.26.0", dev_mode=True) as spec:
+            engine = engine_for(base.url, spec.url)
+            try:
+                fp = engine.fingerprint()
+            finally:
+                engine.close()
+        assert fp.engine_version == "vllm 0.26.0" and fp.dtype == "bfloat16"
+        assert fp.spec_config["method"] == "draft_model" and "target_model_config" not in fp.spec_config
+        assert len(json.dumps(fp.spec_config)) < 1000
+        assert fp.extra["spec_server"]["api"].startswith("vLLM 0.26.0: no per-request speculation metrics")
+        fingerprints.append((fp.spec_config, fp.dtype, fp.engine_version))
+    assert fingerprints[0] == fingerprints[1]
+
+
+def test_per_request_flag_never_reaches_a_vllm_without_it():
+    """--engine-opt per_request_metrics=summary with an installed vLLM that lacks the flag (0.26.0):
+    the launch goes without it and says so (counters from /metrics); with the flag, or when the
+    installed vLLM cannot be read here, the request is passed on."""
+    opts = EngineOptions(preset="vllm-ngram", target="/m", extra={"per_request_metrics": "summary"})
+    _, spec = launch_configs(opts)
+    note = drop_unsupported_per_request(spec, False)
+    assert "--per-request-spec-decode-metrics" not in spec.args() and "/metrics" in note
+    for supported in (True, None):
+        _, spec = launch_configs(opts)
+        assert drop_unsupported_per_request(spec, supported) is None
+        assert "--per-request-spec-decode-metrics" in spec.args()
+    assert VLLMApi.of("0.26.0").per_request_metrics is False and VLLMApi.of("0.33.0").per_request_metrics
+    assert VLLMApi.of("0.30.1").per_request_metrics is None and VLLMApi.of("dev").version == "dev"

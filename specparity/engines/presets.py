@@ -42,6 +42,10 @@ _SG_128K = {
 }
 _SG_DFLASH = {"speculative_algorithm": "DFLASH", "speculative_draft_model_path": "@draft",
               "speculative_num_draft_tokens": 8}
+#: vLLM presets: the fraction of the GPU's memory each of the two launches may take
+#: (``--gpu-memory-utilization``), so that baseline and speculative server fit one GPU together.
+VLLM_GPU_FRACTION = 0.3
+_VLLM_SHARE = {"gpu_memory_utilization": VLLM_GPU_FRACTION}
 _SG_32K = {"model_path": "@target", "context_length": 32768, "max_running_requests": 16, "mamba_ssm_dtype": "bfloat16"}
 
 PRESETS: dict[str, Preset] = {
@@ -91,14 +95,22 @@ PRESETS: dict[str, Preset] = {
                spec={**_SG_32K, **_SG_DFLASH, "speculative_draft_model_quantization": "fp8"},
                source="shared/seeds/003: 'SGLang · DFlash2' launch command"),
         # ---------------------------------------------------------------- vLLM (GPU)
-        Preset("vllm-mtp", "vllm", "MTP, 3 speculative tokens (field report 003: INT8 W8A8 with MTP-BF16 draft)",
-               baseline={"model": "@target"},
-               spec={"model": "@target", "speculative_config": {"method": "mtp", "num_speculative_tokens": 3}},
+        # Both launches share one GPU unless --engine-opt baseline_gpus/spec_gpus part them: each takes
+        # VLLM_GPU_FRACTION of it (vLLM's default 0.9 each cannot start twice on one device; measured
+        # live with vLLM 0.26.0). A larger model needs its own fraction: --engine-opt
+        # server_args="--gpu-memory-utilization 0.45" (the later flag wins) or one GPU per side.
+        Preset("vllm-mtp", "vllm", f"MTP, 3 speculative tokens (field report 003: INT8 W8A8 with MTP-BF16 draft); "
+               f"{VLLM_GPU_FRACTION:g} of the GPU per launch",
+               baseline={"model": "@target", **_VLLM_SHARE},
+               spec={"model": "@target", **_VLLM_SHARE,
+                     "speculative_config": {"method": "mtp", "num_speculative_tokens": 3}},
                source="shared/seeds/003 INT8/INT4 rows (vLLM, MTP only; flags inferred)"),
-        Preset("vllm-ngram", "vllm", "n-gram prompt lookup, 4 speculative tokens",
-               baseline={"model": "@target"},
-               spec={"model": "@target", "speculative_config": {"method": "ngram", "num_speculative_tokens": 4,
-                                                               "prompt_lookup_max": 4, "prompt_lookup_min": 2}}),
+        Preset("vllm-ngram", "vllm", f"n-gram prompt lookup, 4 speculative tokens; {VLLM_GPU_FRACTION:g} of the GPU "
+               "per launch",
+               baseline={"model": "@target", **_VLLM_SHARE},
+               spec={"model": "@target", **_VLLM_SHARE,
+                     "speculative_config": {"method": "ngram", "num_speculative_tokens": 4,
+                                            "prompt_lookup_max": 4, "prompt_lookup_min": 2}}),
     )
 }
 

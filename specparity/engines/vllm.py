@@ -1,9 +1,10 @@
 """The ``vllm`` engine: vLLM's OpenAI ``/v1/completions`` over HTTP, two running servers or two launches.
 
 Facts below come from the Python source of the **vLLM 0.33.0** wheel (and 0.11.0–0.15.0 for the
-speculation/logprobs history); ``docs/ENGINE_APIS.md`` has the ``file:line`` of each. It was
-exercised against the vLLM protocol emulator in ``tests/emulators.py`` and the bodies in
-``tests/data/vllm/``, never against a live vLLM (no GPU here).
+speculation/logprobs history); ``docs/ENGINE_APIS.md`` has the ``file:line`` of each. They were
+checked against a live **vLLM 0.26.0** on one H200 (bodies recorded in ``tests/data/vllm-0.26.0/``,
+the live table in ``docs/SERVERS.md``); where 0.26 differs (:class:`VLLMApi`) the adapter reads
+``/version`` and says which behaviour it saw.
 
 * **Request.** ``POST /v1/completions`` with the prompt as token ids (used as-is), ``max_tokens``,
   ``n 1``, and *every* sampling knob explicit — unset ones are filled from the model's
@@ -37,6 +38,15 @@ exercised against the vLLM protocol emulator in ``tests/emulators.py`` and the b
   visible on ``/version``, ``/v1/models`` or ``system_fingerprint``); ``Capabilities.deterministic``
   says so when both launches set it, or when every ``VLLM_SERVER_DEV_MODE=1`` server of both sides
   shows it on ``/server_info``; the gate is then bit-exact. Only one side: reported, not strict.
+* **Fingerprint.** A dev-mode ``/server_info`` holds the whole ``SpeculativeConfig`` (7 KB in 0.26.0,
+  with the nested target/draft model and parallel configs and their run-specific ports): only its
+  stable part (:func:`stable_spec_config`: method, draft model, token counts, n-gram and suffix
+  settings…) enters the fingerprint, so goldens and ``--resume`` match across launches. The dtype
+  ``torch.bfloat16`` is reported as ``bfloat16``.
+* **Versions** (:class:`VLLMApi`). vLLM 0.26.0 (live): no ``--per-request-spec-decode-metrics`` (a
+  launch asking for it is started without it, counters come from ``/metrics``), ``min_p`` accepted
+  on a greedy speculative request, no ``weight_versions`` / ``usage.completion_tokens_details``,
+  ``system_fingerprint`` ``vllm-0.26.0-nohash``. None of that changes what the gate sends or reads.
 """
 
 from __future__ import annotations
@@ -94,6 +104,114 @@ ENTRYPOINTS = ("serve", "api_server")
 #: Seconds between two /metrics reads while waiting for the counters to settle, and the most reads.
 SETTLE_INTERVAL_S = 0.25
 SETTLE_READS = 12
+#: Releases seen without ``--per-request-spec-decode-metrics`` (0.26.0 live; 0.27.x, reported downstream
+#: of vllm#48915, which added it) and the oldest one read with it (0.33.0 source); between: unknown.
+PER_REQUEST_ABSENT = ((0, 26), (0, 27))
+PER_REQUEST_READ_IN = (0, 33)
+#: The text whose presence in the installed ``vllm/engine/arg_utils.py`` shows the flag exists.
+PER_REQUEST_ARG = "per_request_spec_decode_metrics"
+#: Words in the keys of a served ``SpeculativeConfig`` that change from launch to launch.
+RUN_SPECIFIC_WORDS = ("port", "addr", "_ip", "rank", "seed", "instance")
+
+
+def version_tuple(version: str | None) -> tuple[int, int] | None:
+    """``"0.26.0"`` → ``(0, 26)``; None when unreadable."""
+    try:
+        major, minor = (int(x) for x in (version or "").split(".")[:2])
+    except ValueError:
+        return None
+    return major, minor
+
+
+@dataclass(frozen=True)
+class VLLMApi:
+    """What one vLLM version does differently, as far as it was seen or read; ``None``: unknown.
+
+    ``per_request_metrics``: ``--per-request-spec-decode-metrics`` exists (absent in 0.26.0: the
+    draft counters are then the ``/metrics`` deltas); ``min_p_refused_with_spec``: a speculative
+    server answers 400 to ``min_p > 1e-5`` on a greedy request (0.33.0 source) — 0.26.0 accepts it
+    (greedy resets ``min_p`` before the check). The gate sends ``min_p 0`` either way."""
+
+    version: str | None
+    per_request_metrics: bool | None
+    min_p_refused_with_spec: bool | None
+
+    @classmethod
+    def of(cls, version: str | None) -> "VLLMApi":
+        v = version_tuple(version)
+        if v is not None and v in PER_REQUEST_ABSENT:
+            return cls(version, False, False)
+        if v is not None and v >= PER_REQUEST_READ_IN:
+            return cls(version, True, True)
+        return cls(version, None, None)
+
+    def describe(self) -> str:
+        """One line for the report: which behaviour the adapter saw and expects."""
+        if self.version is None:
+            return "vLLM version unknown (/version unreadable): draft counters from /metrics"
+        if self.per_request_metrics is False:
+            return (f"vLLM {self.version}: no per-request speculation metrics (no --per-request-spec-decode-metrics); "
+                    "draft counters from /metrics deltas; min_p accepted under greedy")
+        if self.per_request_metrics:
+            return (f"vLLM {self.version}: per-request speculation metrics with --per-request-spec-decode-metrics, "
+                    "else /metrics deltas; min_p > 1e-5 refused under speculation")
+        return (f"vLLM {self.version}: not checked against this version; draft counters from /metrics unless the "
+                "answers carry metrics")
+
+
+def stable_spec_config(config: Any) -> dict[str, Any]:
+    """The launch-independent part of a served ``SpeculativeConfig`` (dev-mode ``/server_info``):
+    the scalar settings that are set (method, model, num_speculative_tokens, prompt_lookup_*,
+    suffix_decoding_*, rejection/draft sampling…), without the nested target/draft model and parallel
+    configs (7 KB in 0.26.0, with ports that change per launch) and without private or run-specific
+    keys. Goldens and ``--resume`` compare fingerprints, so this must not change between launches."""
+    if not isinstance(config, dict):
+        return {}
+    out: dict[str, Any] = {}
+    for key in sorted(config):
+        value = config[key]
+        if key.startswith("_") or value is None or isinstance(value, (dict, list, tuple)):
+            continue
+        if any(word in key for word in RUN_SPECIFIC_WORDS):
+            continue
+        out[key] = value
+    return out
+
+
+def normalise_dtype(dtype: Any) -> str | None:
+    """``torch.bfloat16`` (vLLM's ``model_config.dtype`` on ``/server_info``) → ``bfloat16``."""
+    if dtype is None:
+        return None
+    text = str(dtype)
+    return text[len("torch."):] if text.startswith("torch.") else text
+
+
+def installed_has_per_request_flag() -> bool | None:
+    """Whether the vLLM importable here (the one a launch starts) has ``--per-request-spec-decode-metrics``,
+    read from its ``vllm/engine/arg_utils.py`` without importing it; None when vLLM is not importable here."""
+    try:
+        spec = importlib.util.find_spec("vllm")
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = Path(list(spec.submodule_search_locations)[0]) / "engine" / "arg_utils.py"
+    try:
+        return PER_REQUEST_ARG in path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return None
+
+
+def drop_unsupported_per_request(launch: "VLLMLaunch", supported: bool | None) -> str | None:
+    """Never pass ``--per-request-spec-decode-metrics`` to a vLLM without it (0.26.0 refuses to start):
+    the launch goes ahead without it and the counters come from ``/metrics``. Returns the note that
+    says so, or None when nothing was dropped (flag absent, supported, or not checkable here)."""
+    asked = launch.per_request_spec_decode_metrics
+    if asked in (None, "none") or supported is not False:
+        return None
+    launch.per_request_spec_decode_metrics = None
+    return (f"per_request_metrics={asked} not passed: the installed vLLM has no --per-request-spec-decode-metrics; "
+            "draft counters from /metrics deltas")
 
 
 def vllm_binary() -> str:
@@ -245,11 +363,8 @@ INFO = EngineInfo("vllm", options=OPTIONS, dtypes=(), local_models=False, check=
 def top_k_disabled(version: str | None) -> int:
     """The ``top_k`` value meaning "no top-k": 0 from vLLM 0.11 on (read in 0.11.0 and 0.33.0, which also
     quietly accept -1), -1 for older or unknown versions (accepted by every version read)."""
-    try:
-        major, minor = (int(x) for x in (version or "").split(".")[:2])
-    except ValueError:
-        return -1
-    return 0 if (major, minor) >= (0, 11) else -1
+    v = version_tuple(version)
+    return -1 if v is None else (0 if v >= (0, 11) else -1)
 
 
 def completion_body(model: str | None, prompt_ids: Sequence[int], max_tokens: int, stop_token_ids: Sequence[int],
@@ -408,12 +523,14 @@ class VLLMEngine(ServerEngine):
                           "prompt_logprobs k (position 0 is null)")
 
     def __init__(self, *args: Any, launches: tuple[VLLMLaunch | None, VLLMLaunch | None], max_concurrency: int,
-                 max_logprobs: int, served_model_name: str | None = None, **kwargs: Any):
+                 max_logprobs: int, served_model_name: str | None = None, notes: Sequence[str] = (), **kwargs: Any):
         super().__init__(*args, **kwargs)
         self.launches = launches
         self.max_concurrency = max_concurrency
         self.max_logprobs = max_logprobs
         self.served_model_name = served_model_name
+        #: What the adapter changed or fell back to for this vLLM (e.g. a dropped per-request flag).
+        self.notes: list[str] = list(notes)
         self._facts: dict[tuple[str, str], Any] = {}
         self._lock = threading.Lock()
 
@@ -495,14 +612,17 @@ class VLLMEngine(ServerEngine):
             if launch is not None:
                 spec_config = launch.spec_config()
             elif isinstance(config.get("speculative_config"), dict):
-                spec_config = config["speculative_config"]
+                spec_config = stable_spec_config(config["speculative_config"])
             else:
                 spec_config = {"speculative_config": "unknown: not launched by the gate (vLLM shows it only on "
                                                      "/server_info under VLLM_SERVER_DEV_MODE=1)"}
         summary = {"version": version, "model": card.get("id"), "root": card.get("root"),
-                   "max_model_len": card.get("max_model_len"), "spec_decode_counters": self.spec_families(endpoint)}
+                   "max_model_len": card.get("max_model_len"), "spec_decode_counters": self.spec_families(endpoint),
+                   "api": VLLMApi.of(version).describe()}
+        if is_spec and self.notes:
+            summary["notes"] = list(self.notes)
         model_config = config.get("model_config")
-        dtype = model_config.get("dtype") if isinstance(model_config, dict) else None
+        dtype = normalise_dtype(model_config.get("dtype")) if isinstance(model_config, dict) else None
         return {"version": f"vllm {version or 'unknown'}", "dtype": dtype or "server", "spec_config": spec_config,
                 "summary": summary}
 
@@ -622,9 +742,13 @@ def create(options: EngineOptions) -> VLLMEngine:
     max_logprobs = int(ex.get("max_logprobs") or DEFAULT_MAX_LOGPROBS)
     launches: tuple[VLLMLaunch | None, VLLMLaunch | None] = (None, None)
     processes = None
+    notes: list[str] = []
     target, draft = options.target, options.draft
     if not options.baseline_urls:
         base_launch, spec_launch = launches = launch_configs(options)
+        dropped = drop_unsupported_per_request(spec_launch, installed_has_per_request_flag())
+        if dropped:
+            notes.append(dropped)
         timeout = float(ex.get("startup_timeout") or DEFAULT_STARTUP_TIMEOUT_S)
         env_b = {"CUDA_VISIBLE_DEVICES": ex["baseline_gpus"]} if ex.get("baseline_gpus") else {}
         env_s = {"CUDA_VISIBLE_DEVICES": ex["spec_gpus"]} if ex.get("spec_gpus") else {}
@@ -636,7 +760,7 @@ def create(options: EngineOptions) -> VLLMEngine:
     concurrency *= max(1, len(spec.fleet.endpoints))
     engine = VLLMEngine(options, baseline, spec, tokenizer, target=artifact(target) or ArtifactId("", "", ""),
                         draft=artifact(draft), launches=launches, max_concurrency=concurrency,
-                        max_logprobs=max_logprobs, served_model_name=ex.get("served_model_name"))
+                        max_logprobs=max_logprobs, served_model_name=ex.get("served_model_name"), notes=notes)
     if not target:  # name the model the server says it serves (hashed when that path is local)
         try:
             card = engine.model_card(spec.fleet.endpoints[0])
