@@ -112,6 +112,7 @@ def plan(work: Path) -> list[Server]:
                {"method": "draft_model", "model": str(work / "other-draft"), "num_speculative_tokens": 4}, dev,
                "broken"),
         Server("e-victim", "eager", "ngram", 8108, t, ngram, dev, "fault"),
+        Server("e-hybrid", "eager", "baseline", 8110, hybrid, None, dev, "attempt"),
         Server("e-mtp", "eager", "mtp", 8111, hybrid, {"method": "mtp", "num_speculative_tokens": 2}, dev, "attempt"),
     ]
     out.append(Server("g-baseline", "graphs", "baseline", 8200, t, env=dev))
@@ -255,7 +256,7 @@ def gate(work: Path, name: str, base: Server, spec: Server, concurrency: int, *e
     if report.exists():
         shutil.rmtree(report)
     argv = [sys.executable, "-m", "pytest", "suites/lossless", "-q", "-p", "no:cacheprovider", "--engine", "vllm",
-            "--baseline-url", base.url, "--spec-url", spec.url, "--engine-opt", f"tokenizer={TARGET}",
+            "--baseline-url", base.url, "--spec-url", spec.url, "--engine-opt", f"tokenizer={base.model}",
             "--engine-opt", f"max_concurrency={max(CONCURRENCY)}", "--concurrency", str(concurrency),
             "--report", str(report), *GATE_ARGS, *extra]
     t0 = time.time()
@@ -326,12 +327,18 @@ def compare(work: Path, old: str, new: str) -> dict[str, Any]:
 
 
 def pair_runs(work: Path, servers: dict[str, Server], mode: str, levels: tuple[int, ...]) -> None:
-    base = servers.get({"eager": "e-baseline", "graphs": "g-baseline"}[mode])
-    if base is None or health(base.url) != 200:
-        print(f"RUN {mode}: baseline not healthy, nothing run", flush=True)
+    """Every healthy speculative server of ``mode`` against the baseline of the same model (the
+    fixture target, or the hybrid for MTP), at each level, then the comparisons between levels."""
+    bases = [s for s in servers.values() if s.mode == mode and s.method == "baseline" and health(s.url) == 200]
+    if not bases:
+        print(f"RUN {mode}: no healthy baseline, nothing run", flush=True)
         return
     for s in servers.values():
         if s.mode != mode or s.method == "baseline" or s.purpose not in ("matrix", "attempt"):
+            continue
+        base = next((b for b in bases if b.model == s.model), None)
+        if base is None:
+            print(f"RUN {s.name}: no healthy baseline of {s.model}, skipped", flush=True)
             continue
         if health(s.url) != 200:
             print(f"RUN {s.name}: not healthy, skipped", flush=True)
@@ -412,12 +419,14 @@ def run_all(work: Path, levels: tuple[int, ...]) -> int:
                                              fault_run(work, servers)))
     graphs = threading.Thread(target=lambda: (pair_runs(work, servers, "graphs", levels),
                                               batch_invariant_run(work, servers)))
-    eager.start()
-    graphs.start()
-    eager.join()
-    graphs.join()
-    (work / "run.done").write_text(time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
-    return table(work)
+    try:
+        eager.start()
+        graphs.start()
+        eager.join()
+        graphs.join()
+        return table(work)
+    finally:  # `wait` returns once this exists, also after a crash (the log says why)
+        (work / "run.done").write_text(time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
 
 
 # ---------------------------------------------------------------------------------------------- table
