@@ -476,18 +476,29 @@ def table(work: Path) -> int:
 
 
 def pack(work: Path, out: Path) -> int:
-    """Everything a run produced except model weights, as one archive, plus the table and rows."""
+    """Everything a run produced except model weights, as archives small enough to move one by one:
+    ``vllm-live.tar.gz`` (logs, summaries, reports without their journals), ``journals-eager.tar.gz``
+    and ``journals-other.tar.gz`` (the gate journals, ``results.jsonl``), plus the table and rows."""
     import tarfile
 
     out.mkdir(parents=True, exist_ok=True)
-    with tarfile.open(out / "vllm-live.tar.gz", "w:gz") as tar:
-        for item in sorted(work.iterdir()):
-            if item.name != "other-draft":
-                tar.add(item, arcname=f"vllm-live/{item.name}")
+    archives = {name: tarfile.open(out / name, "w:gz")
+                for name in ("vllm-live.tar.gz", "journals-eager.tar.gz", "journals-other.tar.gz")}
+    for path in sorted(work.rglob("*")):
+        rel = path.relative_to(work)
+        if not path.is_file() or rel.parts[0] == "other-draft":
+            continue
+        if path.name == "results.jsonl":
+            name = "journals-eager.tar.gz" if rel.parts[1].startswith("e-") else "journals-other.tar.gz"
+        else:
+            name = "vllm-live.tar.gz"
+        archives[name].add(path, arcname=f"vllm-live/{rel}")
+    for name, tar in archives.items():
+        tar.close()
+        print(f"PACK: {out / name} {(out / name).stat().st_size // 1024} KiB")
     for name in ("table.md", "runs.jsonl"):
         if (work / name).exists():
             shutil.copy(work / name, out / name)
-    print(f"PACK: {out / 'vllm-live.tar.gz'} {(out / 'vllm-live.tar.gz').stat().st_size // 1024} KiB")
     return 0
 
 
