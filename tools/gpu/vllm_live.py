@@ -133,6 +133,21 @@ def health(url: str) -> int | None:
         return None
 
 
+def ready(s: Server | None, timeout_s: float = 300.0) -> bool:
+    """Whether a server answers /health, waiting while its process still starts (CUDA-graph
+    servers compile for a minute or more)."""
+    if s is None:
+        return False
+    t0 = time.time()
+    while time.time() - t0 < timeout_s:
+        if health(s.url) == 200:
+            return True
+        if not alive(s.pid):
+            return False
+        time.sleep(2)
+    return health(s.url) == 200
+
+
 def alive(pid: int | None) -> bool:
     if not pid:
         return False
@@ -329,7 +344,7 @@ def compare(work: Path, old: str, new: str) -> dict[str, Any]:
 def pair_runs(work: Path, servers: dict[str, Server], mode: str, levels: tuple[int, ...]) -> None:
     """Every healthy speculative server of ``mode`` against the baseline of the same model (the
     fixture target, or the hybrid for MTP), at each level, then the comparisons between levels."""
-    bases = [s for s in servers.values() if s.mode == mode and s.method == "baseline" and health(s.url) == 200]
+    bases = [s for s in servers.values() if s.mode == mode and s.method == "baseline" and ready(s)]
     if not bases:
         print(f"RUN {mode}: no healthy baseline, nothing run", flush=True)
         return
@@ -340,7 +355,7 @@ def pair_runs(work: Path, servers: dict[str, Server], mode: str, levels: tuple[i
         if base is None:
             print(f"RUN {s.name}: no healthy baseline of {s.model}, skipped", flush=True)
             continue
-        if health(s.url) != 200:
+        if not ready(s):
             print(f"RUN {s.name}: not healthy, skipped", flush=True)
             continue
         names = []
@@ -354,7 +369,7 @@ def pair_runs(work: Path, servers: dict[str, Server], mode: str, levels: tuple[i
 
 def batch_invariant_run(work: Path, servers: dict[str, Server]) -> None:
     base, spec = servers.get("bi-baseline"), servers.get("bi-ngram")
-    if not base or not spec or health(base.url) != 200 or health(spec.url) != 200:
+    if not ready(base) or not ready(spec):
         print("RUN batch invariance: servers not healthy, skipped", flush=True)
         return
     gate(work, "bi-ngram-c8", base, spec, 8, label={"mode": "graphs + VLLM_BATCH_INVARIANT=1", "method": "ngram"})
@@ -362,7 +377,7 @@ def batch_invariant_run(work: Path, servers: dict[str, Server]) -> None:
 
 def broken_run(work: Path, servers: dict[str, Server]) -> None:
     base, spec = servers.get("e-baseline"), servers.get("e-broken")
-    if not base or not spec or health(base.url) != 200 or health(spec.url) != 200:
+    if not ready(base) or not ready(spec):
         why = "not started" if not spec else ("healthy" if health(spec.url) == 200 else "refused to start: " +
                                               " | ".join(launch_error(Path(spec.log or ""))))
         record(work, {"kind": "note", "run": "e-broken", "status": f"broken config {why}"})
@@ -378,7 +393,7 @@ def fault_run(work: Path, servers: dict[str, Server]) -> None:
     """Kill the live speculative server (its whole process group, SIGKILL) once some prompts were
     judged: the journal must keep them, the rest must be ``error``, the gate must exit 1 promptly."""
     base, victim = servers.get("e-baseline"), servers.get("e-victim")
-    if not base or not victim or health(base.url) != 200 or health(victim.url) != 200:
+    if not ready(base) or not ready(victim):
         print("RUN fault: servers not healthy, skipped", flush=True)
         return
     name = "e-fault-c1"
