@@ -28,6 +28,7 @@ from specparity.noise import (
     DEFAULT_MULTIPLIER,
     CalibrationError,
     NearTieThreshold,
+    NoiseStats,
     derive_threshold,
     measure_noise,
 )
@@ -46,6 +47,9 @@ class Sample:
     output_ids: Sequence[int]
     decoded: TokenScores
     teacher_forced: TokenScores
+    #: The same tokens scored teacher-forced on the other server instance (the speculative one's
+    #: scoring path, which runs the target alone); None for a one-instance engine.
+    spec_side: TokenScores | None = None
 
 
 @dataclass
@@ -134,17 +138,35 @@ def require_fit_scorer(samples: Iterable[Sample], clear_nats: float, scorer: str
     return check
 
 
+def cross_instance_noise(samples: Sequence[Sample]) -> NoiseStats | None:
+    """|Δmargin| between the two server instances: the speculative side's teacher-forced rows against
+    the baseline's decode rows and against its teacher-forced rows (None: no sample was scored there)."""
+    pairs = [(rows, s.spec_side) for s in samples if s.spec_side is not None
+             for rows in (s.decoded, s.teacher_forced)]
+    if not pairs:
+        return None
+    stats = measure_noise(pairs)
+    stats.positions = sum(min(len(s.decoded), len(s.spec_side)) for s in samples if s.spec_side is not None)
+    return stats
+
+
 def calibrate(
     samples: Sequence[Sample], *, scorer: str, ceiling: float = DEFAULT_CEILING_NATS, override: float | None = None,
-    multiplier: float = DEFAULT_MULTIPLIER, label: str = "",
+    multiplier: float = DEFAULT_MULTIPLIER, label: str = "", cross_note: str = "",
 ) -> tuple[ScorerCheck, NearTieThreshold]:
     """The one way every caller calibrates (the gate, the invariance checks, the live self-draft probe,
     ``api.measure_threshold``): check the scorer on the baselines, then measure the noise between
     their decode rows and the scorer's and derive the threshold (``override`` if given), refusing a
-    measurement above ``ceiling``. Raises :class:`CalibrationError` (:class:`ScorerRefused` for the
-    scorer), or ``ValueError`` when no position was scored both ways."""
+    measurement above ``ceiling``. Samples scored on the speculative server too (``spec_side``) add the
+    cross-instance noise, after the same scorer check on that side; ``cross_note`` says why there is
+    none otherwise. Raises :class:`CalibrationError` (:class:`ScorerRefused` for the scorer), or
+    ``ValueError`` when no position was scored both ways."""
     samples = list(samples)
     check = require_fit_scorer(samples, ceiling, scorer)
+    other = [Sample(s.prompt_id, s.output_ids, s.decoded, s.spec_side) for s in samples if s.spec_side is not None]
+    if other:
+        require_fit_scorer(other, ceiling, f"{scorer}, on the speculative server")
     noise = measure_noise((s.decoded, s.teacher_forced) for s in samples)
-    return check, derive_threshold(noise, override, multiplier, ceiling, label)
+    cross = cross_instance_noise(samples)
+    return check, derive_threshold(noise, override, multiplier, ceiling, label, cross, cross_note)
 

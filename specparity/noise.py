@@ -24,6 +24,20 @@ Two more numbers come from the same measurement:
   the fixtures: at most 1.3 × max |Δmargin| in fp32, 0.9 × in bf16), a loop that corrupts the KV
   cache moves rows by 7–100 000 ×; the bound is 4 × the measured max, and it never follows
   ``--near-tie-nats``.
+
+**Two server instances.** When the baseline and the speculative run are two servers (SGLang, vLLM,
+llama.cpp), the comparison also contains whatever differs between the two instances: graph capture,
+batch shapes, memory settings. On a live vLLM with CUDA graphs, one baseline server's decode and
+teacher-forced rows were bit-identical (noise 0, drift bound at its floor) while two *non-speculative*
+servers disagreed by 0.03–0.156 nats (one to a few bf16 logit steps) on 7 of 54 prompts, which were
+then called drifted. So for such an engine the baseline's tokens are also scored teacher-forced on
+the speculative server — its scoring pass runs the target alone, without the draft — and the
+**cross-instance noise** (|Δmargin| of those rows against the baseline's decode rows and its
+teacher-forced rows) is a figure of its own that enters both the threshold and the drift bound. A
+speculative loop cannot inflate it: it is measured before any speculative output is seen, on a path
+that does not draft, and the scorer check holds that path to the baseline's tokens like the
+baseline's own scorer. An in-process engine is one instance: there is nothing between two to
+measure, and the summary says the figure is not applicable.
 """
 
 from __future__ import annotations
@@ -74,27 +88,52 @@ class NearTieThreshold:
     ceiling: float = DEFAULT_CEILING_NATS
     #: Which prompts the noise was measured on, in words (the summary says it).
     calibration: str = ""
+    #: The noise between the two server instances (None: not measured; ``cross_note`` says why).
+    cross: NoiseStats | None = None
+    #: Why the cross-instance noise was not measured ("" when it was).
+    cross_note: str = ""
+
+    @property
+    def noise_max(self) -> float | None:
+        """The largest |Δmargin| measured, within one instance or between the two (None: nothing)."""
+        figures = [n.max_abs_delta for n in (self.noise, self.cross) if n is not None and n.pairs]
+        return max(figures) if figures else None
 
     @property
     def drift_nats(self) -> float | None:
         """The latent-drift bound: from the measured noise only (None: nothing was measured)."""
         if self.noise is None or self.noise.pairs == 0:
             return None
-        return max(FLOOR_NATS, DRIFT_MULTIPLIER * self.noise.max_abs_delta)
+        return max(FLOOR_NATS, DRIFT_MULTIPLIER * (self.noise_max or 0.0))
+
+    def describe_cross(self) -> str:
+        """The cross-instance figure in words (the summary prints it on its own line)."""
+        if self.cross is None or not self.cross.pairs:
+            return self.cross_note or "not measured"
+        c = self.cross
+        return (f"max |Δmargin| {c.max_abs_delta:.3g} nats between the baseline's rows and teacher-forced scoring of "
+                f"its tokens on the speculative server ({c.pairs} token pairs over {c.positions} positions; "
+                f"p99 {c.p99_abs_delta:.3g})" + (f"; {self.cross_note}" if self.cross_note else ""))
 
     def describe(self) -> str:
         if self.source == "override":
             extra = ""
             if self.noise is not None:
-                extra = f" (measured noise for reference: max |Δmargin| {self.noise.max_abs_delta:.3g})"
+                extra = f" (measured noise for reference: max |Δmargin| {self.noise.max_abs_delta:.3g}"
+                if self.cross is not None and self.cross.pairs:
+                    extra += f"; between the two server instances {self.cross.max_abs_delta:.3g}"
+                extra += ")"
             return f"{self.nats:.4g} nats, set by --near-tie-nats{extra}{self._calibrated()}"
         assert self.noise is not None
-        return (
-            f"{self.nats:.4g} nats, measured: {self.multiplier:g} × max |Δmargin| "
-            f"{self.noise.max_abs_delta:.3g} between incremental decode and teacher-forced scoring "
-            f"of the baseline ({self.noise.pairs} token pairs over {self.noise.positions} positions; "
-            f"p99 {self.noise.p99_abs_delta:.3g}; ceiling {self.ceiling:g}){self._calibrated()}"
-        )
+        n = self.noise
+        within = (f"between incremental decode and teacher-forced scoring of the baseline ({n.pairs} token pairs "
+                  f"over {n.positions} positions; p99 {n.p99_abs_delta:.3g}")
+        if self.cross is None or not self.cross.pairs:
+            return (f"{self.nats:.4g} nats, measured: {self.multiplier:g} × max |Δmargin| {n.max_abs_delta:.3g} "
+                    f"{within}; ceiling {self.ceiling:g}){self._calibrated()}")
+        return (f"{self.nats:.4g} nats, measured: {self.multiplier:g} × max |Δmargin| {self.noise_max:.3g}, the larger "
+                f"of {n.max_abs_delta:.3g} {within}) and {self.cross.max_abs_delta:.3g} between the two server "
+                f"instances ({self.cross.pairs} token pairs); ceiling {self.ceiling:g}{self._calibrated()}")
 
     def _calibrated(self) -> str:
         return f"; calibrated on {self.calibration}" if self.calibration else ""
@@ -108,15 +147,18 @@ class NearTieThreshold:
             "ceiling": self.ceiling,
             "drift_nats": self.drift_nats,
             "calibration": self.calibration,
+            "cross_instance": self.cross.to_json() if self.cross else None,
+            "cross_instance_note": self.cross_note,
             "description": self.describe(),
         }
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> "NearTieThreshold":
-        noise = data.get("noise")
+        noise, cross = data.get("noise"), data.get("cross_instance")
         return cls(float(data["nats"]), data["source"], NoiseStats(**noise) if noise else None,
                    float(data["multiplier"]), float(data.get("ceiling", DEFAULT_CEILING_NATS)),
-                   data.get("calibration", ""))
+                   data.get("calibration", ""), NoiseStats(**cross) if cross else None,
+                   data.get("cross_instance_note", ""))
 
 
 def _margin_deltas(a: TokenScores, b: TokenScores) -> tuple[np.ndarray, np.ndarray]:
@@ -171,25 +213,33 @@ def measure_noise(pairs: Iterable[tuple[TokenScores, TokenScores]]) -> NoiseStat
 
 def derive_threshold(
     noise: NoiseStats | None, override: float | None = None, multiplier: float = DEFAULT_MULTIPLIER,
-    ceiling: float = DEFAULT_CEILING_NATS, calibration: str = "",
+    ceiling: float = DEFAULT_CEILING_NATS, calibration: str = "", cross: NoiseStats | None = None,
+    cross_note: str = "",
 ) -> NearTieThreshold:
-    """The near-tie threshold: ``override`` if given, else ``multiplier`` × the measured noise,
-    refused (:class:`CalibrationError`) when the measurement exceeds ``ceiling``."""
+    """The near-tie threshold: ``override`` if given, else ``multiplier`` × the measured noise (the
+    larger of the noise within the baseline's instance and ``cross``, the noise between the two
+    server instances), refused (:class:`CalibrationError`) when the measurement exceeds ``ceiling``."""
     if override is not None:
         if override < 0:
             raise ValueError(f"--near-tie-nats: expected a non-negative number of nats, got {override}")
-        return NearTieThreshold(float(override), "override", noise, multiplier, ceiling, calibration)
+        return NearTieThreshold(float(override), "override", noise, multiplier, ceiling, calibration, cross, cross_note)
     if noise is None or noise.pairs == 0:
         raise ValueError(
             "cannot measure the near-tie threshold: no baseline positions were scored "
             "(every baseline failed or produced no tokens); pass --near-tie-nats to set it"
         )
-    nats = max(FLOOR_NATS, multiplier * noise.max_abs_delta)
+    measured = NearTieThreshold(0.0, "measured", noise, multiplier, ceiling, calibration, cross, cross_note)
+    worst = measured.noise_max or 0.0
+    nats = max(FLOOR_NATS, multiplier * worst)
     if nats > ceiling:
+        where = (f"between decode and teacher-forced scoring over {noise.pairs} token pairs"
+                 if worst == noise.max_abs_delta else
+                 f"between the two server instances over {cross.pairs if cross else 0} token pairs")
         raise CalibrationError(
             f"the measured near-tie threshold {nats:.4g} nats ({multiplier:g} × max |Δmargin| "
-            f"{noise.max_abs_delta:.4g} between decode and teacher-forced scoring over {noise.pairs} token pairs) "
+            f"{worst:.4g} {where}) "
             f"exceeds the ceiling {ceiling:g} nats: a flip that large is not numeric noise, so either the scorer "
             f"or the target is not fit to judge near ties; raise --near-tie-ceiling only if this noise is real"
         )
-    return NearTieThreshold(nats, "measured", noise, multiplier, ceiling, calibration)
+    measured.nats = nats
+    return measured

@@ -114,7 +114,8 @@ def drift_line(run: GateRun) -> str:
     judged = [r.verdict for r in run.records if r.verdict is not None and r.verdict.drift is not None]
     unchecked = sum(1 for v in judged if v.drift.checked == 0)
     worst = max((v.drift.max_nats for v in judged if v.drift.max_nats is not None), default=None)
-    line = (f"bound {bound:.3g} nats ({DRIFT_MULTIPLIER:g} × the measured max |Δmargin|, whatever --near-tie-nats says); "
+    line = (f"bound {bound:.3g} nats ({DRIFT_MULTIPLIER:g} × the measured max |Δmargin|, within the baseline's instance "
+            f"or between the two, whatever --near-tie-nats says); "
             f"rows compared on {len(judged) - unchecked} prompt(s)")
     if worst is not None:
         line += f", largest drift {worst:.3g} nats"
@@ -155,6 +156,7 @@ def render_summary_md(run: GateRun, decision: GateDecision) -> str:
         paths=[(name, desc, taken[name], run.coverage.prompts[name]) for name, desc in PATHS.items()],
         classes=CLASSES,
         drift=drift_line(run),
+        cross=run.threshold.describe_cross() if run.threshold else "",
         scorer_check=scorer_check_line(run),
         calibration_error=run.calibration_error,
         golden_error=run.golden_error,
@@ -219,6 +221,7 @@ def terminal_lines(run: GateRun, decision: GateDecision) -> list[str]:
         lines.append(f"resumed: {resumed[0]} baseline(s) and {resumed[1]} verdict(s) from the interrupted run's journal")
     if run.threshold:
         lines.append(f"near-tie threshold: {run.threshold.describe()}")
+        lines.append(f"cross-instance noise: {run.threshold.describe_cross()}")
         lines.append(f"latent drift: {drift_line(run)}")
     if run.scorer_check:
         lines.append(f"scorer check: {scorer_check_line(run)}")
@@ -756,6 +759,7 @@ def calibration_rows(run: GateRun) -> list[tuple[str, str]]:
             n = th.noise
             rows.append(("measured noise", f"max |Δmargin| {n.max_abs_delta:.4g} nats, p99 {n.p99_abs_delta:.4g} "
                                            f"over {n.pairs} token pairs at {n.positions} positions"))
+        rows.append(("cross-instance noise", th.describe_cross()))
         rows.append(("ceiling", f"{th.ceiling:g} nats (a measured threshold above it is refused)"))
         if th.calibration:
             rows.append(("calibrated on", th.calibration))

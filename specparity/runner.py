@@ -487,10 +487,13 @@ def _calibrate(run: GateRun, scorer: Scorer, writer: ResultsWriter, say: Callabl
         writer.write({"kind": "threshold", "nats": None,
                       "description": "not measured: no baseline could be decoded and scored"})
         return False
-    samples = [Sample(r.prompt.id, r.baseline.output_ids, r.baseline.scores, r.baseline_tf) for r in measured]
+    other, cross_note = _score_spec_side(run, scorer, measured)
+    samples = [Sample(r.prompt.id, r.baseline.output_ids, r.baseline.scores, r.baseline_tf, other.get(id(r)))
+               for r in measured]
     try:
         check, run.threshold = calibrate(samples, scorer=run.scorer, ceiling=config.near_tie_ceiling,
-                                         override=config.near_tie_nats, label=_calibration_label(run, len(measured)))
+                                         override=config.near_tie_nats, label=_calibration_label(run, len(measured)),
+                                         cross_note=cross_note)
         run.scorer_check = check.to_json()
     except CalibrationError as exc:
         run.calibration_error = str(exc)
@@ -503,6 +506,29 @@ def _calibrate(run: GateRun, scorer: Scorer, writer: ResultsWriter, say: Callabl
     writer.write({"kind": "threshold", **run.threshold.to_json(), "scorer_check": run.scorer_check})
     say(f"near-tie threshold: {run.threshold.describe()}")
     return True
+
+
+def _score_spec_side(run: GateRun, scorer: Scorer, measured: Sequence[PromptRecord]) -> tuple[dict[int, TokenScores], str]:
+    """The calibration baselines' tokens scored teacher-forced on the speculative server too (engines
+    of two server instances): {id(record): scores}, and a note on what could not be measured ("" when
+    everything was). A failure here never judges anything: without the figure the noise is the one
+    within the baseline's instance, which is the stricter bound."""
+    if scorer.spec_side is None or not measured:
+        return {}, scorer.spec_side_note
+    there = Scorer(f"{scorer.description}, on the speculative server", scorer.spec_side)
+    got: dict[int, TokenScores] = {}
+    failed: list[str] = []
+    t0 = time.perf_counter()
+    for rec, (scores, err) in dispatch(measured, lambda r: _score(there, r.request, r.baseline), run.concurrency):
+        if scores is not None:
+            got[id(rec)] = scores
+        else:
+            failed.append(f"{rec.prompt.id}: {err}")
+    run.timings["cross_instance_scoring"] += time.perf_counter() - t0
+    if not failed:
+        return got, ""
+    return got, (f"scoring on the speculative server failed for {len(failed)} of {len(measured)} calibration "
+                 f"prompt(s) (first: {sorted(failed)[0]})")
 
 
 def _baseline_error(rec: PromptRecord) -> Verdict:

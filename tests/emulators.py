@@ -48,6 +48,10 @@ Misbehaviour switches:
   ``--per-request-spec-decode-metrics``: ``per_request_metrics=True`` is refused), ``min_p`` accepted on a
   greedy speculative request, and a dev-mode ``/server_info`` shaped like the recorded one (the whole
   ``SpeculativeConfig`` with its nested model/parallel configs and ports, dtype ``torch.bfloat16``).
+* ``instance_noise_nats=x`` (SGLang): this instance's logits differ from another's by −x, 0 or +x per
+  (prefix, token), the same in its decode rows and in its scoring rows — what two server instances
+  of one model do (graph capture, batch shapes), as measured between two live vLLM servers. Rows
+  whose top-1/top-2 margin is under 3x are left alone, so the argmax never moves.
 * ``version="0.5.19"`` (SGLang): unknown ``sampling_params`` keys give HTTP 500 ``text/plain``
   instead of 0.5.23's 400, the counters carry the 0.5.19 aliases, ``/server_info`` has no
   ``launch_command`` / ``frontend``.
@@ -176,6 +180,30 @@ class FixtureBackend:
 
     def token_text(self, token_id: int) -> str:
         return self.tokenizer.decode([int(token_id)], skip_special_tokens=False)
+
+
+def instance_noise(scores: Any, prefix: Sequence[int], nats: float) -> Any:
+    """``scores`` (rows of the tokens after ``prefix``) as another server instance computes them: every
+    logprob moved by −``nats``, 0 or +``nats``, chosen by a hash of the row's prefix and the token (so
+    decode and scoring rows of one instance agree), rows re-sorted; rows whose top-1/top-2 margin is
+    under 3 × ``nats`` are kept, so no argmax moves (the ``instance_noise_nats`` knob)."""
+    import numpy as np
+
+    from specparity.types import TokenScores
+
+    ids = [int(t) for t in prefix]
+    logprobs, top_ids, top_lp = scores.logprobs.copy(), scores.top_ids.copy(), scores.top_logprobs.copy()
+    for i, tid in enumerate(scores.token_ids.tolist()):
+        context = hash(tuple(ids))
+        ids.append(int(tid))
+        if scores.k < 2 or not top_lp[i, 0] - top_lp[i, 1] >= 3 * nats:
+            continue
+        step = [nats * ((hash((context, int(t))) % 3) - 1) for t in top_ids[i]]
+        top_lp[i] += np.asarray(step, np.float32)
+        logprobs[i] += nats * ((hash((context, int(tid))) % 3) - 1)
+        order = np.argsort(-top_lp[i], kind="stable")
+        top_ids[i], top_lp[i] = top_ids[i][order], top_lp[i][order]
+    return TokenScores(scores.token_ids, logprobs, top_ids, top_lp)
 
 
 @functools.lru_cache(maxsize=1)
@@ -355,8 +383,9 @@ class SGLangEmulator(Emulator):
 
     def __init__(self, *, speculative: bool = False, version: str = "0.5.23", declares_deterministic: bool = False,
                  drop_spec_fields: bool = False, die_after: int | None = None, near_tie_flips: int = 0,
-                 backend: FixtureBackend | None = None):
+                 backend: FixtureBackend | None = None, instance_noise_nats: float = 0.0):
         super().__init__(die_after=die_after, backend=backend)
+        self.instance_noise_nats = instance_noise_nats
         if version not in ("0.5.23", "0.5.19"):
             raise ValueError("version: 0.5.23 or 0.5.19")
         if near_tie_flips and not speculative:
@@ -538,6 +567,11 @@ class SGLangEmulator(Emulator):
             in_scores = (self.backend.score(prompt[: start + 1], prompt[start + 1:], top_n)
                          if return_logprob and start < len(prompt) - 1 else None)
             self.count_generation()
+        if self.instance_noise_nats:
+            result = copy.copy(result)
+            result.scores = instance_noise(result.scores, prompt, self.instance_noise_nats)
+            if in_scores is not None:
+                in_scores = instance_noise(in_scores, prompt[: start + 1], self.instance_noise_nats)
         ids = list(result.output_ids)
         stopped = bool(ids) and ids[-1] in stops
         finish = {"type": "stop", "matched": ids[-1]} if stopped else {"type": "length", "length": max_new}

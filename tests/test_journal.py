@@ -37,6 +37,9 @@ def test_rebuilt_run_decides_and_reports_the_same(broken_run):
     assert decision.counts["diverged"] > 0, "the broken loop must give the journal something to rebuild"
     assert [r.verdict.to_json() for r in rebuilt.records] == [r.verdict.to_json() for r in run.records]
     assert rebuilt.threshold.to_json() == run.threshold.to_json()
+    # one in-process instance: no noise between two instances to measure, and the summary says so
+    assert rebuilt.threshold.cross is None and rebuilt.threshold.describe_cross().startswith("not applicable")
+    assert "- Cross-instance noise: not applicable" in (out / "summary.md").read_text()
     assert rebuilt.coverage.to_json() == run.coverage.to_json()
     assert rebuilt.fingerprint.to_json() == run.fingerprint.to_json()
     assert render_summary_md(rebuilt, again) == (out / "summary.md").read_text()

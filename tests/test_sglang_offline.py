@@ -50,6 +50,7 @@ from specparity.engines.sglang import (
     parse_score,
     spec_stats,
 )
+from specparity.prompts import load_many
 from specparity.types import GenerationRequest
 
 pytestmark = pytest.mark.offline
@@ -525,12 +526,14 @@ def test_gate_end_to_end_passes(servers, tmp_path):
 
 
 def test_gate_end_to_end_server_dies(servers, tmp_path):
-    """A speculative server that stops answering after 2 requests: exit 1, the 2 finished prompts
-    kept in results.jsonl, the others `error` with a cause naming the endpoint."""
+    """A speculative server that stops answering after 2 speculative requests: exit 1, the 2 finished
+    prompts kept in results.jsonl, the others `error` with a cause naming the endpoint. Before them it
+    answered one scoring request per calibration prompt (the noise between the two instances)."""
     base, _ = servers
-    with SGLangEmulator(speculative=True, die_after=2) as dying:
+    calibration = sum(p.category == "math" for p in load_many([REPO / "prompts" / "default.jsonl"]))
+    with SGLangEmulator(speculative=True, die_after=calibration + 2) as dying:
         proc, records = run_lossless("sglang", base.url, dying.url, tmp_path / "report",
-                                     "--engine-opt", f"tokenizer={TARGET}")
+                                     "--engine-opt", f"tokenizer={TARGET}", "--calibration", "selected")
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-2000:]
     prompts = [r for r in records if r["kind"] == "prompt"]
     assert len(prompts) == 5

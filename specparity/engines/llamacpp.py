@@ -316,6 +316,9 @@ class LlamaCppEngine(ServerEngine):
     name = "llamacpp"
     scorer_description = ("one n_predict=1 request per position to the baseline llama-server (speculation off, "
                           "cache_prompt false: a prefill-style pass whose last row is the position's distribution)")
+    #: Why the noise between the two servers is not measured (:mod:`specparity.scoring`).
+    cross_instance_unmeasured = ("llama.cpp scores one request per position, so the calibration set is not scored "
+                                 "again on the speculative server; the noise is the baseline server's own")
 
     def __init__(self, *args: Any, launches: tuple[LlamaServerLaunch | None, LlamaServerLaunch | None],
                  slots: int, **kwargs: Any):

@@ -289,3 +289,14 @@ class ServerEngine:
     def close(self) -> None:
         self.baseline.close()
         self.spec.close()
+
+    def on_speculative_side(self) -> "ServerEngine":
+        """This engine with its speculative session in the baseline's place, so an adapter's own
+        :meth:`score` (which scores on ``self.baseline``) scores on the speculative server: its scoring
+        pass runs the target alone, and the calibration compares it with the baseline's rows to
+        measure the noise between the two server instances (:mod:`specparity.noise`)."""
+        import copy
+
+        view = copy.copy(self)
+        view.baseline = self.spec
+        return view
