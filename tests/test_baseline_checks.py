@@ -1,8 +1,7 @@
 """The baseline is what it claims: a greedy decode under the run's stop set, or nothing is judged.
 
-Each engine here is the real hf engine with one configuration mistake a user can make: a stop set
-that is not the model's (the model still ends its turns with its own end token, as a server does
-whatever the client believes), a logit processor that bans repeated n-grams (not greedy), a plugin that
+Each engine (``tests/misconfigured_engines.py``) is the real hf engine with one configuration mistake
+a user can make: a stop set that is not the model's, a logit processor (not greedy), a plugin that
 answers with a finish reason outside the protocol. None of them may end as a speculative prompt
 "diverged" or "exact": the first two refuse the run (exit 3), the third is that prompt's error.
 """
@@ -10,62 +9,19 @@ answers with a finish reason outside the protocol. None of them may end as a spe
 from __future__ import annotations
 
 import json
-from dataclasses import replace
+import subprocess
+import sys
 
 import pytest
 
+from misconfigured_engines import AbortsOne, ForeignStopSet, NotGreedy
 from specparity import exitcodes
 from specparity.compare import FINISH_REASONS, finish_problem
-from specparity.engines.hf import HFEngine
+from specparity.fixtures import REPO_ROOT
 from specparity.gate import decide
 from specparity.records import GateConfig
 from specparity.runner import conclude, run_gate
 from specparity.types import GenerationResult, SpecStats, TokenScores
-
-
-class ForeignStopSet(HFEngine):
-    """Tells the harness a stop set that is not the model's, while decoding stops at the model's own
-    end tokens (a server's EOG set, or a tokenizer-only directory's ``eos_token_id``)."""
-
-    def __init__(self, options):
-        super().__init__(options)
-        self.real_stops = super().stop_token_ids()
-        self.wrong = (min(set(range(16)) - set(self.real_stops)),)
-
-    def stop_token_ids(self):
-        return self.wrong
-
-    def generate(self, requests, *, speculative):
-        return super().generate([replace(r, stop_token_ids=self.real_stops) for r in requests], speculative=speculative)
-
-
-class PenalisedDecode(HFEngine):
-    """Decodes with a logit processor that bans repeated 3-grams (transformers' ``no_repeat_ngram_size``,
-    as a server's penalties would), reporting the model's own rows."""
-
-    def __init__(self, options):
-        super().__init__(options)
-        plain = self.target.generation_config
-
-        def penalised(req):
-            config = plain(req)
-            config.no_repeat_ngram_size = 3
-            return config
-
-        self.target.generation_config = penalised
-
-
-class AbortsOne(HFEngine):
-    """Answers one prompt, on both sides, with an empty stream and finish reason "abort"."""
-
-    def __init__(self, options, prompt_id: str):
-        super().__init__(options)
-        self.prompt_id = prompt_id
-
-    def generate(self, requests, *, speculative):
-        out = super().generate(requests, speculative=speculative)
-        return [replace(r, output_ids=[], text="", finish_reason="abort", scores=TokenScores.empty(r.scores.k))
-                if r.request_id == self.prompt_id else r for r in out]
 
 
 def _gate(engine, prompts, **config):
@@ -96,7 +52,7 @@ def test_a_stop_set_that_is_not_the_models_refuses_the_run_naming_it(hf_options,
 
 def test_a_baseline_that_is_not_greedy_refuses_the_run(hf_options, default_prompts):
     prompts = [p for p in default_prompts if p.category == "repeat"][:2]
-    run = _gate(PenalisedDecode(hf_options), prompts, max_new_tokens=24)
+    run = _gate(NotGreedy(hf_options), prompts, max_new_tokens=24)
     decision = decide(run)
     assert decision.exit_code == exitcodes.ENGINE_ERROR, decision.failures
     assert all(r.spec is None for r in run.records)
@@ -122,3 +78,16 @@ def test_a_finish_reason_outside_the_protocol_is_that_prompts_error(hf_options, 
 def test_an_empty_finished_stream_breaks_the_protocol(finish):
     empty = GenerationResult("p", [], "", finish, TokenScores.empty(), SpecStats.unavailable("test"))
     assert "with no token" in finish_problem(empty)
+
+
+def test_the_command_exits_3_naming_the_stop_set(tmp_path, default_prompts):
+    """The user-facing command: a misconfigured stop set is exit 3 (nothing judged) with the stop set
+    named, never exit 1 with prompts "diverged"."""
+    category = next(p.category for p in default_prompts if "stops-early" in p.tags)
+    cmd = [sys.executable, "-m", "pytest", "suites/lossless", "-q", "-p", "no:cacheprovider",
+           "--engine", f"{REPO_ROOT / 'tests' / 'misconfigured_engines.py'}:create", "--engine-opt", "mistake=stop_set",
+           "--categories", category, "--calibration", "selected", "--report", str(tmp_path / "r")]
+    proc = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == exitcodes.ENGINE_ERROR, out[-3000:]
+    assert "breaks the stop rule" in out and "stop set [" in out and "[diverged]" not in out, out[-3000:]
