@@ -19,6 +19,7 @@ from specparity.fixtures import REPO_ROOT
 from specparity.gate import decide
 from specparity.prompts import load_prompts
 from specparity.records import GateConfig, GatePolicy
+from specparity.report import judgement
 from specparity.runner import run_gate
 
 MAX_NEW = 32
@@ -121,9 +122,11 @@ def test_accepting_a_rejected_draft_is_diverged_wherever_it_fires(hf_options, de
     classes = {r.prompt.id: r.verdict.klass for r in run.records}
     assert all(classes[pid] == "diverged" for pid in fired), classes
     assert not decide(run).passed
-    for r in run.records:  # each reason names the split: the baseline's margin, or the loop's own row
+    for r in run.records:  # the report's step-by-step judgement fails the loop's own-row check too
         if r.prompt.id in fired and OWN_ROW_REJECTED in r.verdict.reason:
-            assert "its own row there prefers" in r.verdict.reason
+            checks = judgement(r, run)
+            assert any(c.state == "fail" and "own" in c.text for c in checks), checks
+            assert not any(c.state == "warn" and "not its own verify pass's argmax" in c.text for c in checks), checks
 
 
 def test_correct_loop_rows_stay_within_the_noise(control):
