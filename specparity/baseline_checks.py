@@ -39,10 +39,14 @@ def stop_rule_refusal(records: Sequence[PromptRecord], decode: Callable[[Sequenc
     if not broken:
         return None
     rec, problem = broken[0]
+    limit = problem.startswith(("emitted", "finish_reason is 'length'"))  # the limit, not the stop set
+    fix = ("the engine did not honour the token limit the run asked for (it stopped short of it or ran past it): "
+           "check the server's own cap on new tokens and its context size against --max-new-tokens" if limit else
+           "the stop ids come from the model's generation_config.json (GGUF: its end-of-generation tokens): give the "
+           "model's own directory or file, not a tokenizer-only one")
     return (f"the baseline breaks the stop rule on {len(broken)} of {len(measured)} prompt(s), so the stop set or token "
             f"limit this run uses is not the engine's (a configuration error, not a speculation bug): first "
-            f"{rec.prompt.id}: {problem}; the stop ids come from the model's generation_config.json (GGUF: its "
-            f"end-of-generation tokens): give the model's own directory or file, not a tokenizer-only one")
+            f"{rec.prompt.id}: {problem}; {fix}")
 
 
 def greedy_refusal(records: Sequence[PromptRecord], threshold: float,

@@ -12,16 +12,18 @@ import json
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from misconfigured_engines import AbortsOne, ForeignStopSet, NotGreedy
 from specparity import exitcodes
+from specparity.baseline_checks import greedy_refusal, stop_rule_refusal
 from specparity.compare import FINISH_REASONS, finish_problem
 from specparity.fixtures import REPO_ROOT
 from specparity.gate import decide
-from specparity.records import GateConfig
+from specparity.records import GateConfig, PromptRecord
 from specparity.runner import conclude, run_gate
-from specparity.types import GenerationResult, SpecStats, TokenScores
+from specparity.types import GenerationRequest, GenerationResult, SpecStats, TokenScores
 
 
 def _gate(engine, prompts, **config):
@@ -91,3 +93,47 @@ def test_the_command_exits_3_naming_the_stop_set(tmp_path, default_prompts):
     out = proc.stdout + proc.stderr
     assert proc.returncode == exitcodes.ENGINE_ERROR, out[-3000:]
     assert "breaks the stop rule" in out and "stop set [" in out and "[diverged]" not in out, out[-3000:]
+
+
+def _record(prompt, ids, finish, max_new=8, stops=(0,)):
+    rec = PromptRecord(prompt, request=GenerationRequest(prompt.id, [1], max_new, stops))
+    rec.baseline = GenerationResult(prompt.id, ids, "", finish, scores_for(ids), SpecStats.unavailable("test"))
+    return rec
+
+
+def scores_for(ids, prefers=None, by=0.0):
+    """Rows in which each emitted token is the argmax, except ``prefers = {position: token}`` by ``by`` nats."""
+    n, k = len(ids), 5
+    top_ids = np.array([[t] + [x for x in range(50, 60) if x != t][: k - 1] for t in ids], np.int64).reshape(n, k)
+    top_lp = np.tile(np.array([-0.1, -5.0, -6.0, -7.0, -8.0], np.float32), (n, 1))
+    logprobs = top_lp[:, 0].copy()
+    for j, t in (prefers or {}).items():
+        top_ids[j, :2] = [t, ids[j]]
+        top_lp[j, 1] = -0.1 - by
+        logprobs[j] = -0.1 - by
+    return TokenScores(np.array(ids, np.int64), logprobs, top_ids, top_lp)
+
+
+def test_stop_rule_refusal_names_the_rule_the_token_and_the_fix(default_prompts):
+    p = default_prompts[0]
+    assert stop_rule_refusal([_record(p, [5, 0], "stop")]) is None
+    assert stop_rule_refusal([_record(p, [5] * 8, "length")]) is None
+    wrong = stop_rule_refusal([_record(p, [5, 3], "stop")], lambda ids: f"<{ids[0]}>")
+    assert "ends with token 3 '<3>'" in wrong and "stop set [0]" in wrong and "generation_config.json" in wrong
+    short = stop_rule_refusal([_record(p, [5, 6], "length")])
+    assert "only 2 of max_new_tokens=8" in short and "--max-new-tokens" in short
+    past = stop_rule_refusal([_record(p, [5, 0, 4, 4, 4, 4, 4, 4], "length"), _record(p, [5, 0], "stop")])
+    assert past.startswith("the baseline breaks the stop rule on 1 of 2 prompt(s)") and "past stop token 0" in past
+
+
+def test_greedy_refusal_counts_positions_beyond_the_threshold_and_skips_unreported_rows(default_prompts):
+    p = default_prompts[0]
+    ids = [5, 6, 7, 8]
+    rec = _record(p, ids, "length", max_new=4)
+    rec.baseline.scores = scores_for(ids, {1: 9, 3: 9}, by=0.5)
+    assert greedy_refusal([rec], threshold=0.6) is None  # within the measured noise
+    why = greedy_refusal([rec], threshold=0.3)
+    assert "at 2 position(s) of 1 of 1 prompt(s)" in why and f"first {p.id} position 1" in why and "by 0.5 nats" in why
+    rows = rec.baseline.scores
+    rows.logprobs[1], rows.top_ids[1], rows.top_logprobs[1] = np.nan, -1, np.nan  # not reported: skipped
+    assert "at 1 position(s)" in greedy_refusal([rec], threshold=0.3)
