@@ -9,14 +9,20 @@ Every prompt gets one class:
   prefix, as judged by teacher-forced scoring.
 * ``diverged``  — anything else: a margin above the threshold, a speculative token outside the
   baseline's top-k, a length/finish mismatch not explained by an earlier flip, a token past a
-  stop or past the limit, or a later token the target would not have chosen.
+  stop or past the limit, a later token the target would not have chosen, or a token that the
+  speculative run's own verify row rejected (:func:`own_row_rejections`: the row that chose a
+  token prefers another one — noise cannot do that, since a row and its argmax are one
+  computation).
 * ``drifted``   — the tokens are identical (or split only at a near tie), but the speculative
   run's own per-position logprobs moved away from the baseline's by more than the target's
   measured noise allows (the drift bound, :mod:`specparity.noise`): the loop corrupted the
   target's computation (a KV cache cropped one short, wrong positions) and the argmax happened to
   survive. The next prompt, or the next dtype, will not be so lucky. Rows an engine did not report
   are not compared; a prompt with no comparable row says so in ``drift``.
-* ``error``     — the engine failed on this prompt (kept separate so a crash is never "exact").
+* ``error``     — the engine failed on this prompt (kept separate so a crash is never "exact"), broke
+  the protocol (a finish reason other than ``stop``/``length``, an empty finished stream), or the
+  baseline itself breaks the stop rule (the stop set or limit is not the engine's: a
+  configuration error, never blamed on speculation).
 
 Verdicts compare token ids, never text: text is decoded only for display.
 """
@@ -29,7 +35,7 @@ from typing import Any, Callable, Literal, Sequence
 
 import numpy as np
 
-from specparity.noise import position_deltas
+from specparity.noise import FLOOR_NATS, position_deltas
 from specparity.types import GenerationResult, TokenScores
 
 Klass = Literal["exact", "near_tie", "drifted", "diverged", "error"]
@@ -41,6 +47,10 @@ CONTEXT_TOKENS = 8
 REMERGE_MIN_RUN = 4
 #: difflib is quadratic in the worst case: re-merge search looks this far after the divergence.
 REMERGE_WINDOW = 4096
+#: The finish reasons of a finished stream (``error`` belongs to a failed request, with its message).
+FINISH_REASONS = ("stop", "length")
+#: Words every verdict of a token rejected by its own verify row carries (the report finds it by them).
+OWN_ROW_REJECTED = "the loop emitted a token its own verifier rejected"
 
 
 @dataclass
@@ -262,6 +272,52 @@ def find_remerge(base_rest: Sequence[int], spec_rest: Sequence[int]) -> tuple[in
     return None
 
 
+def own_row_rejections(ids: Sequence[int], rows: TokenScores, tolerance: float = FLOOR_NATS) -> list[TFViolation]:
+    """Every position where ``rows`` — the engine's own row for each emitted token, the row that
+    chose it — prefers another token than the one emitted by more than ``tolerance``.
+
+    A greedy decoder emits its row's argmax, so for the row that chose the token the margin is 0
+    whatever the dtype (an exact tie may break either way: margin 0); the default tolerance is
+    float32 resolution. Rows the engine did not report (NaN, ``top_ids`` −1) are skipped, and so is
+    a row that does not hold the emitted token's own logprob. ``target_argmax`` is the row's argmax."""
+    n = min(len(ids), len(rows))
+    if not n:
+        return []
+    known = np.isfinite(rows.logprobs[:n]) & (rows.top_ids[:n, 0] >= 0)
+    return [v for v in tf_violations(ids[:n], rows)
+            if known[v.position] and v.margin is not None and v.margin > tolerance]
+
+
+def finish_problem(result: GenerationResult) -> str | None:
+    """Why a finished (not failed) stream breaks the protocol's finish contract (None: it keeps it).
+
+    A finished stream ends on a stop token, which it keeps (``stop``), or holds ``max_new_tokens``
+    >= 1 tokens (``length``): any other finish reason, and an empty stream under either, is an
+    engine that broke the protocol — never two empty streams that compare as exact."""
+    if result.finish_reason not in FINISH_REASONS:
+        return (f"the engine broke the protocol: finish_reason {result.finish_reason!r} for a finished stream "
+                f"(expected 'stop' or 'length')")
+    if not result.output_ids:
+        return (f"the engine broke the protocol: finish_reason {result.finish_reason!r} with no token (a finished "
+                f"stream holds the stop token it ended on, or max_new_tokens >= 1 tokens)")
+    return None
+
+
+def stop_rule_problem(result: GenerationResult, max_new_tokens: int, stop_ids: Sequence[int],
+                      decode: Callable[[Sequence[int]], str] | None = None) -> str | None:
+    """How a stream breaks the stop rule (None: it keeps it), naming the stop set and the token the
+    stream ended with — for a *baseline*, where the break means the stop set or limit the run uses is
+    not the engine's (a configuration error), never a speculation bug."""
+    stops = set(stop_ids)
+    problem = _stream_problem(result, max_new_tokens, stops)
+    if problem is None:
+        return None
+    ids = result.output_ids
+    last = "no token" if not ids else f"token {ids[-1]}" + (f" {decode([ids[-1]])!r}" if decode else "")
+    return (f"{problem}; it ends with {last} (finish {result.finish_reason!r}, {len(ids)} of max_new_tokens="
+            f"{max_new_tokens}); stop set {sorted(int(t) for t in stops)}")
+
+
 def _stream_problem(result: GenerationResult, max_new_tokens: int, stop_ids: set[int]) -> str | None:
     """A stream that breaks the loop's own contract: tokens past a stop or past the limit."""
     ids = result.output_ids
@@ -309,6 +365,17 @@ def compare(
         v.klass = "error"
         v.reason = f"baseline failed: {baseline.error}" if baseline.error else f"speculative run failed: {spec.error}"
         return v
+    broken = [(side, finish_problem(r)) for side, r in (("baseline", baseline), ("speculative run", spec))]
+    broken = [(side, why) for side, why in broken if why]
+    if broken:
+        v.klass, v.reason = "error", "; ".join(f"{side}: {why}" for side, why in broken)
+        return v
+    base_problem = stop_rule_problem(baseline, max_new_tokens, stop_ids, decode)
+    if base_problem:
+        v.klass = "error"
+        v.reason = (f"not judged: the baseline breaks the stop rule ({base_problem}): the stop set or token limit "
+                    f"is not the engine's, a harness/configuration error, not speculation")
+        return v
     stops = set(stop_ids)
     if spec_tf is not None:
         v.tf_violations = tf_violations(spec.output_ids, spec_tf)
@@ -319,6 +386,7 @@ def compare(
     drifted = v.drift is not None and v.drift.start is not None
 
     problem = _stream_problem(spec, max_new_tokens, stops)
+    rejected = own_row_rejections(spec_ids, spec.scores)
     if i is None:
         if baseline.finish_reason != spec.finish_reason:
             v.klass, v.reason = "diverged", (
@@ -326,6 +394,8 @@ def compare(
             )
         elif problem:
             v.klass, v.reason = "diverged", f"speculative stream: {problem}"
+        elif rejected:
+            v.klass, v.reason = "diverged", _rejected_reason(rejected, decode)
         elif drifted:
             v.klass, v.reason = "drifted", f"identical token ids, but {v.drift.describe()}"
         else:
@@ -362,6 +432,9 @@ def compare(
             f"position {i}: baseline margin {d.baseline_margin:.6g} nats between {d.baseline_token.text!r} and "
             f"{d.spec_token.text!r} exceeds the near-tie threshold {threshold:.3g}"
         )
+        return v
+    if rejected:  # at the split or anywhere else: not a tie the baseline's margin can excuse
+        v.klass, v.reason = "diverged", _rejected_reason(rejected, decode, i)
         return v
     if spec_tf is None:
         v.klass = "diverged"
@@ -403,6 +476,15 @@ def compare(
         f"{d.baseline_margin:.3g} <= threshold {threshold:.3g}{merged}; every later spec token is the target's argmax"
     )
     return v
+
+
+def _rejected_reason(rejected: list[TFViolation], decode: Callable[[Sequence[int]], str], split: int | None = None) -> str:
+    t = rejected[0]
+    where = "" if split is None else (" (at the first difference)" if t.position == split else
+                                      f" (first difference at position {split})")
+    return (f"position {t.position}{where}: the speculative run emitted {t.spec_token} {decode([t.spec_token])!r}, "
+            f"but its own row there prefers {t.target_argmax} {decode([t.target_argmax])!r} by {t.margin:.4g} nats: "
+            f"{OWN_ROW_REJECTED}; {len(rejected)} such position(s)")
 
 
 def split_gap(d: Divergence, spec_rows: TokenScores, i: int) -> float | None:

@@ -22,7 +22,7 @@ from typing import Any, Callable
 import jinja2
 from markupsafe import Markup
 
-from specparity.compare import CLASSES, REMERGE_MIN_RUN
+from specparity.compare import CLASSES, OWN_ROW_REJECTED, REMERGE_MIN_RUN
 from specparity.coverage import PATHS
 from specparity.gate import GateDecision, bit_exact, near_tie_policy
 from specparity.noise import DRIFT_MULTIPLIER
@@ -415,6 +415,7 @@ def judgement(rec: PromptRecord, run: GateRun, decision: GateDecision | None = N
     noise = run.threshold.noise if run.threshold is not None else None
     checks: list[Check] = []
     stream_problem = v.reason.startswith("speculative stream:")
+    own_rejected = OWN_ROW_REJECTED in v.reason
     d = v.divergence
     if d is None:
         if v.baseline_finish != v.spec_finish:
@@ -423,12 +424,13 @@ def judgement(rec: PromptRecord, run: GateRun, decision: GateDecision | None = N
         else:
             checks.append(Check("ok", f"identical token ids ({v.baseline_len} tokens) and finish reason "
                                       f"({v.baseline_finish})"))
-        if stream_problem:
+        if stream_problem or own_rejected:
             checks.append(Check("fail", v.reason))
         checks.append(_drift_check(v, None))
         return checks
     i = d.position
     a, b = d.baseline_token, d.spec_token
+    at_split = own_rejected and v.reason.startswith(f"position {i} (at the first difference)")
     checks.append(Check("info", f"first difference at output position {i}: the baseline emitted {_tokname(a)}, "
                                 f"the speculative run {_tokname(b)}"))
     if stream_problem:
@@ -481,9 +483,12 @@ def judgement(rec: PromptRecord, run: GateRun, decision: GateDecision | None = N
                              "class does not use this; a near tie here may hide a loop bug)")
         checks.append(Check(state, text))
     else:
-        checks.append(Check("warn", f"the speculative run's own row at {i} prefers the baseline's token by "
-                                    f"{-sm:.4g} nats, yet it emitted “{token_shown(b.text)}”: the emitted token was "
-                                    f"not its own verify pass's argmax"))
+        checks.append(Check("fail" if at_split else "warn",
+                            f"the speculative run's own row at {i} prefers the baseline's token by "
+                            f"{-sm:.4g} nats, yet it emitted “{token_shown(b.text)}”: the emitted token was "
+                            f"not its own verify pass's argmax"))
+    if own_rejected and not (at_split and sm is not None and sm < 0):
+        checks.append(Check("fail", v.reason))
     later = [t for t in v.tf_violations if t.position > i]
     over = [t for t in later if t.margin is None or t.margin > thr]
     if "could not be scored teacher-forced" in v.reason:

@@ -30,7 +30,8 @@ from pathlib import Path
 from typing import IO, Any, Callable, Iterable, Iterator, Sequence, TypeVar
 
 from specparity.calibration import Sample, calibrate
-from specparity.compare import Verdict, compare, first_mismatch
+from specparity.baseline_checks import baseline_refusal
+from specparity.compare import Verdict, compare, finish_problem, first_mismatch
 from specparity.engines.base import Engine, capabilities_of
 from specparity.gate import GateDecision, decide
 from specparity.golden import Golden, GoldenError, Recorded, baseline_fields, baseline_key, describe_difference, write_golden
@@ -113,7 +114,8 @@ def _generate_one(engine: Engine, req: GenerationRequest, speculative: bool) -> 
     except Exception as exc:  # noqa: BLE001
         return GenerationResult.failed(req.request_id, f"{type(exc).__name__}: {exc}")
     if not result.error:
-        result.error = rows_problem(result.scores, len(result.output_ids), req.top_k, "per-position logprobs")
+        result.error = finish_problem(result) or rows_problem(
+            result.scores, len(result.output_ids), req.top_k, "per-position logprobs")
     return result
 
 
@@ -264,6 +266,8 @@ def _run_phases(engine: Engine, run: GateRun, writer: ResultsWriter, say: Callab
         if config.golden and not _use_golden(run, golden, writer, say):
             return
         if not _baselines(engine, run, scorer, writer, say):
+            return
+        if not _check_baselines(run, engine.decode, writer, say):
             return
         if config.update_golden:
             _record_golden(run, golden, writer, say)
@@ -529,6 +533,26 @@ def _score_spec_side(run: GateRun, scorer: Scorer, measured: Sequence[PromptReco
         return got, ""
     return got, (f"scoring on the speculative server failed for {len(failed)} of {len(measured)} calibration "
                  f"prompt(s) (first: {sorted(failed)[0]})")
+
+
+def _check_baselines(run: GateRun, decode: Callable[[Sequence[int]], str], writer: ResultsWriter,
+                     say: Callable[[str], None]) -> bool:
+    """The baselines are what the run claims (:mod:`specparity.baseline_checks`): greedy decodes
+    under this run's stop set and limit. Returns False when they are not: the run is refused as a
+    calibration is (``run.calibration_error``, exit 3) — a wrong stop set or a sampling engine is
+    the configuration's fault for every prompt, never a speculative prompt "diverged"."""
+    refusal = baseline_refusal(run.records + run.calibration_records,
+                               run.threshold.nats if run.threshold is not None else None, decode)
+    if refusal is None:
+        return True
+    run.calibration_error = refusal
+    writer.write({"kind": "calibration_refused", "error": refusal, "scorer_check": run.scorer_check,
+                  "stage": "baselines"})
+    for rec in run.records:
+        rec.verdict = Verdict(rec.prompt.id, rec.prompt.category, "error", f"not judged: {refusal}")
+        writer.write(rec.to_json())
+    say(f"baselines refused: {refusal}")
+    return False
 
 
 def _baseline_error(rec: PromptRecord) -> Verdict:

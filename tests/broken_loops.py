@@ -23,7 +23,8 @@ from specparity.fixtures import fixture_dir
 from specparity.types import ArtifactId, GenerationRequest, StepRecord
 
 BUGS = {
-    "accept_unverified": "accepts the first rejected draft token of a block without checking it",
+    "accept_unverified": "accepts one draft token past the first mismatch: the first rejected draft token of a "
+                         "block, without checking it",
     "drop_bonus": "advances the context by the bonus token but leaves it out of the output",
     "duplicate_bonus": "writes the bonus token into the output twice",
     "short_crop": "after a partial accept, crops the target KV cache one position too short",
@@ -50,6 +51,8 @@ class HandLoop:
         self.bug = bug
         self._stale_last: int | None = None
         self._noise = torch.Generator().manual_seed(0)
+        #: Requests whose output holds a token the bug put there (``accept_unverified``): where it fired.
+        self.fired: set[str] = set()
         self.name = f"hf-loop[{bug or 'correct'}]"
 
     def spec_config(self) -> dict:
@@ -95,8 +98,9 @@ class HandLoop:
             n = 0
             while n < len(drafts) and drafts[n] == argmax[n]:
                 n += 1
+            unverified = None
             if bug == "accept_unverified" and n < len(drafts):
-                n += 1
+                unverified, n = n, n + 1
             new = drafts[:n] + [argmax[n]]
             new_rows = [verify[i].float() for i in range(len(new))]
             if bug != "overrun_stop":
@@ -106,6 +110,8 @@ class HandLoop:
                         break
             if bug != "overrun_limit":
                 new, new_rows = new[:budget], new_rows[:budget]
+            if unverified is not None and unverified < len(new):
+                self.fired.add(req.request_id)
             context += new
             emitted, emitted_rows = list(new), list(new_rows)
             if bug == "drop_bonus" and n == len(drafts) and drafts:

@@ -124,9 +124,13 @@ class FixtureBackend:
     def flip_closest_call(self, prompt_ids: Sequence[int], result: Any, max_new_tokens: int,
                           stop_ids: Sequence[int], k: int):
         """``result`` with one near-tie flip (the ``near_tie_flips`` hook): at the position of its
-        smallest top-1/top-2 margin whose runner-up is not a stop token, that runner-up is emitted
-        (its row keeps the same top-k, the chosen token's logprob becomes the runner-up's), and the
-        rest is the target's greedy continuation of the new prefix. None when no position qualifies."""
+        smallest top-1/top-2 margin whose runner-up is not a stop token, that runner-up is emitted, and
+        the rest is the target's greedy continuation of the new prefix. None when no position qualifies.
+
+        The flipped position's row is *not reported* (a server may leave rows out): with margins this
+        confident no row is honest there — one that still prefers the target's token says the server
+        emitted a token its own verify pass rejected (``diverged``), one that prefers the flip is a
+        computation far outside the noise (``drifted``)."""
         import dataclasses
 
         import numpy as np
@@ -145,9 +149,9 @@ class FixtureBackend:
         i = min(candidates, key=lambda j: float(margins[j]))
         runner_up = int(s.top_ids[i, 1])
         head = ids[:i] + [runner_up]
-        chosen = s.logprobs[: i + 1].copy()
-        chosen[i] = s.top_logprobs[i, 1]
-        parts = [TokenScores(np.asarray(head, np.int64), chosen, s.top_ids[: i + 1], s.top_logprobs[: i + 1])]
+        chosen, top_ids, top_lp = s.logprobs[: i + 1].copy(), s.top_ids[: i + 1].copy(), s.top_logprobs[: i + 1].copy()
+        chosen[i], top_ids[i], top_lp[i] = np.nan, -1, np.nan
+        parts = [TokenScores(np.asarray(head, np.int64), chosen, top_ids, top_lp)]
         if max_new_tokens > len(head):
             tail = self.generate(list(prompt_ids) + head, max_new_tokens - len(head), stop_ids, k, False)
             head += list(tail.output_ids)
@@ -579,7 +583,7 @@ class SGLangEmulator(Emulator):
         tt = self.backend.token_text
 
         def entry(lp: Any, tid: int) -> list[Any]:
-            return [None if lp is None else float(lp), int(tid), tt(tid) if with_text else None]
+            return [None if lp is None or not math.isfinite(lp) else float(lp), int(tid), tt(tid) if with_text else None]
 
         meta: dict[str, Any] = {"id": rid, "finish_reason": finish, "prompt_tokens": len(prompt),
                                 "weight_version": "default", "num_retractions": 0}
@@ -601,7 +605,7 @@ class SGLangEmulator(Emulator):
             if top_n > 0:
                 meta["input_top_logprobs"] = in_tops
                 meta["output_top_logprobs"] = [[entry(s.top_logprobs[i, c], s.top_ids[i, c]) for c in range(top_n)]
-                                               for i in range(len(ids))]
+                                               if math.isfinite(s.logprobs[i]) else None for i in range(len(ids))]
         meta.update({"reasoning_tokens": 0, "completion_tokens": len(ids), "cached_tokens": 0,
                      "weight_versions": [{"version": "default", "start": 0, "end": len(ids)}],
                      "cached_tokens_details": None, "dp_rank": None, "e2e_latency": time.perf_counter() - t0})
@@ -863,11 +867,15 @@ class VLLMEmulator(Emulator):
                 pos += len(t)
             tops = []
             for i in range(len(ids)):
+                if not math.isfinite(s.logprobs[i]):  # a row left out
+                    tops.append(None)
+                    continue
                 row = {key(ids[i]): max(float(s.logprobs[i]), -9999.0)}  # the sampled token first
                 for c in range(k):
                     row[key(s.top_ids[i, c])] = max(float(s.top_logprobs[i, c]), -9999.0)
                 tops.append(row)
-            block = {"text_offset": offsets, "token_logprobs": [max(float(x), -9999.0) for x in s.logprobs[: len(ids)]],
+            block = {"text_offset": offsets, "token_logprobs": [max(float(x), -9999.0) if math.isfinite(x) else None
+                                                                for x in s.logprobs[: len(ids)]],
                      "tokens": tokens, "top_logprobs": tops}
         prompt_lp = None
         if rows is not None:

@@ -6,7 +6,7 @@ import numpy as np
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from specparity.compare import compare, find_remerge, first_mismatch, tf_violations
+from specparity.compare import OWN_ROW_REJECTED, compare, find_remerge, first_mismatch, own_row_rejections, tf_violations
 from specparity.types import GenerationResult, SpecStats, TokenScores
 
 K = 6
@@ -197,3 +197,76 @@ def test_near_tie_whose_spec_row_disagrees_beyond_the_drift_bound_is_drifted():
     close = scores_for(spec_ids, [5 + 1, 6 + 1, 7, 8 + 1], [5.0, 5.0, 0.004, 5.0])
     v = compare("p", "c", result(ids, base, 4), result(spec_ids, close, 4), tf, drift_nats=0.04, **common)
     assert v.klass == "near_tie", v.reason
+
+
+COMMON = dict(threshold=THRESHOLD, max_new_tokens=4, stop_ids=[STOP], decode=lambda x: str(x))
+
+
+def _rejecting(ids: list[int], at: int, prefers: int, by: float) -> TokenScores:
+    """Rows in which ``ids`` is the argmax except at ``at``, where ``prefers`` beats it by ``by`` nats."""
+    rows = scores_for(ids)
+    rows.top_ids[at, :2] = [prefers, ids[at]]
+    rows.top_logprobs[at, :2] = [-0.05, -0.05 - by]
+    rows.logprobs[at] = -0.05 - by
+    return rows
+
+
+def test_flip_that_its_own_verify_row_rejected_is_diverged_not_near_tie():
+    """A loop that accepts one draft past the first mismatch: at the split the baseline's margin is
+    a near tie, the two rows agree (so no drift), but the speculative run's own row preferred the
+    baseline's token — the loop emitted a token its verifier rejected."""
+    ids, spec_ids = [5, 6, 7, 8], [5, 6, 9, 8]
+    base = scores_for(ids, [6, 7, 9, 9], [5.0, 5.0, 0.005, 5.0])
+    own = _rejecting(spec_ids, 2, 7, 0.005)  # prefers the baseline's 7 by the same 0.005 nats
+    v = compare("p", "c", result(ids, base, 4), result(spec_ids, own, 4), scores_for(spec_ids), drift_nats=0.04,
+                **COMMON)
+    assert v.klass == "diverged", v.reason
+    assert v.reason.startswith("position 2 (at the first difference)") and OWN_ROW_REJECTED in v.reason
+    assert "emitted 9 " in v.reason and "prefers 7 " in v.reason and "by 0.005 nats" in v.reason
+    # the same flip from a loop whose row chose its token (an exact tie breaks its way) stays a near tie
+    tie = _rejecting(spec_ids, 2, 7, 0.0)
+    v = compare("p", "c", result(ids, base, 4), result(spec_ids, tie, 4), scores_for(spec_ids), drift_nats=0.04,
+                **COMMON)
+    assert v.klass == "near_tie", v.reason
+
+
+def test_own_row_rejection_anywhere_is_diverged_and_unreported_rows_are_skipped():
+    ids = [5, 6, 7, 8]
+    base = scores_for(ids)
+    v = compare("p", "c", result(ids, base, 4), result(ids, _rejecting(ids, 3, 2, 1.0), 4), base, **COMMON)
+    assert v.klass == "diverged" and v.reason.startswith("position 3:") and OWN_ROW_REJECTED in v.reason
+    unreported = scores_for(ids)
+    unreported.top_ids[1] = -1
+    unreported.top_logprobs[1] = np.nan
+    unreported.logprobs[1] = np.nan
+    assert own_row_rejections(ids, unreported) == []
+    v = compare("p", "c", result(ids, base, 4), result(ids, unreported, 4), base, **COMMON)
+    assert v.klass == "exact", v.reason
+
+
+def test_finish_reason_outside_the_protocol_is_an_error_on_either_side():
+    empty = GenerationResult("p", [], "", "abort", TokenScores.empty(K), SpecStats.unavailable("test"))
+    v = compare("p", "c", empty, empty, None, **COMMON)
+    assert v.klass == "error" and "finish_reason 'abort'" in v.reason and v.reason.startswith("baseline:")
+    ids = [5, 6, 7, 8]
+    good = result(ids, scores_for(ids), 4)
+    v = compare("p", "c", good, GenerationResult("p", ids, "", "cancelled", scores_for(ids), SpecStats.unavailable("t")),
+                scores_for(ids), **COMMON)
+    assert v.klass == "error" and v.reason.startswith("speculative run:") and "'cancelled'" in v.reason
+    for finish in ("stop", "length"):  # an empty finished stream: no stop token to end on, no token to count
+        nothing = GenerationResult("p", [], "", finish, TokenScores.empty(K), SpecStats.unavailable("test"))
+        v = compare("p", "c", nothing, nothing, None, **COMMON)
+        assert v.klass == "error" and "with no token" in v.reason, v.reason
+
+
+def test_baseline_that_breaks_the_stop_rule_is_a_configuration_error_not_a_divergence():
+    """A stop set that is not the model's: both streams end on the model's own end token (3), which
+    the run does not count as a stop; never blamed on speculation."""
+    ids = [5, 6, 3]
+    ended = GenerationResult("p", ids, "", "stop", scores_for(ids), SpecStats.unavailable("test"))
+    v = compare("p", "c", ended, ended, scores_for(ids), **{**COMMON, "max_new_tokens": 8})
+    assert v.klass == "error", v.reason
+    assert "stop set [0]" in v.reason and "ends with token 3" in v.reason and "configuration error" in v.reason
+    short = GenerationResult("p", ids[:2], "", "length", scores_for(ids[:2]), SpecStats.unavailable("test"))
+    v = compare("p", "c", short, short, scores_for(ids[:2]), **{**COMMON, "max_new_tokens": 8})
+    assert v.klass == "error" and "only 2 of max_new_tokens=8" in v.reason

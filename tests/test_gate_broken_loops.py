@@ -13,9 +13,13 @@ import sys
 import pytest
 
 from broken_loops import BUGS, LoopEngine
+from specparity.compare import OWN_ROW_REJECTED
+from specparity.engines.base import EngineOptions
 from specparity.fixtures import REPO_ROOT
 from specparity.gate import decide
-from specparity.records import GateConfig
+from specparity.prompts import load_prompts
+from specparity.records import GateConfig, GatePolicy
+from specparity.report import judgement
 from specparity.runner import run_gate
 
 MAX_NEW = 32
@@ -91,6 +95,38 @@ def test_broken_loop_fails_the_gate(hf_options, loop_prompts, bug):
         drifted = [r.verdict for r in run.records if r.verdict.klass == "drifted"]
         assert drifted and all(v.drift.start is not None and v.drift.max_nats > 100 * v.drift.bound / 4 for v in drifted)
         assert any("drifted" in f for f in decision.failures)
+
+
+#: Prompts on which ``accept_unverified`` fires; in bf16 the first one's rejected draft can sit within
+#: the near-tie threshold of the baseline's token (measured on one CPU: margin 0.31 nats against a
+#: threshold of 0.33, the loop's own verify row preferring the baseline's token by 0.375), where the
+#: baseline's margin alone calls it a near tie.
+UNVERIFIED_PROMPTS = ("zhwriting-zh-001", "zhwriting-zh-002", "logic-en-003")
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_accepting_a_rejected_draft_is_diverged_wherever_it_fires(hf_options, default_prompts, dtype):
+    """Every speculative token must be the argmax of the verify row that chose it: a loop that accepts
+    one draft past the first mismatch is ``diverged`` on every prompt where it emitted such a token,
+    in bf16 too, where the baseline's margin at the split may be inside the noise."""
+    prompts = [p for p in default_prompts if p.id in UNVERIFIED_PROMPTS]
+    near_ties = REPO_ROOT / "prompts" / "near_tie.jsonl"  # calibrated where bf16 flips live, as the suite is
+    config = GateConfig(calibration=str(near_ties), policy=GatePolicy(max_near_tie=1.0))
+    engine = LoopEngine(EngineOptions(**{**vars(hf_options), "dtype": dtype}), "accept_unverified")
+    try:
+        run = run_gate(engine, prompts, config, calibration=load_prompts(near_ties).prompts + prompts)
+        fired = set(engine.loop.fired)
+    finally:
+        engine.close()
+    assert fired, "the bug never fired on these prompts: pick prompts where the draft is rejected"
+    classes = {r.prompt.id: r.verdict.klass for r in run.records}
+    assert all(classes[pid] == "diverged" for pid in fired), classes
+    assert not decide(run).passed
+    for r in run.records:  # the report's step-by-step judgement fails the loop's own-row check too
+        if r.prompt.id in fired and OWN_ROW_REJECTED in r.verdict.reason:
+            checks = judgement(r, run)
+            assert any(c.state == "fail" and "own" in c.text for c in checks), checks
+            assert not any(c.state == "warn" and "not its own verify pass's argmax" in c.text for c in checks), checks
 
 
 def test_correct_loop_rows_stay_within_the_noise(control):
