@@ -7,7 +7,7 @@ others. ``specparity run`` runs the lossless gate without pytest; ``specparity l
 of :mod:`specparity.exitcodes` (the ``--help`` epilog lists them); :func:`main` maps every failure to
 one of them in one place: bad input (an option, unreadable or hostile checkpoints, a malformed
 ``--engine``) prints one line and exits 4, an exception carrying an ``exit_code`` attribute
-(``session.EngineLoadFailed``: 3) prints one line and exits with it, Ctrl-C exits 2, any other
+(``session.EngineLoadFailed``: 3, ``session.PolicyUnsupported``: 4) prints one line and exits with it, Ctrl-C exits 2, any other
 error one line and 3.
 """
 
@@ -240,7 +240,7 @@ def _run_gate(args: argparse.Namespace) -> int:
     from specparity.option_table import gate_dests
     from specparity.options import BadInput, build_setup
     from specparity.runner import GateInterrupted
-    from specparity.session import EngineLoadFailed, execute
+    from specparity.session import RunRefused, execute
 
     # As the pytest plugin: never download, no tokenizer fork warnings; and no model-loading progress
     # bars of transformers / huggingface_hub on stderr (this command draws its own, or none).
@@ -269,9 +269,10 @@ def _run_gate(args: argparse.Namespace) -> int:
         if finished:  # the partial run, concluded: the summary and the journal say INTERRUPTED
             _print_result(args, finished[-1])
         raise
-    except EngineLoadFailed as exc:
+    except RunRefused as exc:
         if args.json:
-            print(json.dumps(_error_json("ERROR", exc.exit_code, str(exc))))
+            status = "BAD_INPUT" if exc.exit_code == exitcodes.BAD_INPUT else "ERROR"
+            print(json.dumps(_error_json(status, exc.exit_code, str(exc))))
         raise
     _print_result(args, result)
     return result.decision.exit_code
@@ -314,7 +315,15 @@ def run_lossless(pytest_args: Sequence[str]) -> int:
     passed through untouched (a later ``--rootdir`` among them wins)."""
     import pytest
 
-    return int(pytest.main([str(SUITE_DIR), "--rootdir", os.getcwd(), *pytest_args]))
+    code = int(pytest.main([str(SUITE_DIR), "--rootdir", os.getcwd(), *pytest_args]))
+    if code == pytest.ExitCode.NO_TESTS_COLLECTED:  # e.g. -p no:specparity: the plugin could not map it
+        print("specparity: FAIL: nothing judged: no gate test was collected (a run that judges nothing never "
+              "passes)", file=sys.stderr)
+        return exitcodes.GATE_FAILED
+    if code not in (exitcodes.PASS, exitcodes.GATE_FAILED, exitcodes.INTERRUPTED, exitcodes.ENGINE_ERROR,
+                    exitcodes.BAD_INPUT):
+        return exitcodes.ENGINE_ERROR
+    return code
 
 
 def add_lossless_command(sub: Any) -> None:

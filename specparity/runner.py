@@ -484,15 +484,17 @@ def _calibrate(run: GateRun, scorer: Scorer, writer: ResultsWriter, say: Callabl
         for rec in run.records:
             rec.verdict = _baseline_error(rec)
             writer.write(rec.to_json())
-        writer.write({"kind": "threshold", "nats": None,
-                      "description": "not measured: no baseline could be decoded and scored"})
+        # nothing can be judged: a harness/engine error (exit 3), not a gate failure; the journal's
+        # calibration_refused line keeps that for `specparity report`
+        run.calibration_error = "no baseline could be decoded and scored, so no noise was measured"
+        writer.write({"kind": "calibration_refused", "error": run.calibration_error, "scorer_check": None})
         return False
     samples = [Sample(r.prompt.id, r.baseline.output_ids, r.baseline.scores, r.baseline_tf) for r in measured]
     try:
         check, run.threshold = calibrate(samples, scorer=run.scorer, ceiling=config.near_tie_ceiling,
                                          override=config.near_tie_nats, label=_calibration_label(run, len(measured)))
         run.scorer_check = check.to_json()
-    except CalibrationError as exc:
+    except (CalibrationError, ValueError) as exc:  # ValueError: no position was scored both ways
         run.calibration_error = str(exc)
         writer.write({"kind": "calibration_refused", "error": run.calibration_error, "scorer_check": run.scorer_check})
         for rec in run.records:
