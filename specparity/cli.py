@@ -34,6 +34,14 @@ def _run_probe(args: argparse.Namespace) -> int:
     from specparity.probes.inputs import ProbeInputs, prepare, run_static
     from specparity.probes.finding import Status
 
+    allowed: tuple[str, ...] | None = None
+    if args.policy:  # read first: a bad policy is bad input before any probe runs
+        from specparity.policy import PolicyError, allowed_unknown
+
+        try:
+            allowed = allowed_unknown(args.policy)
+        except PolicyError as exc:
+            raise ValueError(str(exc)) from None
     ctx = prepare(ProbeInputs(args.target, args.draft, args.engine, args.launch_flags, args.sglang_source, args.wheel_cache))
     live_spec = None
     if args.live_engine:  # resolved and checked before any probe runs or model loads
@@ -59,6 +67,10 @@ def _run_probe(args: argparse.Namespace) -> int:
             verdicts.append(live.self_draft(engine))
         finally:
             engine.close()
+    if allowed is not None:
+        from specparity.policy import judge_unknown
+
+        verdicts = [judge_unknown(v, allowed, args.policy) for v in verdicts]
     print_report(verdicts, sys.stdout, args.format)
     return exitcodes.GATE_FAILED if any(v.status is Status.FAIL for v in verdicts) else exitcodes.PASS
 
@@ -72,7 +84,8 @@ def add_probe_command(sub: Any) -> None:
         help="predict engine-side failures of a target/draft pair before deploying",
         description="Static probes (checkpoint headers, configs, engine source) and, with --live-engine, "
         "live probes against a running engine. Exit 1 on a predicted failure, 0 when every probe is "
-        "ok, warn or unknown, 4 on bad input.",
+        "ok, warn or unknown (with --policy: unknown only where its allow_unknown names the probe), "
+        "3 when a live engine cannot run, 4 on bad input.",
     )
     p.add_argument("--target", required=True, help="target checkpoint directory")
     p.add_argument("--draft", help="draft checkpoint directory")
@@ -88,13 +101,16 @@ def add_probe_command(sub: Any) -> None:
     p.add_argument("--accept-record", help="JSON file of recorded accept lengths keyed by engine fingerprint")
     p.add_argument("--stress-requests", type=int, default=0, help="run the mamba stress with N concurrent requests")
     p.add_argument("--format", choices=("table", "json"), default="table")
+    p.add_argument("--policy", metavar="FILE", help="the gate policy file (ci/policy.toml): a probe answering unknown "
+                   "fails unless its allow_unknown names the probe")
     p.set_defaults(func=_run_probe)
 
 
 #: The exit codes of every command, for ``specparity --help`` (README "Exit codes").
 EXIT_CODES_EPILOG = """\
 exit codes (every command, and `pytest suites/lossless`; ci/gate.sh exits with the worst of its suites):
-  0  pass: the gate passed (probe: every probe ok, warn or unknown)
+  0  pass: the gate passed (probe: every probe ok, warn or unknown; with --policy, unknown only where
+     the policy's allow_unknown names the probe)
   1  gate failure: a prompt diverged, drifted or failed in the engine, or a run-level rule failed
      (speculation inactive, near-tie budget, a path not taken under --require-all-paths);
      probe: a predicted failure
