@@ -190,8 +190,10 @@ def check_counters(policy: GatePolicy, counters: str, engine: str, origin: Mappi
 
 def _policy_origin(cli: Mapping[str, Any], policy_file: str | None) -> dict[str, str]:
     """Where each counter-dependent rule comes from: the command line wins over the policy file."""
+    from specparity.policy import where
+
     flags = {"require_all_paths": "--require-all-paths", "min_accept_length": "min_accept_length"}
-    return {key: flag if cli.get(key) not in (None, False, "") or not policy_file else f"{policy_file}: {key}"
+    return {key: flag if cli.get(key) not in (None, False, "") or not policy_file else f"{where(policy_file, key)}: {key}"
             for key, flag in flags.items()}
 
 

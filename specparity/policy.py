@@ -51,6 +51,15 @@ def _line_of(text: str, key: str) -> int:
     return 1
 
 
+def where(path: str | Path, key: str) -> str:
+    """``file:line`` of ``key`` in a policy file already read by :func:`load_policy` (for a refusal
+    that depends on more than the file, e.g. on the engine's counters)."""
+    try:
+        return f"{path}:{_line_of(Path(path).read_text(encoding='utf-8'), key)}"
+    except OSError:
+        return str(path)
+
+
 def load_policy(path: str | Path) -> dict[str, Any]:
     """The policy as raw option values (``dest`` names, as :func:`specparity.options.build_setup` reads
     them): ``max_near_tie``, ``drift_policy``, ``bit_exact``, ``require_all_paths``,
