@@ -266,7 +266,7 @@ def _probe_unknown_not_allowed(tmp_path, capsys, one_prompt, journals, monkeypat
     code, text = main(capsys, *PROBE, "--engine", "llamacpp==11434", "--policy", str(strict), "--format", "json")
     statuses = {v["probe"]: v["status"] for v in json.loads(text[:text.rindex("]") + 1])}
     assert statuses["lm-head"] == "fail" and statuses["draft-fp8-scales"] == "unknown"
-    return (code, text), "lm-head: unknown, and the policy"
+    return (code, text), "unknown, and the policy"
 
 
 def _probe_interrupted(tmp_path, capsys, one_prompt, journals, monkeypatch):
