@@ -111,13 +111,15 @@ EXIT_CODES_EPILOG = """\
 exit codes (every command, and `pytest suites/lossless`; ci/gate.sh exits with the worst of its suites):
   0  pass: the gate passed (probe: every probe ok, warn or unknown; with --policy, unknown only where
      the policy's allow_unknown names the probe)
-  1  gate failure: a prompt diverged, drifted or failed in the engine, or a run-level rule failed
-     (speculation inactive, near-tie budget, a path not taken under --require-all-paths);
-     probe: a predicted failure
+  1  gate failure: a prompt diverged, drifted or failed in the engine, a run-level rule failed
+     (speculation inactive, near-tie budget, a path not taken under --require-all-paths), or
+     nothing was judged (a selection or comparison left no prompt); probe: a predicted failure
   2  interrupted (Ctrl-C): finished prompts are kept, the summary and the journal say INTERRUPTED
-  3  harness or engine error: the engine could not load or start, or nothing could be judged
-     (calibration refused); no verdict
-  4  bad input: an option, path, engine or prompt file, named in one line before any model loads
+  3  harness or engine error: the engine could not load or start, nothing could be judged
+     (calibration refused, no noise measured), or the reports could not be written; no verdict
+  4  bad input: an option, path, engine, prompt or policy file, named in one line before any model
+     loads, or a policy the engine's counters cannot check
+(docs/ERRORS.md: every entry point, every refusal and how to fix it)
 """
 
 #: ``specparity run --json``: the version of the document's layout (bumped on an incompatible change).
