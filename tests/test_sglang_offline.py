@@ -655,3 +655,20 @@ def test_spec_server_that_declares_no_algorithm_is_speculation_inactive(tmp_path
     assert verdict["kind"] == "verdict" and verdict["exit_code"] == 1
     assert any(f.startswith("speculation inactive") for f in verdict["failures"]), verdict["failures"]
     assert not any("unknown" in f for f in verdict["failures"])
+
+
+def test_live_acceptance_probe_calls_a_server_without_an_algorithm_a_failure(servers):
+    """The live acceptance probe against a "speculative" server that declares no algorithm: speculation
+    never ran (a failure), not "unknown" (which a CI gate might let through)."""
+    from specparity.probes import live
+    from specparity.probes.finding import Status
+
+    base, _ = servers
+    with SGLangEmulator() as plain:
+        engine = engine_for(base.url, plain.url)
+        try:
+            finding = live.acceptance_floor(engine, prompts=live.PROMPTS[:1], max_new_tokens=8)
+        finally:
+            engine.close()
+    assert finding.status is Status.FAIL, finding.render()
+    assert "speculation never ran" in finding.summary
