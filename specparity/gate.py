@@ -3,7 +3,8 @@
 Policy (README "What each class means"), from :class:`~specparity.records.GatePolicy`:
 
 * any ``diverged`` or ``error`` prompt fails; so does a ``drifted`` one unless ``drift`` is
-  ``warn``;
+  ``warn``; a run that judged no prompt at all (an empty selection, nothing in common) fails:
+  nothing judged is never a pass;
 * a gate that could not be calibrated (scorer refused, threshold above its ceiling) fails with
   the engine-error exit code: nothing was judged;
 * ``near_tie`` prompts are allowed up to ``max_near_tie`` (a fraction of prompts), unless the run
