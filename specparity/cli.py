@@ -7,8 +7,8 @@ others. ``specparity run`` runs the lossless gate without pytest; ``specparity l
 of :mod:`specparity.exitcodes` (the ``--help`` epilog lists them); :func:`main` maps every failure to
 one of them in one place: bad input (an option, unreadable or hostile checkpoints, a malformed
 ``--engine``) prints one line and exits 4, an exception carrying an ``exit_code`` attribute
-(``session.EngineLoadFailed``: 3, ``session.PolicyUnsupported``: 4) prints one line and exits with it, Ctrl-C exits 2, any other
-error one line and 3.
+(``session.EngineLoadFailed``: 3, ``session.PolicyUnsupported``: 4, ``session.ReportWriteFailed``: 3)
+prints one line and exits with it, Ctrl-C exits 2, any other error one line and 3.
 """
 
 from __future__ import annotations
