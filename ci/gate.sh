@@ -9,7 +9,9 @@
 # Engine configuration: command-line options, else variables from the environment or from --config
 # FILE (a bash file of assignments, sourced; command-line options win over it):
 #   SPECPARITY_SUITES            suites to run (default: lossless)
-#   SPECPARITY_ENGINE            the gate's --engine: dflash (default), hf, llamacpp, sglang, vllm, module:factory
+#   SPECPARITY_ENGINE            the gate's --engine: dflash, hf, llamacpp, sglang, vllm, module:factory; required
+#                                by the lossless and invariance suites (no default: the script never gates the
+#                                fixture models by accident; --engine dflash without a target is the fixture demo)
 #   SPECPARITY_PRESET            server engines: the launch preset (--preset; specparity/engines/presets.py)
 #   SPECPARITY_TARGET            target model directory (or GGUF for llamacpp)
 #   SPECPARITY_DRAFT             draft model directory
@@ -32,14 +34,16 @@
 #   invariance  verify/decode invariance (suites/invariance; with an engine, its --draft is the target:
 #               self-draft); report in <report>/invariance/
 #   probes      engine-side probes (suites/probes, or `specparity probe --format json` outside a checkout);
-#               needs SPECPARITY_PROBE_ENGINE and a target
+#               needs SPECPARITY_PROBE_ENGINE and a target. A probe answering "unknown" fails unless the
+#               policy file's allow_unknown names it (without a policy file, none is allowed)
 # Always: <report>/junit/<suite>.xml, <report>/<suite>.log (the suite's output) and <report>/gate.json
 # ({"exit_code": worst, "suites": {name: {"exit_code", "junit", "log", "tests", "failures", "errors", "skipped"}}}).
 #
 # Exit codes (specparity's, README "Exit codes"): 0 pass, 1 gate failure, 2 interrupted, 3 harness or
-# engine error, 4 bad input. The script exits with the WORST (highest) code over the suites; pytest's
-# own 5 (no tests collected: a selection that matches nothing) counts as 4. Every selected suite runs
-# even after one failed, so each JUnit file and report is there to read.
+# engine error, 4 bad input (docs/ERRORS.md). The script exits with the WORST (highest) code over the
+# suites; pytest's own 5 (no tests collected: a selection that matches nothing) counts as 1, a gate
+# failure: nothing judged is never a pass. Every selected suite runs even after one failed, so each
+# JUnit file and report is there to read.
 set -uo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -109,10 +113,22 @@ for s in "${SELECTED[@]}"; do
     esac
 done
 
+for s in "${SELECTED[@]}"; do
+    if [[ -z "$ENGINE" && ( "$s" == lossless || "$s" == invariance ) ]]; then
+        die "suite $s: no engine configured; set SPECPARITY_ENGINE (or --engine: dflash, hf, llamacpp, sglang, vllm, module:factory) and SPECPARITY_TARGET (--target)"
+    fi
+done
+
 JUNIT="$REPORT/junit"
 mkdir -p "$JUNIT" || die "--report $REPORT: cannot create the report directory"
 REPORT="$(cd "$REPORT" && pwd)"
 JUNIT="$REPORT/junit"
+# the probes judge "unknown" by the policy's allow_unknown; without a policy file, an empty one allows none
+PROBE_POLICY="$POLICY"
+if [[ -z "$PROBE_POLICY" && ",$SUITES," == *",probes,"* ]]; then
+    PROBE_POLICY="$REPORT/probes-policy.toml"
+    printf '# written by ci/gate.sh: no policy file given, so no probe may answer "unknown"\n[gate]\nallow_unknown = []\n' > "$PROBE_POLICY"
+fi
 
 # ---------------------------------------------------------------- one command per suite
 ENGINE_ARGS=()
@@ -147,13 +163,13 @@ suite_command() {  # fills CMD for suite $1; returns 4 (with a line on stderr) w
             fi
             if [[ -n "$SUITES_DIR" && -d "$SUITES_DIR/probes" ]]; then
                 CMD=("$PYTHON" -m pytest "$SUITES_DIR/probes" --rootdir "$PWD" --target "$TARGET"
-                     --probe-engine "$PROBE_ENGINE")
+                     --probe-engine "$PROBE_ENGINE" --policy "$PROBE_POLICY")
                 [[ -n "$DRAFT" ]] && CMD+=(--draft "$DRAFT")
                 CMD+=(--junitxml "$JUNIT/probes.xml" "${PROBES_FLAGS[@]}")
             else  # installed package only: the probe command, its JSON turned into JUnit below
                 PROBES_VIA_CLI=1
                 CMD=("$PYTHON" -c 'import sys; from specparity.cli import main; sys.exit(main())' probe
-                     --target "$TARGET" --engine "$PROBE_ENGINE")
+                     --target "$TARGET" --engine "$PROBE_ENGINE" --policy "$PROBE_POLICY")
                 [[ -n "$DRAFT" ]] && CMD+=(--draft "$DRAFT")
                 CMD+=(--format json)
                 for flag in "${PROBES_FLAGS[@]}"; do  # pytest's --probe-X is the probe command's --X
@@ -210,7 +226,10 @@ for suite in "${SELECTED[@]}"; do
             "${CMD[@]}" 2>&1 | tee "$log"
             code=${PIPESTATUS[0]}
         fi
-        [[ $code -eq 5 ]] && code=4  # pytest: no tests collected
+        if [[ $code -eq 5 ]]; then  # pytest: no tests collected: nothing judged, never a pass
+            echo "ci/gate.sh: suite $suite: no test collected (the selection matched nothing): nothing judged, a gate failure" >&2
+            code=1
+        fi
         CODES[$suite]=$code
     fi
     (( CODES[$suite] > WORST )) && WORST=${CODES[$suite]}

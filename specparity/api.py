@@ -111,6 +111,9 @@ def check_lossless(
             raise ValueError(f"check_lossless: {label} has {len(seq)} entries for {len(specs)} prompts")
     if max_new_tokens < 1:
         raise ValueError(f"check_lossless: max_new_tokens must be >= 1, got {max_new_tokens}")
+    if not specs:  # nothing judged is never a pass (the gate's rule, gate.decide)
+        raise LosslessError(f"check_lossless: nothing judged: no ({names[0]}, {names[1]}) pair was given, and a "
+                            "comparison that judges nothing never passes", [], [])
     scored = spec_scores is not None and any(s is not None for s in spec_scores)
     if threshold is None and scored:
         raise ValueError(

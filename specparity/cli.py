@@ -7,8 +7,8 @@ others. ``specparity run`` runs the lossless gate without pytest; ``specparity l
 of :mod:`specparity.exitcodes` (the ``--help`` epilog lists them); :func:`main` maps every failure to
 one of them in one place: bad input (an option, unreadable or hostile checkpoints, a malformed
 ``--engine``) prints one line and exits 4, an exception carrying an ``exit_code`` attribute
-(``session.EngineLoadFailed``: 3) prints one line and exits with it, Ctrl-C exits 2, any other
-error one line and 3.
+(``session.EngineLoadFailed``: 3, ``session.PolicyUnsupported``: 4, ``session.ReportWriteFailed``: 3)
+prints one line and exits with it, Ctrl-C exits 2, any other error one line and 3.
 """
 
 from __future__ import annotations
@@ -34,6 +34,14 @@ def _run_probe(args: argparse.Namespace) -> int:
     from specparity.probes.inputs import ProbeInputs, prepare, run_static
     from specparity.probes.finding import Status
 
+    allowed: tuple[str, ...] | None = None
+    if args.policy:  # read first: a bad policy is bad input before any probe runs
+        from specparity.policy import PolicyError, allowed_unknown
+
+        try:
+            allowed = allowed_unknown(args.policy)
+        except PolicyError as exc:
+            raise ValueError(str(exc)) from None
     ctx = prepare(ProbeInputs(args.target, args.draft, args.engine, args.launch_flags, args.sglang_source, args.wheel_cache))
     live_spec = None
     if args.live_engine:  # resolved and checked before any probe runs or model loads
@@ -59,6 +67,10 @@ def _run_probe(args: argparse.Namespace) -> int:
             verdicts.append(live.self_draft(engine))
         finally:
             engine.close()
+    if allowed is not None:
+        from specparity.policy import judge_unknown
+
+        verdicts = [judge_unknown(v, allowed, args.policy) for v in verdicts]
     print_report(verdicts, sys.stdout, args.format)
     return exitcodes.GATE_FAILED if any(v.status is Status.FAIL for v in verdicts) else exitcodes.PASS
 
@@ -72,7 +84,8 @@ def add_probe_command(sub: Any) -> None:
         help="predict engine-side failures of a target/draft pair before deploying",
         description="Static probes (checkpoint headers, configs, engine source) and, with --live-engine, "
         "live probes against a running engine. Exit 1 on a predicted failure, 0 when every probe is "
-        "ok, warn or unknown, 4 on bad input.",
+        "ok, warn or unknown (with --policy: unknown only where its allow_unknown names the probe), "
+        "3 when a live engine cannot run, 4 on bad input.",
     )
     p.add_argument("--target", required=True, help="target checkpoint directory")
     p.add_argument("--draft", help="draft checkpoint directory")
@@ -88,20 +101,25 @@ def add_probe_command(sub: Any) -> None:
     p.add_argument("--accept-record", help="JSON file of recorded accept lengths keyed by engine fingerprint")
     p.add_argument("--stress-requests", type=int, default=0, help="run the mamba stress with N concurrent requests")
     p.add_argument("--format", choices=("table", "json"), default="table")
+    p.add_argument("--policy", metavar="FILE", help="the gate policy file (ci/policy.toml): a probe answering unknown "
+                   "fails unless its allow_unknown names the probe")
     p.set_defaults(func=_run_probe)
 
 
 #: The exit codes of every command, for ``specparity --help`` (README "Exit codes").
 EXIT_CODES_EPILOG = """\
 exit codes (every command, and `pytest suites/lossless`; ci/gate.sh exits with the worst of its suites):
-  0  pass: the gate passed (probe: every probe ok, warn or unknown)
-  1  gate failure: a prompt diverged, drifted or failed in the engine, or a run-level rule failed
-     (speculation inactive, near-tie budget, a path not taken under --require-all-paths);
-     probe: a predicted failure
+  0  pass: the gate passed (probe: every probe ok, warn or unknown; with --policy, unknown only where
+     the policy's allow_unknown names the probe)
+  1  gate failure: a prompt diverged, drifted or failed in the engine, a run-level rule failed
+     (speculation inactive, near-tie budget, a path not taken under --require-all-paths), or
+     nothing was judged (a selection or comparison left no prompt); probe: a predicted failure
   2  interrupted (Ctrl-C): finished prompts are kept, the summary and the journal say INTERRUPTED
-  3  harness or engine error: the engine could not load or start, or nothing could be judged
-     (calibration refused); no verdict
-  4  bad input: an option, path, engine or prompt file, named in one line before any model loads
+  3  harness or engine error: the engine could not load or start, nothing could be judged
+     (calibration refused, no noise measured), or the reports could not be written; no verdict
+  4  bad input: an option, path, engine, prompt or policy file, named in one line before any model
+     loads, or a policy the engine's counters cannot check
+(docs/ERRORS.md: every entry point, every refusal and how to fix it)
 """
 
 #: ``specparity run --json``: the version of the document's layout (bumped on an incompatible change).
@@ -240,7 +258,7 @@ def _run_gate(args: argparse.Namespace) -> int:
     from specparity.option_table import gate_dests
     from specparity.options import BadInput, build_setup
     from specparity.runner import GateInterrupted
-    from specparity.session import EngineLoadFailed, execute
+    from specparity.session import RunRefused, execute
 
     # As the pytest plugin: never download, no tokenizer fork warnings; and no model-loading progress
     # bars of transformers / huggingface_hub on stderr (this command draws its own, or none).
@@ -269,9 +287,10 @@ def _run_gate(args: argparse.Namespace) -> int:
         if finished:  # the partial run, concluded: the summary and the journal say INTERRUPTED
             _print_result(args, finished[-1])
         raise
-    except EngineLoadFailed as exc:
+    except RunRefused as exc:
         if args.json:
-            print(json.dumps(_error_json("ERROR", exc.exit_code, str(exc))))
+            status = "BAD_INPUT" if exc.exit_code == exitcodes.BAD_INPUT else "ERROR"
+            print(json.dumps(_error_json(status, exc.exit_code, str(exc))))
         raise
     _print_result(args, result)
     return result.decision.exit_code
@@ -314,7 +333,15 @@ def run_lossless(pytest_args: Sequence[str]) -> int:
     passed through untouched (a later ``--rootdir`` among them wins)."""
     import pytest
 
-    return int(pytest.main([str(SUITE_DIR), "--rootdir", os.getcwd(), *pytest_args]))
+    code = int(pytest.main([str(SUITE_DIR), "--rootdir", os.getcwd(), *pytest_args]))
+    if code == pytest.ExitCode.NO_TESTS_COLLECTED:  # e.g. -p no:specparity: the plugin could not map it
+        print("specparity: FAIL: nothing judged: no gate test was collected (a run that judges nothing never "
+              "passes)", file=sys.stderr)
+        return exitcodes.GATE_FAILED
+    if code not in (exitcodes.PASS, exitcodes.GATE_FAILED, exitcodes.INTERRUPTED, exitcodes.ENGINE_ERROR,
+                    exitcodes.BAD_INPUT):
+        return exitcodes.ENGINE_ERROR
+    return code
 
 
 def add_lossless_command(sub: Any) -> None:

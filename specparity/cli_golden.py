@@ -20,7 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -45,7 +45,7 @@ def _run_record(args: argparse.Namespace) -> int:
     if not raw.get("golden"):
         raise BadInput("--golden: specparity record needs --golden FILE (where to write the golden)")
     raw["update_golden"] = raw.get("update_golden") or "update"
-    setup = build_setup(raw, check_report=bool(raw.get("report")))
+    setup = build_setup(raw, check_report=bool(raw.get("report")), speculates=False)
     engine = load_engine(setup)
     try:
         run = run_gate(engine, setup.prompts, setup.config, calibration=setup.calibration, golden=setup.golden,
@@ -103,6 +103,10 @@ class Side:
     samples: list[Any]  # calibration samples (decode rows vs teacher-forced), for the threshold
     speculative: bool
     stop_ids: tuple[int, ...] = ()
+    #: prompt id -> why its stream cannot be judged (an errored prompt of a journal): judged as an error.
+    errors: dict[str, str] = field(default_factory=dict)
+    #: The journal's run-wide aggregate counters (an engine that reports only those), for the activity rule.
+    aggregate: Any = None
 
 
 def _load_side(path: str, which: str, side: str) -> Side:
@@ -130,7 +134,7 @@ def _load_side(path: str, which: str, side: str) -> Side:
         run = load_run(journal)
     except (GoldenError, JournalError) as exc:
         raise BadInput(f"{which}: {exc}") from None
-    streams, samples = {}, []
+    streams, samples, errors = {}, [], {}
     for r in run.records + run.calibration_records:
         if r.baseline is not None and not r.baseline.error and r.baseline_tf is not None:
             samples.append(Sample(r.prompt.id, r.baseline.output_ids, r.baseline.scores, r.baseline_tf))
@@ -142,8 +146,21 @@ def _load_side(path: str, which: str, side: str) -> Side:
             streams[r.prompt.id] = (r.prompt, r.spec, r.spec_tf, limit)
         elif side == "baseline" and r.baseline is not None and not r.baseline.error:
             streams[r.prompt.id] = (r.prompt, r.baseline, r.baseline_tf, limit)
+        else:  # the prompt errored in that run: it stays an error, never silently dropped
+            errors[r.prompt.id] = _errored(r, side)
     stops = next((r.request.stop_token_ids for r in run.records if r.request), ())
-    return Side(f"journal {journal} ({side})", run.fingerprint, streams, samples, side == "spec", tuple(stops))
+    return Side(f"journal {journal} ({side})", run.fingerprint, streams, samples, side == "spec", tuple(stops),
+                errors, run.aggregate if side == "spec" else None)
+
+
+def _errored(rec: Any, side: str) -> str:
+    """Why a journal's prompt has no usable stream on ``side``, from its first cause."""
+    for label, result in (("baseline", rec.baseline), ("speculative run", rec.spec)):
+        if result is not None and result.error:
+            return f"{label} failed: {result.error}"
+    if rec.verdict is not None and rec.verdict.klass == "error":
+        return rec.verdict.reason
+    return f"no {'speculative' if side == 'spec' else 'baseline'} output recorded (the run never reached it)"
 
 
 def _decoder(fingerprint: Any) -> Callable[[Any], str]:
@@ -164,20 +181,23 @@ def _run_compare(args: argparse.Namespace) -> int:
     from specparity.noise import CalibrationError
     from specparity.options import BadInput, check_report_dir
     from specparity.records import GateConfig, GatePolicy, GateRun, PromptRecord
-    from specparity.report import terminal_lines, write_reports
+    from specparity.report import terminal_lines
 
     old = _load_side(args.old, "OLD", args.old_side)
     new = _load_side(args.new, "NEW", args.new_side)
     if args.report:
         check_report_dir("--report", args.report)
-    if not old.streams or not new.streams:
+    if not old.streams or not (new.streams or new.errors):
         raise BadInput(f"{'OLD' if not old.streams else 'NEW'}: no usable prompt in {old.label if not old.streams else new.label}")
     mode = "spec" if new.speculative else "baseline"
+    # the activity rule applies when NEW's journal carries speculation counters (per request or run-wide)
+    counted = new.aggregate is not None or any(s[1].spec.available for s in new.streams.values())
     config = GateConfig(report_dir=args.report or None, golden=args.old, golden_mode=mode,
                         near_tie_nats=args.near_tie_nats,
                         policy=GatePolicy(max_near_tie=args.max_near_tie, drift=args.drift_policy,
-                                          allow_unknown_activity=True))
+                                          allow_unknown_activity=not counted))
     run = GateRun(fingerprint=new.fingerprint, config=config, records=[], scorer=f"recorded: {old.label}")
+    run.aggregate = new.aggregate
     run.golden_notes.append(f"{new.label} judged against {old.label}")
     # the noise of both engines: a new engine's own decode-vs-scoring noise widens what is a near tie
     samples = old.samples + new.samples
@@ -189,14 +209,17 @@ def _run_compare(args: argparse.Namespace) -> int:
         run.calibration_error = str(exc)
     decode = _decoder(old.fingerprint)
     stops = set(old.stop_ids) | set(new.stop_ids)
-    wanted = [pid for pid in old.streams if pid in new.streams] if args.only_common else list(old.streams)
+    in_new = set(new.streams) | set(new.errors)
+    wanted = [pid for pid in old.streams if pid in in_new] if args.only_common else list(old.streams)
     if args.only_common and len(wanted) < len(old.streams):
         run.golden_notes.append(f"--only-common: {len(old.streams) - len(wanted)} prompt(s) of OLD not in NEW were left out")
     for pid in wanted:
         prompt, ref, ref_tf, limit = old.streams[pid]
         rec = PromptRecord(prompt, baseline=ref, baseline_tf=ref_tf, baseline_from="golden")
         got = new.streams.get(pid)
-        if got is None:
+        if got is None and pid in new.errors:
+            rec.verdict = Verdict(pid, prompt.category, "error", f"errored in NEW ({new.label}): {new.errors[pid]}")
+        elif got is None:
             rec.verdict = Verdict(pid, prompt.category, "error", f"not in NEW ({new.label})")
         elif run.threshold is None:
             rec.verdict = Verdict(pid, prompt.category, "error", f"not judged: {run.calibration_error}")
@@ -211,17 +234,29 @@ def _run_compare(args: argparse.Namespace) -> int:
                                       drift_nats=run.threshold.drift_nats)
             run.coverage.add(got[1].spec)
         run.records.append(rec)
-    only_new = sorted(set(new.streams) - set(old.streams))
+    only_new = sorted(in_new - set(old.streams))
     if only_new:
         run.golden_notes.append(f"{len(only_new)} prompt(s) only in NEW, not judged: {', '.join(only_new)}")
     decision = decide(run)
     if args.report:
-        write_reports(run, decision, args.report)
+        _write_reports(run, decision, args.report)
     if args.json:
         print(json.dumps({**decision.to_json(), "prompts": [r.verdict.to_json() for r in run.records]}, indent=2))
     else:
         print("\n".join(terminal_lines(run, decision)))
     return decision.exit_code
+
+
+def _write_reports(run: Any, decision: Any, out: str, flag: str = "--report") -> None:
+    """The reports, or one line and exit 3 (a harness error, not bad input) when the write fails
+    after the directory was checked."""
+    from specparity.report import write_reports
+    from specparity.session import write_failed
+
+    try:
+        write_reports(run, decision, out)
+    except OSError as exc:
+        raise write_failed(f"{flag} {out}", exc, decision.status) from None
 
 
 def add_compare_command(sub: Any) -> None:
@@ -253,7 +288,7 @@ def _run_report(args: argparse.Namespace) -> int:
     from specparity.gate import decide
     from specparity.journal import JournalError, load_run
     from specparity.options import BadInput, check_report_dir
-    from specparity.report import terminal_lines, write_reports
+    from specparity.report import terminal_lines
 
     try:
         run = load_run(args.journal)
@@ -263,7 +298,7 @@ def _run_report(args: argparse.Namespace) -> int:
     out = args.out or str(source if source.is_dir() else source.parent)
     check_report_dir("--out", out)
     decision = decide(run)
-    write_reports(run, decision, out)
+    _write_reports(run, decision, out, "--out")
     if args.json:
         print(json.dumps({**decision.to_json(), "report": out}, indent=2))
     else:

@@ -1,20 +1,25 @@
-"""Exit codes of every specparity command (``pytest suites/…``, ``specparity …``).
+"""Exit codes of every specparity command (``pytest suites/…``, ``specparity …``, ``ci/gate.sh``).
 
 They coincide with pytest's own ``ExitCode`` values, so a CI script reads one table whichever
-entry point it called:
+entry point it called; pytest's 5 (no tests collected) is never returned: nothing judged is a
+gate failure (1). docs/ERRORS.md has the table per entry point and every refusal:
 
 ====  ==================  =========================================================================
 code  name                meaning
 ====  ==================  =========================================================================
-0     ``PASS``            the gate passed (probes: every probe ok, warn or unknown)
+0     ``PASS``            the gate passed (probes: every probe ok or warn; unknown only where the
+                          policy's ``allow_unknown`` names it, or with no policy given)
 1     ``GATE_FAILED``     the gate failed: a prompt diverged or errored, a run-level rule failed
                           (speculation inactive, near-tie budget, a path never taken under
-                          ``--require-all-paths``), or a probe predicts a failure
+                          ``--require-all-paths``), nothing was judged (an empty selection, nothing
+                          in common), or a probe predicts a failure
 2     ``INTERRUPTED``     interrupted (Ctrl-C); the journal and summary say so
 3     ``ENGINE_ERROR``    the harness or the engine could not run at all (an engine that fails to
-                          load or start, an internal error); no verdict was reached
-4     ``BAD_INPUT``       bad input: an option, path, engine or prompt file, named in one line and
-                          checked before any model loads
+                          load or start, no noise measured or calibration refused, reports that
+                          could not be written, an internal error); no verdict was reached
+4     ``BAD_INPUT``       bad input: an option, path, engine, prompt or policy file, named in one
+                          line and checked before any model loads; a policy the engine's counters
+                          cannot check
 ====  ==================  =========================================================================
 """
 

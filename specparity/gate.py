@@ -3,7 +3,8 @@
 Policy (README "What each class means"), from :class:`~specparity.records.GatePolicy`:
 
 * any ``diverged`` or ``error`` prompt fails; so does a ``drifted`` one unless ``drift`` is
-  ``warn``;
+  ``warn``; a run that judged no prompt at all (an empty selection, nothing in common) fails:
+  nothing judged is never a pass;
 * a gate that could not be calibrated (scorer refused, threshold above its ceiling) fails with
   the engine-error exit code: nothing was judged;
 * ``near_tie`` prompts are allowed up to ``max_near_tie`` (a fraction of prompts), unless the run
@@ -116,6 +117,8 @@ def decide(run: GateRun, policy: GatePolicy | None = None) -> GateDecision:
         failures.append(f"the gate could not be calibrated, so nothing was judged: {run.calibration_error}")
     if run.golden_error:
         failures.append(f"the golden could not be used, so nothing was judged: {run.golden_error}")
+    if not run.records and not run.interrupted:
+        failures.append("nothing judged: no prompt was selected or in common, and a run that judges nothing never passes")
     if counts["drifted"]:
         msg = (f"{counts['drifted']} prompt(s) drifted: identical tokens (or a near tie) but the speculative run's "
                f"logprobs left the target's noise: {_ids(run, 'drifted')}")
@@ -142,7 +145,7 @@ def decide(run: GateRun, policy: GatePolicy | None = None) -> GateDecision:
     activity = run.activity()
     speculates = not (run.config.golden and run.config.golden_mode == "baseline")
     nothing_judged = not any(r.verdict is not None and r.verdict.klass != "error" for r in run.records)
-    if not speculates or (nothing_judged and (run.calibration_error or run.golden_error)):
+    if not speculates or not run.records or (nothing_judged and (run.calibration_error or run.golden_error)):
         pass  # nothing speculated: no activity, coverage or floor to check
     elif activity.reported_requests == 0:
         msg = "speculation activity unknown: the engine reported no draft counters for any request"

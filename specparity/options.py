@@ -53,6 +53,12 @@ class GateSetup:
     golden: Golden | None = None
     #: The journal --resume continues (None: a new run).
     resume: Journal | None = None
+    #: Where each counter-dependent rule was set (``--require-all-paths`` or ``FILE: require_all_paths``),
+    #: for the refusal :func:`check_counters` words after an engine whose counters were unknown loads.
+    policy_origin: dict[str, str] = field(default_factory=dict)
+    #: The engine does not declare its counters statically (a plugin): :func:`check_counters` runs
+    #: once it is built, before any prompt (:func:`specparity.session.execute`).
+    counters_pending: bool = False
 
 
 def _int(raw: Mapping[str, Any], key: str, flag: str, minimum: int, default: int | None = None) -> int | None:
@@ -154,12 +160,51 @@ def select_prompts(prompts: list[Prompt], categories: Sequence[str] | None) -> l
     return prompts
 
 
-def build_setup(raw: Mapping[str, Any], *, check_report: bool = False) -> GateSetup:
+#: Which counter kinds (engines.base.Capabilities.counters) can check each counter-dependent rule:
+#: the paths a verify step took need per-step records; a mean accept length needs emitted tokens
+#: and verify steps, which per-request totals and run-wide aggregates (read around the speculative
+#: phase) also give; an engine that reports no counters can check neither.
+COUNTERS_FOR = {
+    "require_all_paths": ("steps",),
+    "min_accept_length": ("steps", "request", "aggregate"),
+}
+COUNTER_KINDS = {"steps": "per-verify-step records", "request": "per-request totals only",
+                 "aggregate": "run-wide aggregate counters only", "none": "no speculation counters"}
+
+
+def check_counters(policy: GatePolicy, counters: str, engine: str, origin: Mapping[str, str]) -> None:
+    """Refuse a rule the engine's counters cannot check (:data:`COUNTERS_FOR`): one line naming
+    where the rule was set, what the engine reports and how to fix it. A rule that cannot be
+    checked is never a warning with a pass."""
+    wanted = {"require_all_paths": policy.require_paths > 0, "min_accept_length": policy.min_accept_length is not None}
+    for key, kinds in COUNTERS_FOR.items():
+        if wanted[key] and counters not in kinds:
+            value = policy.require_paths if key == "require_all_paths" else f"{policy.min_accept_length:g}"
+            where = origin.get(key) or key
+            need = "per-verify-step records" if key == "require_all_paths" else "speculation counters"
+            fix = ("drop it, or gate an engine that records each verify step (hf, dflash)"
+                   if key == "require_all_paths" else "drop it, or gate an engine that reports draft counters")
+            raise BadInput(f"{where} {value}: engine {engine!r} reports {COUNTER_KINDS.get(counters, counters)}, "
+                           f"and this rule needs {need}; {fix}")
+
+
+def _policy_origin(cli: Mapping[str, Any], policy_file: str | None) -> dict[str, str]:
+    """Where each counter-dependent rule comes from: the command line wins over the policy file."""
+    from specparity.policy import where
+
+    flags = {"require_all_paths": "--require-all-paths", "min_accept_length": "min_accept_length"}
+    return {key: flag if cli.get(key) not in (None, False, "") or not policy_file else f"{where(policy_file, key)}: {key}"
+            for key, flag in flags.items()}
+
+
+def build_setup(raw: Mapping[str, Any], *, check_report: bool = False, speculates: bool = True) -> GateSetup:
     """Validate the raw option values (names as pytest's ``dest``: ``engine``, ``engine_opt`` …).
 
     ``check_report``: also create the report directory and prove it writable (done when the user
-    named one; the default directory is created when the run starts).
+    named one; the default directory is created when the run starts). ``speculates``: False for a
+    run of baselines only (``specparity record``), where no counter-dependent rule applies.
     """
+    origin = _policy_origin(raw, raw.get("policy"))
     if raw.get("policy"):
         try:
             raw = merge(dict(raw), load_policy(raw["policy"]))
@@ -263,8 +308,11 @@ def build_setup(raw: Mapping[str, Any], *, check_report: bool = False) -> GateSe
     )
     if resume is not None:
         check_resumable(resume, config)
+    applies = speculates and golden_mode != "baseline"
+    if applies and info is not None and info.counters is not None:
+        check_counters(config.policy, info.counters, info.name, origin)
     return GateSetup(engine_spec, factory, options, config, select_prompts(suite, categories), calibration,
-                     golden, resume)
+                     golden, resume, origin, counters_pending=applies and (info is None or info.counters is None))
 
 
 GOLDEN_MODES = ("spec", "baseline")

@@ -9,29 +9,35 @@ editing flags scattered over workflow files::
     min_accept_length = 1.5                      # acceptance floor (mean accept length)
     require_all_paths = 0                        # each speculative path on at least N prompts (0: warn)
     allow_unknown_activity = false
+    allow_unknown = ["mamba-slots"]              # probes whose "unknown" answer may pass (by name)
 
 ``diverged`` and ``error`` always fail (a policy cannot make a real bug pass). ``drifted`` left
 out of ``fail_on`` makes drift a warning; ``near_tie`` in it makes the gate bit-exact. A flag given
 on the command line overrides the file's value. Mistakes are one line: ``file:line: key: what was
 expected``.
+
+A probe that answers ``unknown`` (it could not check what it probes) is not green under a policy:
+it fails unless ``allow_unknown`` names it (:func:`judge_unknown`; ``ci/gate.sh``'s probes suite
+and ``specparity probe --policy FILE``).
 """
 
 from __future__ import annotations
 
 import re
 import sys
+from dataclasses import replace
 
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from specparity.compare import CLASSES
 
 ALWAYS_FAIL = ("diverged", "error")
-KEYS = ("fail_on", "max_near_tie", "min_accept_length", "require_all_paths", "allow_unknown_activity")
+KEYS = ("fail_on", "max_near_tie", "min_accept_length", "require_all_paths", "allow_unknown_activity", "allow_unknown")
 
 
 class PolicyError(ValueError):
@@ -43,6 +49,15 @@ def _line_of(text: str, key: str) -> int:
         if re.match(rf"\s*{re.escape(key)}\s*=", line):
             return lineno
     return 1
+
+
+def where(path: str | Path, key: str) -> str:
+    """``file:line`` of ``key`` in a policy file already read by :func:`load_policy` (for a refusal
+    that depends on more than the file, e.g. on the engine's counters)."""
+    try:
+        return f"{path}:{_line_of(Path(path).read_text(encoding='utf-8'), key)}"
+    except OSError:
+        return str(path)
 
 
 def load_policy(path: str | Path) -> dict[str, Any]:
@@ -102,7 +117,38 @@ def load_policy(path: str | Path) -> dict[str, Any]:
         if not isinstance(gate["allow_unknown_activity"], bool):
             raise bad("allow_unknown_activity", "true or false")
         out["allow_unknown_activity"] = gate["allow_unknown_activity"]
+    if "allow_unknown" in gate:
+        names, known = gate["allow_unknown"], probe_names()
+        if not isinstance(names, list) or not all(isinstance(n, str) and n in known for n in names):
+            raise bad("allow_unknown", f"a list of probe names among {', '.join(known)}")
+        out["allow_unknown"] = tuple(names)
     return out
+
+
+def probe_names() -> tuple[str, ...]:
+    """Every probe's name (static and live), the names ``allow_unknown`` takes."""
+    from specparity.probes import live
+    from specparity.probes.inputs import STATIC_PROBES
+
+    return (*STATIC_PROBES, live.FIRST_DECODE, live.ACCEPTANCE, live.STRESS, live.SELF_DRAFT)
+
+
+def allowed_unknown(path: str | Path) -> tuple[str, ...]:
+    """The probes whose ``unknown`` the policy file accepts (none unless ``allow_unknown`` names them)."""
+    return tuple(load_policy(path).get("allow_unknown", ()))
+
+
+def judge_unknown(finding: Any, allowed: Sequence[str], source: str) -> Any:
+    """A probe's :class:`~specparity.probes.finding.Finding` under a policy: ``unknown`` becomes a
+    failure unless ``allowed`` names the probe (an unchecked deploy question is not green)."""
+    from specparity.probes.finding import Status
+
+    if finding.status is not Status.UNKNOWN or finding.probe in allowed:
+        return finding
+    return replace(finding, status=Status.FAIL,
+                   summary=f"unknown, and the policy {source} does not allow it: {finding.summary}",
+                   action=(finding.action + "; " if finding.action else "")
+                   + f'make the probe answer (see its evidence), or add "{finding.probe}" to allow_unknown in {source}')
 
 
 def merge(raw: dict[str, Any], policy: dict[str, Any]) -> dict[str, Any]:

@@ -158,8 +158,27 @@ def pytest_testnodedown(node: Any, error: Any) -> None:
         out["sections"].extend(relayed["sections"])
 
 
+_DESELECTED_KEY = pytest.StashKey[bool]()
+#: The line an empty selection of gate tests ends with (exit 1: nothing judged is never a pass).
+NOTHING_SELECTED = ("FAIL: nothing judged: the selection (-k, -m, node ids or --lf) left no gate test to run; "
+                    "select at least one prompt (a run that judges nothing never passes)")
+
+
+def pytest_deselected(items: list[pytest.Item]) -> None:
+    """Remember that gate tests were deselected, so an empty selection fails instead of pytest's 5."""
+    for item in items:
+        if GATE_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.config.stash[_DESELECTED_KEY] = True
+            return
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     config = session.config
+    if (not _is_worker(config) and session.exitstatus == pytest.ExitCode.NO_TESTS_COLLECTED
+            and config.stash.get(_DESELECTED_KEY, False)):
+        report_section(config, "specparity", [NOTHING_SELECTED])
+        session.exitstatus = exitcodes.GATE_FAILED
+        return
     out = config.stash.get(_OUTCOME_KEY, None)
     if out is None:
         return
@@ -204,7 +223,7 @@ def collected_prompt_ids(session: pytest.Session) -> set[str]:
 @pytest.fixture(scope="session")
 def gate_session(request: pytest.FixtureRequest) -> SessionRun:
     from specparity.report import terminal_lines
-    from specparity.session import EngineLoadFailed, SessionResult, execute
+    from specparity.session import RunRefused, SessionResult, execute
 
     config = request.config
     setup = gate_setup(config)
@@ -218,6 +237,6 @@ def gate_session(request: pytest.FixtureRequest) -> SessionRun:
 
     try:
         result = execute(setup, prompts, on_finish=show)
-    except EngineLoadFailed as exc:
+    except RunRefused as exc:
         pytest.exit(f"specparity: {exc}", returncode=exc.exit_code)
     return SessionRun(result.run, result.decision, result.paths)

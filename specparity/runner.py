@@ -488,8 +488,10 @@ def _calibrate(run: GateRun, scorer: Scorer, writer: ResultsWriter, say: Callabl
         for rec in run.records:
             rec.verdict = _baseline_error(rec)
             writer.write(rec.to_json())
-        writer.write({"kind": "threshold", "nats": None,
-                      "description": "not measured: no baseline could be decoded and scored"})
+        # nothing can be judged: a harness/engine error (exit 3), not a gate failure; the journal's
+        # calibration_refused line keeps that for `specparity report`
+        run.calibration_error = "no baseline could be decoded and scored, so no noise was measured"
+        writer.write({"kind": "calibration_refused", "error": run.calibration_error, "scorer_check": None})
         return False
     other, cross_note = _score_spec_side(run, scorer, measured)
     samples = [Sample(r.prompt.id, r.baseline.output_ids, r.baseline.scores, r.baseline_tf, other.get(id(r)))
@@ -499,7 +501,7 @@ def _calibrate(run: GateRun, scorer: Scorer, writer: ResultsWriter, say: Callabl
                                          override=config.near_tie_nats, label=_calibration_label(run, len(measured)),
                                          cross_note=cross_note)
         run.scorer_check = check.to_json()
-    except CalibrationError as exc:
+    except (CalibrationError, ValueError) as exc:  # ValueError: no position was scored both ways
         run.calibration_error = str(exc)
         writer.write({"kind": "calibration_refused", "error": run.calibration_error, "scorer_check": run.scorer_check})
         for rec in run.records:

@@ -19,10 +19,37 @@ from specparity.prompts import Prompt
 from specparity.records import GateRun
 
 
-class EngineLoadFailed(RuntimeError):
+class RunRefused(RuntimeError):
+    """The run stopped before any prompt ran; ``exit_code`` says why (the faces print one line)."""
+
+    exit_code = exitcodes.ENGINE_ERROR
+
+
+class EngineLoadFailed(RunRefused):
     """The engine could not be built: no verdict, exit code 3."""
 
     exit_code = exitcodes.ENGINE_ERROR
+
+
+class ReportWriteFailed(RunRefused):
+    """The run finished but its verdict or reports could not be written (the directory vanished, the
+    disk filled up): a harness error, exit code 3; the message says the verdict that was reached."""
+
+    exit_code = exitcodes.ENGINE_ERROR
+
+
+def write_failed(where: str, exc: OSError, status: str) -> ReportWriteFailed:
+    """The one wording of a failed report write, for every face that writes reports (``where``: the
+    option and directory, e.g. ``--report DIR``)."""
+    return ReportWriteFailed(f"{where}: writing the verdict and reports failed "
+                             f"({type(exc).__name__}: {exc.strerror or exc}); the gate's verdict was {status}")
+
+
+class PolicyUnsupported(RunRefused):
+    """A rule the built engine's counters cannot check (an engine that declares its counters only
+    once built, e.g. a plugin): refused as bad input, exit code 4, before any prompt runs."""
+
+    exit_code = exitcodes.BAD_INPUT
 
 
 @dataclass
@@ -41,6 +68,18 @@ def load_engine(setup: GateSetup) -> Any:
         return build_engine(setup.factory, setup.engine_options, setup.engine_spec)
     except Exception as exc:  # noqa: BLE001 - any load failure: one line, exit code 3, nothing to gate
         raise EngineLoadFailed(f"cannot load engine {setup.engine_spec!r}: {type(exc).__name__}: {exc}") from None
+
+
+def _check_counters(setup: GateSetup, engine: Any) -> None:
+    """The counter-dependent rules, once an engine that did not declare its counters is built."""
+    from specparity.engines.base import capabilities_of
+    from specparity.options import BadInput, check_counters
+
+    try:
+        check_counters(setup.config.policy, capabilities_of(engine).counters, setup.engine_spec, setup.policy_origin)
+    except BadInput as exc:
+        engine.close()
+        raise PolicyUnsupported(str(exc)) from None
 
 
 def report_paths(setup: GateSetup) -> list[Path]:
@@ -62,9 +101,17 @@ def execute(setup: GateSetup, prompts: Sequence[Prompt] | None = None, *,
 
     chosen = list(setup.prompts if prompts is None else prompts)
     engine = load_engine(setup)
+    if setup.counters_pending:
+        _check_counters(setup, engine)
 
     def finish(run: GateRun) -> SessionResult:
-        result = SessionResult(run, conclude(run), report_paths(setup))
+        try:
+            decision = conclude(run)
+        except OSError as exc:
+            from specparity.gate import decide
+
+            raise write_failed(f"--report {setup.config.report_dir}", exc, decide(run).status) from None
+        result = SessionResult(run, decision, report_paths(setup))
         if on_finish is not None:
             on_finish(result)
         return result

@@ -1,7 +1,7 @@
 """Every bad input we know users try, with the one line it must produce.
 
 One list serves ``tests/test_bad_input.py`` (runs each for real: exit 4, one line on stderr, naming
-the option or ``file:line``) and ``tools/bad_input_table.py`` (writes ``docs/BAD_INPUT.md`` from
+the option or ``file:line``) and ``tools/bad_input_table.py`` (writes the bad-input table of ``docs/ERRORS.md`` from
 the same runs). ``{tmp}`` in an argument is a scratch directory holding the files ``make`` writes.
 """
 
@@ -182,6 +182,19 @@ CASES: tuple[Case, ...] = (
     Case("policy-unknown-key", ("suites/lossless", "--policy", "{tmp}/p.toml"),
          "p.toml:3: max_near_ties: unknown key; expected one of fail_on",
          make=_write("p.toml", "[gate]\nmax_near_tie = 0.1\nmax_near_ties = 0.2\n")),
+    Case("require-all-paths-request-totals", ("suites/lossless", "--engine", "llamacpp", "--baseline-url",
+                                              "http://127.0.0.1:8000", "--spec-url", "http://127.0.0.1:8001",
+                                              "--require-all-paths", "3"),
+         "--require-all-paths 3: engine 'llamacpp' reports per-request totals only, and this rule needs "
+         "per-verify-step records"),
+    Case("policy-paths-aggregate", ("suites/lossless", "--engine", "vllm", "--baseline-url", "http://127.0.0.1:8000",
+                                    "--spec-url", "http://127.0.0.1:8001", "--engine-opt", f"tokenizer={FIXTURE_TARGET}",
+                                    "--policy", "{tmp}/p.toml"),
+         "p.toml:2: require_all_paths 2: engine 'vllm' reports run-wide aggregate counters only",
+         make=_write("p.toml", "[gate]\nrequire_all_paths = 2\n")),
+    Case("policy-allow-unknown-typo", ("suites/lossless", "--policy", "{tmp}/p.toml"),
+         "p.toml:2: allow_unknown: expected a list of probe names among lm-head",
+         make=_write("p.toml", '[gate]\nallow_unknown = ["lm_head"]\n')),
     Case("policy-fail-on-without-diverged", ("suites/lossless", "--policy", "{tmp}/p.toml"),
          "p.toml:2: fail_on: expected a list that includes diverged and error",
          make=_write("p.toml", '[gate]\nfail_on = ["error"]\n')),

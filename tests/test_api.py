@@ -157,3 +157,10 @@ def test_real_engine_passes_and_a_broken_loop_fails():
             check_lossless(base, spec, **kw)
     finally:
         broken.close()
+
+
+def test_nothing_to_judge_is_not_a_pass():
+    """check_lossless([], []) judged nothing: it raises (the gate's FAIL), never returns an empty pass."""
+    with pytest.raises(LosslessError, match="nothing judged") as exc:
+        check_lossless([], [], max_new_tokens=4)
+    assert exc.value.verdicts == [] and exc.value.failed == []

@@ -3,7 +3,7 @@
 Each case of ``tests/bad_inputs.py`` runs as the real command a user types. "Before any model
 loads" shows as: stderr is the single error line (transformers' "Loading weights" progress, a
 traceback or a pytest collection error would add lines), and stdout has no test result. The same
-cases, with their real output, make the table in ``docs/BAD_INPUT.md``; a case missing there fails.
+cases, with their real output, make the bad-input table in ``docs/ERRORS.md``; a case missing there fails.
 """
 
 from __future__ import annotations
@@ -42,6 +42,6 @@ def test_bad_input_is_one_line_with_exit_code_4(case, tmp_path):
 
 
 def test_docs_table_lists_every_case():
-    table = (REPO / "docs" / "BAD_INPUT.md").read_text()
+    table = (REPO / "docs" / "ERRORS.md").read_text()
     missing = [c.id for c in CASES if f"| `{c.id}` |" not in table]
-    assert not missing, f"docs/BAD_INPUT.md lacks {missing}: run python tools/bad_input_table.py"
+    assert not missing, f"docs/ERRORS.md lacks {missing}: run python tools/bad_input_table.py"

@@ -78,3 +78,109 @@ def test_bad_inputs_are_one_line(tmp_path):
     assert bad.returncode == exitcodes.BAD_INPUT and "results.jsonl:1:" in bad.stderr
     no_golden = cli("record", *SELECT)
     assert no_golden.returncode == exitcodes.BAD_INPUT and "--golden" in no_golden.stderr
+
+
+# --------------------------------------------------------------------------- compare: errors and activity
+
+
+@pytest.fixture(scope="module")
+def journal(tmp_path_factory) -> Path:
+    """A real journal: two math prompts gated in-process by `specparity run` (dflash on the fixtures)."""
+    from specparity import cli as cli_main
+
+    root = tmp_path_factory.mktemp("journal")
+    lines = (REPO_ROOT / "prompts" / "default.jsonl").read_text().splitlines()
+    chosen = [line for line in lines[1:] if line.strip() and json.loads(line)["category"] == "math"][:2]
+    prompts = root / "two.jsonl"
+    prompts.write_text(lines[0] + "\n" + "\n".join(chosen) + "\n")
+    assert cli_main.main(["run", "--prompts", str(prompts), "--calibration", "selected", "--max-new-tokens", "12",
+                          "--report", str(root / "r"), "--quiet"]) == exitcodes.PASS
+    return root / "r" / "results.jsonl"
+
+
+def _rewrite(journal: Path, out: Path, edit) -> Path:
+    """A copy of ``journal`` with each line passed through ``edit`` (which returns a list of lines)."""
+    lines = [json.loads(x) for x in journal.read_text().splitlines()]
+    out.write_text("".join(json.dumps(y) + "\n" for x in lines for y in edit(x)))
+    return out
+
+
+def _compare(capsys, *args: str) -> tuple[int, dict]:
+    from specparity import cli as cli_main
+
+    code = cli_main.main(["compare", *args, "--json"])
+    return code, json.loads(capsys.readouterr().out)
+
+
+def test_compare_of_a_journal_with_itself_passes(capsys, journal):
+    code, doc = _compare(capsys, str(journal), str(journal))
+    assert code == exitcodes.PASS, doc
+    assert {p["class"] for p in doc["prompts"]} == {"exact"}
+
+
+@pytest.mark.parametrize("only_common", [False, True])
+def test_compare_keeps_news_errored_prompts_as_errors(capsys, tmp_path, journal, only_common):
+    """A prompt that errored in NEW is an error naming NEW's cause, never dropped (also under --only-common)."""
+    ids = [x["prompt"]["id"] for x in map(json.loads, journal.read_text().splitlines()) if x["kind"] == "prompt"]
+
+    def fail_first(line):
+        if line["kind"] == "prompt" and line["prompt"]["id"] == ids[0]:
+            line["spec"]["error"] = "HTTP 500 from the speculative server"
+        return [line]
+
+    new = _rewrite(journal, tmp_path / "new.jsonl", fail_first)
+    code, doc = _compare(capsys, str(journal), str(new), *(["--only-common"] if only_common else []))
+    assert code == exitcodes.GATE_FAILED, doc
+    verdicts = {p["prompt_id"]: p for p in doc["prompts"]}
+    assert set(verdicts) == set(ids)
+    assert verdicts[ids[0]]["class"] == "error"
+    assert verdicts[ids[0]]["reason"].startswith("errored in NEW") and "HTTP 500" in verdicts[ids[0]]["reason"]
+    assert verdicts[ids[1]]["class"] == "exact"
+
+
+def test_compare_applies_the_activity_rule_when_new_carries_counters(capsys, tmp_path, journal):
+    """NEW's journal holds only run-wide aggregate counters (as a vLLM run's does), and they show no draft
+    accepted: speculation inactive, a failure. The same journal without any counters is not judged on
+    activity (nothing says whether it speculated)."""
+    def aggregate_only(accepted):
+        def edit(line):
+            if line["kind"] == "prompt":
+                line["spec"]["spec"] = {"available": False, "source": "aggregate only"}
+            if line["kind"] == "verdict" and accepted is not None:
+                return [{"kind": "aggregate_counters", "available": True, "proposed": 40, "accepted": accepted,
+                         "verify_steps": 20, "source": "run-wide counters"}, line]
+            return [line]
+        return edit
+
+    inactive = _rewrite(journal, tmp_path / "inactive.jsonl", aggregate_only(0))
+    code, doc = _compare(capsys, str(journal), str(inactive))
+    assert code == exitcodes.GATE_FAILED, doc
+    assert any(f.startswith("speculation inactive") for f in doc["failures"]), doc["failures"]
+
+    active = _rewrite(journal, tmp_path / "active.jsonl", aggregate_only(30))
+    assert _compare(capsys, str(journal), str(active))[0] == exitcodes.PASS
+
+    silent = _rewrite(journal, tmp_path / "silent.jsonl", aggregate_only(None))
+    code, doc = _compare(capsys, str(journal), str(silent))
+    assert code == exitcodes.PASS, doc
+    assert any("activity unknown" in w for w in doc["warnings"])
+
+
+def test_compare_only_common_with_nothing_in_common_fails(capsys, tmp_path, journal):
+    def rename(line):
+        if line["kind"] in ("prompt", "baseline", "calibration"):
+            line["prompt"]["id"] = "other-" + line["prompt"]["id"]
+            for key in ("prompt_id",):
+                if key in line:
+                    line[key] = line["prompt"]["id"]
+            if line.get("verdict"):
+                line["verdict"]["prompt_id"] = line["prompt"]["id"]
+            for side in ("baseline", "spec"):
+                if line.get(side) and "request_id" in line[side]:
+                    line[side]["request_id"] = line["prompt"]["id"]
+        return [line]
+
+    other = _rewrite(journal, tmp_path / "other.jsonl", rename)
+    code, doc = _compare(capsys, str(journal), str(other), "--only-common")
+    assert code == exitcodes.GATE_FAILED, doc
+    assert doc["prompts"] == [] and any(f.startswith("nothing judged") for f in doc["failures"])

@@ -149,3 +149,43 @@ def test_drifted_keeps_its_own_policy_under_a_declaration():
     run = _declared(["exact", "drifted"], bit_exact=False)
     assert not decide(run).passed
     assert decide(run, GatePolicy(bit_exact=False, drift="warn", max_near_tie=0.5)).passed
+
+
+def test_an_empty_run_is_never_a_pass():
+    """No prompt judged (an empty selection, nothing in common): a failure, not a vacuous pass."""
+    decision = decide(_run([]))
+    assert not decision.passed and decision.exit_code == 1
+    assert decision.failures == ["nothing judged: no prompt was selected or in common, and a run that judges "
+                                 "nothing never passes"]  # and no "activity unknown" on top
+
+
+@pytest.mark.parametrize("counters, paths_ok, floor_ok", [
+    ("steps", True, True), ("request", False, True), ("aggregate", False, True), ("none", False, False)])
+def test_counter_rules_are_refused_where_the_counters_cannot_check_them(counters, paths_ok, floor_ok):
+    """Path coverage needs per-step records; a mean accept length needs any counters (request totals
+    and aggregates give emitted tokens and verify steps too)."""
+    from specparity.options import BadInput, check_counters
+
+    origin = {"require_all_paths": "--require-all-paths", "min_accept_length": "ci/policy.toml:5: min_accept_length"}
+    for policy, ok in ((GatePolicy(require_paths=2), paths_ok), (GatePolicy(min_accept_length=1.5), floor_ok),
+                       (GatePolicy(), True)):
+        if ok:
+            check_counters(policy, counters, "e", origin)
+            continue
+        with pytest.raises(BadInput) as exc:
+            check_counters(policy, counters, "e", origin)
+        line = str(exc.value)
+        assert "\n" not in line and f"engine 'e' reports " in line
+        assert line.startswith("--require-all-paths 2: " if policy.require_paths else
+                               "ci/policy.toml:5: min_accept_length 1.5: ")
+
+
+def test_every_built_in_engine_declares_its_counters():
+    """Declared statically, so a policy they cannot check is refused before anything loads; the values
+    are those each engine's capabilities() reports once built."""
+    from specparity.engines import engine_info, resolve_factory
+
+    declared = {name: engine_info(resolve_factory(name, "--engine")).counters
+                for name in ("hf", "dflash", "llamacpp", "sglang", "vllm")}
+    assert declared == {"hf": "steps", "dflash": "steps", "llamacpp": "request", "sglang": "request",
+                        "vllm": "aggregate"}

@@ -113,7 +113,11 @@ def test_generate_spec_off_0_5_23_and_the_missing_counters_trap():
     assert finish == "stop" and len(ids) == 10 and not any(k.startswith("spec_") for k in meta)
     with pytest.raises(ServerError, match="declares speculative_algorithm=DFLASH .* no spec_\\* keys"):
         spec_stats(meta, len(ids), "DFLASH")
-    assert spec_stats(meta, len(ids), None).available is False
+    # a "speculative" server that declares no algorithm does not speculate: inactive (0 proposed, 0
+    # verify steps, reported), which the gate fails, never "unknown" (which --allow-unknown-activity passes)
+    none = spec_stats(meta, len(ids), None)
+    assert (none.available, none.proposed, none.accepted, none.verify_steps) == (True, 0, 0, 0)
+    assert "declares no speculative_algorithm" in none.source
     assert spec_stats(meta, len(ids), UNKNOWN).available is False
     one = spec_stats(meta, 1, "DFLASH")  # a 1-token answer finished at the prefill: no verify step
     assert one.available and one.verify_steps == 0
@@ -626,3 +630,48 @@ def test_gate_one_sided_determinism_is_not_strict(servers, tmp_path):
     assert f"near-tie policy: {line}" in proc.stdout
     assert f"- Near-tie policy: {line}" in _summary(tmp_path / "report")
     assert records[-1]["status"] == "PASS"
+
+
+@pytest.mark.parametrize("value", [None, "NONE", "None", "null", ""])
+def test_every_spelling_of_no_algorithm_declares_none(value):
+    """SGLang's /server_info prints SpeculativeAlgorithm.NONE as "NONE"; null and the other
+    spellings mean the same: no speculation (not an algorithm called "NONE")."""
+    from specparity.engines.sglang import declared_name
+
+    assert declared_name(value) is None
+    assert declared_name("DFLASH") == "DFLASH"
+
+
+def test_spec_server_that_declares_no_algorithm_is_speculation_inactive(tmp_path):
+    """Two plain servers given as baseline and "speculative": every prompt is exact, yet the gate fails
+    as "speculation inactive" (exit 1), also under --allow-unknown-activity: nothing is unknown here."""
+    with SGLangEmulator() as base, SGLangEmulator() as plain:
+        assert plain.server_info()["speculative_algorithm"] is None
+        proc, records = run_lossless("sglang", base.url, plain.url, tmp_path / "report", "--target", str(TARGET),
+                                     "--allow-unknown-activity")
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1, out[-4000:]
+    prompts = [r for r in records if r["kind"] == "prompt"]
+    assert prompts and all(r["verdict"]["class"] == "exact" for r in prompts)
+    assert all("declares no speculative_algorithm" in r["spec"]["spec"]["source"] for r in prompts)
+    verdict = records[-1]
+    assert verdict["kind"] == "verdict" and verdict["exit_code"] == 1
+    assert any(f.startswith("speculation inactive") for f in verdict["failures"]), verdict["failures"]
+    assert not any("unknown" in f for f in verdict["failures"])
+
+
+def test_live_acceptance_probe_calls_a_server_without_an_algorithm_a_failure(servers):
+    """The live acceptance probe against a "speculative" server that declares no algorithm: speculation
+    never ran (a failure), not "unknown" (which a CI gate might let through)."""
+    from specparity.probes import live
+    from specparity.probes.finding import Status
+
+    base, _ = servers
+    with SGLangEmulator() as plain:
+        engine = engine_for(base.url, plain.url)
+        try:
+            finding = live.acceptance_floor(engine, prompts=live.PROMPTS[:1], max_new_tokens=8)
+        finally:
+            engine.close()
+    assert finding.status is Status.FAIL, finding.render()
+    assert "speculation never ran" in finding.summary

@@ -142,6 +142,10 @@ class EngineInfo:
     takes none). ``options``: accepted ``--engine-opt`` keys. ``dtypes``: accepted ``--dtype``
     values (empty: the engine has no dtype, e.g. a server). ``local_models``: ``--target`` /
     ``--draft`` must be local model directories (a typo must never become a hub download).
+    ``counters``: the :attr:`Capabilities.counters` kind every engine of this kind reports, known
+    without loading it (None: unknown until the engine is built, e.g. a plugin that does not say),
+    so a policy the counters cannot check (``--require-all-paths`` needs per-step records,
+    ``min_accept_length`` any counters) is refused before anything loads or launches.
     """
 
     name: str
@@ -154,6 +158,8 @@ class EngineInfo:
     check: Callable[["EngineOptions"], None] | None = None
     #: Whether the engine talks to servers (``--baseline-url``/``--spec-url``/``--preset`` apply).
     server: bool = False
+    #: How this engine kind counts speculation (see ``counters`` above); None: known only once built.
+    counters: Literal["steps", "request", "aggregate", "none"] | None = None
 
 
 def step_record(

@@ -47,7 +47,8 @@ from specparity.types import ArtifactId, GenerationRequest, StepRecord
 SPEC_MODES = {"dflash2": ("DFlash2DraftModel", "dflash2"), "dflash1": ("DFlashDraftModel", "dflash1")}
 #: ``dflash_config`` keys a DFlash2 draft must carry; without them it silently runs as v1 (REFERENCE §1 trap c).
 DFLASH2_KEYS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
-INFO = EngineInfo("dflash", spec_modes=tuple(SPEC_MODES), options=HF_OPTIONS, check=check_engine_options)
+INFO = EngineInfo("dflash", spec_modes=tuple(SPEC_MODES), options=HF_OPTIONS, check=check_engine_options,
+                  counters="steps")
 SOURCE = "target forward hook (verify blocks), cross-checked with dflash acceptance_lengths"
 
 

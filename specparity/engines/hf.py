@@ -37,7 +37,7 @@ HF_OPTIONS = {
                             "a calibrated checkpoint) or per_head (calibrated per layer and KV head)",
                             choices=KV_SCALE_MODES),
 }
-INFO = EngineInfo("hf", spec_modes=SPEC_MODES, options=HF_OPTIONS, check=check_engine_options)
+INFO = EngineInfo("hf", spec_modes=SPEC_MODES, options=HF_OPTIONS, check=check_engine_options, counters="steps")
 
 
 class RecordingCandidateGenerator:

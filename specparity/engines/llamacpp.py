@@ -243,7 +243,7 @@ def check_options(options: EngineOptions) -> None:
 
 
 INFO = EngineInfo("llamacpp", spec_modes=SPEC_TYPES, options=OPTIONS, dtypes=(), local_models=False,
-                  check=check_options, server=True)
+                  check=check_options, server=True, counters="request")
 
 
 def utf8_complete_len(data: bytes) -> int:

@@ -261,7 +261,8 @@ def check_options(options: EngineOptions) -> None:
         launch_configs(options)
 
 
-INFO = EngineInfo("sglang", options=OPTIONS, dtypes=(), local_models=False, check=check_options, server=True)
+INFO = EngineInfo("sglang", options=OPTIONS, dtypes=(), local_models=False, check=check_options, server=True,
+                  counters="request")
 
 
 # ---------------------------------------------------------------------------------------------- wire format
@@ -344,6 +345,18 @@ def _first(meta: dict[str, Any], *keys: str) -> Any:
 UNKNOWN = "<unknown>"
 
 
+#: How SGLang's /server_info spells "no speculative algorithm" (None, or the enum's name as a string).
+NO_ALGORITHM = ("", "none", "null")
+
+
+def declared_name(value: Any) -> str | None:
+    """The declared ``speculative_algorithm``, None for every spelling of "none" (SGLang prints its
+    ``SpeculativeAlgorithm.NONE`` enum as ``"NONE"``)."""
+    if value is None or str(value).strip().lower() in NO_ALGORITHM:
+        return None
+    return str(value)
+
+
 def spec_stats(meta: dict[str, Any], n_out: int, declared: str | None) -> SpecStats:
     """Per-request counters of a speculative answer. ``declared``: the server's ``speculative_algorithm``
     (None: it declares none; :data:`UNKNOWN`: ``/server_info`` unreadable)."""
@@ -367,9 +380,10 @@ def spec_stats(meta: dict[str, Any], n_out: int, declared: str | None) -> SpecSt
         return SpecStats(True, proposed=0, accepted=0, verify_steps=int(sum(histogram)),
                          source="sglang meta_info spec_correct_drafts_histogram only (speculative_num_draft_tokens "
                                 "<= 1: no draft tokens proposed)")
-    if declared is None:
-        return SpecStats.unavailable("the speculative server declares no speculative_algorithm in /server_info: "
-                                     "it does not speculate")
+    if declared is None:  # a server launched without speculation: inactive, which fails, never "unknown"
+        return SpecStats(True, proposed=0, accepted=0, verify_steps=0,
+                         source="the speculative server declares no speculative_algorithm in /server_info: it does "
+                                "not speculate")
     if n_out < 2:
         return SpecStats(True, source="sglang: finished after the prefill token, no verify step (no spec_* keys)")
     if declared == UNKNOWN:
@@ -466,7 +480,7 @@ class SGLangEngine(ServerEngine):
         info = self.raw_server_info(endpoint)
         if not info or "speculative_algorithm" not in info:
             return UNKNOWN
-        return info.get("speculative_algorithm") or None
+        return declared_name(info.get("speculative_algorithm"))
 
     def server_info(self, endpoint: Endpoint) -> dict[str, Any]:
         info = self.raw_server_info(endpoint) or {}

@@ -354,7 +354,8 @@ def check_options(options: EngineOptions) -> None:
         launch_configs(options)
 
 
-INFO = EngineInfo("vllm", options=OPTIONS, dtypes=(), local_models=False, check=check_options, server=True)
+INFO = EngineInfo("vllm", options=OPTIONS, dtypes=(), local_models=False, check=check_options, server=True,
+                  counters="aggregate")
 
 
 # ---------------------------------------------------------------------------------------------- wire format

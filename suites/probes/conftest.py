@@ -82,3 +82,22 @@ def live_engine(pytestconfig: pytest.Config):
         pytest.fail(f"cannot load live engine {spec!r}: {exc}", pytrace=False)
     yield engine
     engine.close()
+
+
+@pytest.fixture(scope="session")
+def judge(pytestconfig: pytest.Config):
+    """``check_verdict`` under the gate policy (``--policy FILE``): a probe answering unknown fails
+    unless the policy's ``allow_unknown`` names it; without a policy, unknown skips with the reason."""
+    from specparity.policy import PolicyError, allowed_unknown, judge_unknown
+    from specparity.pytest_options import check_verdict
+
+    policy = _opt(pytestconfig, "policy")
+    try:
+        allowed = allowed_unknown(policy) if policy else None
+    except PolicyError as exc:  # the gate plugin refuses it first (exit 4); without the plugin, one line here
+        pytest.fail(f"specparity: {exc}", pytrace=False)
+
+    def judge_finding(finding) -> None:
+        check_verdict(finding if allowed is None else judge_unknown(finding, allowed, policy))
+
+    return judge_finding

@@ -1,4 +1,5 @@
-"""One test per probe. A predicted failure fails with its evidence; unknown skips with the reason.
+"""One test per probe. A predicted failure fails with its evidence; unknown skips with the reason,
+or fails under ``--policy FILE`` unless the policy's ``allow_unknown`` names the probe.
 
 Static probes read checkpoint headers, configs and the engine's source; nothing is loaded onto
 a GPU. Live probes need ``--probe-live-engine`` and drive the engine through the engine protocol.
@@ -10,24 +11,23 @@ import pytest
 
 from specparity.probes import live
 from specparity.probes.inputs import STATIC_PROBES
-from specparity.pytest_options import check_verdict
 
 
 @pytest.mark.parametrize("probe", list(STATIC_PROBES))
-def test_static_probe(probe_ctx, probe):
-    check_verdict(STATIC_PROBES[probe](probe_ctx))
+def test_static_probe(probe_ctx, probe, judge):
+    judge(STATIC_PROBES[probe](probe_ctx))
 
 
-def test_first_decode(live_engine):
-    check_verdict(live.first_decode(live_engine))
+def test_first_decode(live_engine, judge):
+    judge(live.first_decode(live_engine))
 
 
-def test_acceptance_floor(live_engine, pytestconfig):
+def test_acceptance_floor(live_engine, pytestconfig, judge):
     recorded = pytestconfig.getoption("probe_recorded_accept_length", default=None)
     record_file = pytestconfig.getoption("probe_accept_record", default=None)
     if recorded is None and record_file:
         recorded = live.load_recorded(record_file, live_engine.fingerprint())
-    check_verdict(live.acceptance_floor(
+    judge(live.acceptance_floor(
         live_engine,
         floor=pytestconfig.getoption("probe_accept_floor", default=live.DEFAULT_FLOOR),
         recorded=recorded,
@@ -35,9 +35,9 @@ def test_acceptance_floor(live_engine, pytestconfig):
     ))
 
 
-def test_mamba_stress(live_engine, pytestconfig):
-    check_verdict(live.mamba_stress(live_engine, requests=pytestconfig.getoption("probe_stress_requests", default=8)))
+def test_mamba_stress(live_engine, pytestconfig, judge):
+    judge(live.mamba_stress(live_engine, requests=pytestconfig.getoption("probe_stress_requests", default=8)))
 
 
-def test_self_draft(live_engine):
-    check_verdict(live.self_draft(live_engine))
+def test_self_draft(live_engine, judge):
+    judge(live.self_draft(live_engine))

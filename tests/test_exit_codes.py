@@ -1,0 +1,381 @@
+"""One exit-code table for every entry point (docs/ERRORS.md, :mod:`specparity.exitcodes`).
+
+Each (entry point, code) pair is either produced here, produced by a named test elsewhere (a run
+that is slow to start twice: a real Ctrl-C, a full ``ci/gate.sh`` run), or impossible for a reason
+this file states; :func:`test_every_code_of_every_entry_point_is_accounted_for` checks that the
+three together cover the whole table. Runs are tiny: one prompt, ``--calibration selected``, a few
+tokens; processes only where the entry point is a process (``pytest``, ``specparity lossless``,
+``ci/gate.sh``), the rest in-process through ``cli.main``.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import subprocess
+import sys
+from itertools import product
+from pathlib import Path
+from typing import Callable
+
+import pytest
+
+from specparity import cli, exitcodes
+from specparity.fixtures import REPO_ROOT
+
+TESTS = REPO_ROOT / "tests"
+ENGINES = TESTS / "exit_code_engines.py"
+PROMPT_ID = "repeat-en-001"
+#: Its id in the one-prompt file: no golden holds it (``compare --only-common`` then has nothing in common).
+RENAMED = "exit-codes-001"
+GOLDEN = REPO_ROOT / "golden" / "dflash-float32.jsonl"
+FIXTURES = REPO_ROOT / "fixtures" / "models"
+
+ENTRY_POINTS = ("pytest suites/lossless", "specparity run", "specparity lossless", "specparity compare",
+                "specparity report", "specparity probe", "ci/gate.sh", "api.check_lossless")
+CODES = (exitcodes.PASS, exitcodes.GATE_FAILED, exitcodes.INTERRUPTED, exitcodes.ENGINE_ERROR, exitcodes.BAD_INPUT)
+
+#: Codes an entry point cannot end with, and why (docs/ERRORS.md says the same).
+IMPOSSIBLE = {
+    ("api.check_lossless", exitcodes.INTERRUPTED): "a function, not a process: Ctrl-C is the caller's KeyboardInterrupt",
+    ("api.check_lossless", exitcodes.ENGINE_ERROR): "it runs no engine: the caller built the outputs it compares",
+}
+
+#: Codes produced by another test (node ids, checked to exist).
+ELSEWHERE = {
+    ("pytest suites/lossless", exitcodes.INTERRUPTED):
+        "tests/test_no_silent_pass.py::test_ctrl_c_in_the_speculative_phase_leaves_no_stale_verdict",
+    ("specparity run", exitcodes.INTERRUPTED): "tests/test_cli.py::test_ctrl_c_exits_2_after_showing_the_partial_run",
+    ("ci/gate.sh", exitcodes.PASS): "tests/test_ci_gate.py::test_lossless_pass_writes_junit_reports_and_summary",
+    ("ci/gate.sh", exitcodes.GATE_FAILED): "tests/test_ci_gate.py::test_selection_that_matches_nothing_fails",
+    ("ci/gate.sh", exitcodes.BAD_INPUT): "tests/test_ci_gate.py::test_no_engine_configured_is_refused",
+}
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+@pytest.fixture(scope="module")
+def one_prompt(tmp_path_factory) -> Path:
+    lines = (REPO_ROOT / "prompts" / "default.jsonl").read_text().splitlines()
+    chosen = [line for line in lines[1:] if line.strip() and json.loads(line)["id"] == PROMPT_ID]
+    assert len(chosen) == 1
+    path = tmp_path_factory.mktemp("prompts") / "one.jsonl"
+    line = json.dumps({**json.loads(chosen[0]), "id": RENAMED})
+    path.write_text('{"specparity_prompts": 1, "description": "one prompt for the exit-code tests"}\n' + line + "\n")
+    return path
+
+
+def gate_argv(prompts: Path, report: Path, *extra: str) -> list[str]:
+    return ["--prompts", str(prompts), "--calibration", "selected", "--max-new-tokens", "12", "--report", str(report),
+            *extra]
+
+
+def policy(path: Path, **keys: object) -> Path:
+    body = {"fail_on": ["diverged", "error", "drifted"], **keys}
+    path.write_text("[gate]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in body.items()))
+    return path
+
+
+def main(capsys, *argv: str) -> tuple[int, str]:
+    code = cli.main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out + err
+
+
+def process(*argv: str | Path, cwd: Path = REPO_ROOT) -> tuple[int, str]:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), str(TESTS)]),
+           "PYTHON": sys.executable}
+    env.pop("SPECPARITY_POLICY", None)
+    proc = subprocess.run([str(a) for a in argv], cwd=cwd, capture_output=True, text=True, env=env)
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+def pytest_lossless(*args: str | Path) -> tuple[int, str]:
+    return process(sys.executable, "-m", "pytest", "suites/lossless", "-q", "-p", "no:cacheprovider", *args)
+
+
+def specparity_lossless(*args: str | Path) -> tuple[int, str]:
+    return process(sys.executable, "-c", "import sys; from specparity.cli import main; sys.exit(main())",
+                   "lossless", "-q", "-p", "no:cacheprovider", *args)
+
+
+@pytest.fixture(scope="module")
+def journals(tmp_path_factory, one_prompt) -> dict[int, Path]:
+    """Report directories of finished runs ending 0, 1, 2 (interrupted) and 3 (no noise measured),
+    made in-process by `specparity run`; `specparity report` rebuilds each."""
+    root = tmp_path_factory.mktemp("journals")
+    out: dict[int, Path] = {}
+    floor = policy(root / "floor.toml", min_accept_length=99)
+    for code, extra in ((exitcodes.PASS, ()), (exitcodes.GATE_FAILED, ("--policy", str(floor))),
+                        (exitcodes.ENGINE_ERROR, ("--engine", f"{ENGINES}:no_baseline"))):
+        report = root / str(code)
+        assert cli.main(["run", *gate_argv(one_prompt, report), "--quiet", *extra]) == code
+        out[code] = report
+    # an interrupted run's journal: the finished run's lines up to the end of its prompts, then Ctrl-C
+    interrupted = root / "2"
+    interrupted.mkdir()
+    lines = [json.loads(x) for x in (out[exitcodes.PASS] / "results.jsonl").read_text().splitlines()]
+    kept = [x for x in lines if x["kind"] not in ("timings", "verdict", "aggregate_counters")]
+    kept.append({"kind": "interrupted", "finished_prompts": 1})
+    (interrupted / "results.jsonl").write_text("".join(json.dumps(x) + "\n" for x in kept))
+    out[exitcodes.INTERRUPTED] = interrupted
+    return out
+
+
+# --------------------------------------------------------------------------- cases
+
+
+def _pytest_pass(tmp_path, capsys, one_prompt, journals, monkeypatch):
+    return pytest_lossless(*gate_argv(one_prompt, tmp_path / "r")), "specparity lossless gate: PASS"
+
+
+def _pytest_nothing_selected(tmp_path, capsys, one_prompt, journals, monkeypatch):
+    return pytest_lossless(*gate_argv(one_prompt, tmp_path / "r"), "-k", "no_such_prompt"), "nothing judged"
+
+
+def _pytest_cannot_load(tmp_path, capsys, one_prompt, journals, monkeypatch):
+    return (pytest_lossless(*gate_argv(one_prompt, tmp_path / "r"), "--engine", f"{ENGINES}:unloadable"),
+            "the accelerator is gone")
+
+
+def _pytest_bad_input(tmp_path, capsys, one_prompt, journals, monkeypatch):
+    return pytest_lossless("--max-near-tie", "3"), "--max-near-tie 3: expected a number in [0, 1]"
+
+
+def _run_pass(tmp_path, capsys, one_prompt, journals, monkeypatch):
+    return main(capsys, "run", *gate_argv(one_prompt, tmp_path / "r")), "specparity lossless gate: PASS"
+
+
+def _run_floor(tmp_path, capsys, one_prompt, journals, monkeypatch):
+    floor = policy(tmp_path / "floor.toml", min_accept_length=99)
+    return main(capsys, "run", *gate_argv(one_prompt, tmp_path / "r"), "--policy", str(floor)), "acceptance floor"
+
+
+def _run_no_noise(tmp_path, capsys, one_prompt, journals, monkeypatch):
+    return (main(capsys, "run", *gate_argv(one_prompt, tmp_path / "r"), "--engine", f"{ENGINES}:no_baseline"),
+            "no baseline could be decoded and scored")
+
+
+def _run_report_write_fails(tmp_path, capsys, one_prompt, journals, monkeypatch):
+    import specparity.runner
+
+    def disk_full(run, decision, report_dir):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(specparity.runner, "write_reports", disk_full)
+    code, text = main(capsys, "run", *gate_argv(one_prompt, tmp_path / "r"))
+    assert "the gate's verdict was PASS" in text  # the verdict reached is said, not lost
+    assert json.loads((tmp_path / "r" / "results.jsonl").read_text().splitlines()[-1])["status"] == "PASS"
+    return (code, text), "writing the verdict and reports failed (OSError: No space left on device)"
+
+
+def _run_paths_on_request_totals(tmp_path, capsys, one_prompt, journals, monkeypatch):
+    """Counters known only once the plugin is built: refused then, before any prompt runs (no journal)."""
+    code, text = main(capsys, "run", *gate_argv(one_prompt, tmp_path / "r"), "--engine",
+                      f"{ENGINES}:request_totals", "--require-all-paths", "2")
+    assert not (tmp_path / "r" / "results.jsonl").exists()
+    return (code, text), "--require-all-paths 2: engine"
+
+
+def _lossless_pass(tmp_path, capsys, one_prompt, journals, monkeypatch):
+    return specparity_lossless(*gate_argv(one_prompt, tmp_path / "r")), "specparity lossless gate: PASS"
+
+
+def _lossless_nothing_selected(tmp_path, capsys, one_prompt, journals, monkeypatch):
+    return specparity_lossless(*gate_argv(one_prompt, tmp_path / "r"), "-k", "no_such_prompt"), "nothing judged"
+
+
+def _lossless_nothing_collected_without_the_plugin(tmp_path, capsys, one_prompt, journals, monkeypatch):
+    """pytest's own 5 never escapes `specparity lossless`, even when the plugin cannot map it."""
+    return specparity_lossless("-p", "no:specparity", "-k", "no_such_prompt"), "nothing judged"
+
+
+def _lossless_interrupted(tmp_path, capsys, one_prompt, journals, monkeypatch):
+    return (specparity_lossless(*gate_argv(one_prompt, tmp_path / "r"), "--engine",
+                                f"{TESTS / 'fault_engines.py'}:interrupting", "--engine-opt", "interrupt_after=1"),
+            "specparity lossless gate: INTERRUPTED")
+
+
+def _lossless_cannot_load(tmp_path, capsys, one_prompt, journals, monkeypatch):
+    return (specparity_lossless(*gate_argv(one_prompt, tmp_path / "r"), "--engine", f"{ENGINES}:unloadable"),
+            "cannot load engine")
+
+
+def _lossless_bad_input(tmp_path, capsys, one_prompt, journals, monkeypatch):
+    return specparity_lossless("--categories", "nosuch"), "--categories: unknown nosuch"
+
+
+def _compare_pass(tmp_path, capsys, one_prompt, journals, monkeypatch):
+    return main(capsys, "compare", str(GOLDEN), str(GOLDEN)), "PASS"
+
+
+def _compare_nothing_in_common(tmp_path, capsys, one_prompt, journals, monkeypatch):
+    return (main(capsys, "compare", str(GOLDEN), str(journals[exitcodes.PASS]), "--only-common"),
+            "nothing judged")
+
+
+def _compare_interrupted(tmp_path, capsys, one_prompt, journals, monkeypatch):
+    import specparity.cli_golden
+
+    def ctrl_c(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(specparity.cli_golden, "_load_side", ctrl_c)
+    return main(capsys, "compare", str(GOLDEN), str(GOLDEN)), "interrupted (Ctrl-C)"
+
+
+def _compare_report_write_fails(tmp_path, capsys, one_prompt, journals, monkeypatch):
+    import specparity.report
+
+    def disk_full(run, decision, report_dir):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(specparity.report, "write_reports", disk_full)
+    return (main(capsys, "compare", str(GOLDEN), str(GOLDEN), "--report", str(tmp_path / "c")),
+            "writing the verdict and reports failed")
+
+
+def _compare_bad_input(tmp_path, capsys, one_prompt, journals, monkeypatch):
+    return main(capsys, "compare", str(GOLDEN), str(tmp_path / "missing.jsonl")), "NEW"
+
+
+def _report(code: int) -> Callable:
+    def case(tmp_path, capsys, one_prompt, journals, monkeypatch):
+        status = {0: "PASS", 1: "FAIL", 2: "INTERRUPTED", 3: "FAIL"}[code]
+        return main(capsys, "report", str(journals[code]), "--out", str(tmp_path / "out")), f"gate: {status}"
+
+    return case
+
+
+def _report_bad_input(tmp_path, capsys, one_prompt, journals, monkeypatch):
+    return main(capsys, "report", str(tmp_path / "nowhere")), "nowhere"
+
+
+PROBE = ("probe", "--target", str(FIXTURES / "target"), "--draft", str(FIXTURES / "dflash2"))
+
+
+def _probe_pass(tmp_path, capsys, one_prompt, journals, monkeypatch):
+    return main(capsys, *PROBE, "--engine", "sglang==0.5.23"), "dflash2-format"
+
+
+def _probe_unknown_not_allowed(tmp_path, capsys, one_prompt, journals, monkeypatch):
+    """llama.cpp's lm-head probe answers unknown: a failure under a policy that does not name it."""
+    strict = policy(tmp_path / "strict.toml", allow_unknown=["draft-fp8-scales"])
+    code, text = main(capsys, *PROBE, "--engine", "llamacpp==11434", "--policy", str(strict), "--format", "json")
+    statuses = {v["probe"]: v["status"] for v in json.loads(text[:text.rindex("]") + 1])}
+    assert statuses["lm-head"] == "fail" and statuses["draft-fp8-scales"] == "unknown"
+    return (code, text), "unknown, and the policy"
+
+
+def _probe_interrupted(tmp_path, capsys, one_prompt, journals, monkeypatch):
+    import specparity.probes.inputs
+
+    def ctrl_c(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(specparity.probes.inputs, "prepare", ctrl_c)
+    return main(capsys, *PROBE, "--engine", "sglang==0.5.23"), "interrupted (Ctrl-C)"
+
+
+def _probe_live_engine_fails(tmp_path, capsys, one_prompt, journals, monkeypatch):
+    return (main(capsys, *PROBE, "--engine", "sglang==0.5.23", "--live-engine", f"{ENGINES}:unloadable"),
+            "the accelerator is gone")
+
+
+def _probe_bad_input(tmp_path, capsys, one_prompt, journals, monkeypatch):
+    return main(capsys, *PROBE, "--engine", "sglang"), "sglang"
+
+
+def _gate_interrupted(tmp_path, capsys, one_prompt, journals, monkeypatch):
+    """A suite interrupted under the script: its 2 is the worst code, which the script exits with."""
+    return (process("bash", REPO_ROOT / "ci" / "gate.sh", "--engine", f"{TESTS / 'fault_engines.py'}:interrupting",
+                    "--report", tmp_path / "g", "--", *gate_argv(one_prompt, tmp_path / "unused")[:-2],
+                    "--engine-opt", "interrupt_after=1", cwd=tmp_path),
+            "worst: exit 2")
+
+
+def _gate_engine_error(tmp_path, capsys, one_prompt, journals, monkeypatch):
+    return (process("bash", REPO_ROOT / "ci" / "gate.sh", "--engine", f"{ENGINES}:unloadable", "--report",
+                    tmp_path / "g", "--", "--prompts", one_prompt, "--calibration", "selected", cwd=tmp_path),
+            "worst: exit 3")
+
+
+def _api(code: int) -> Callable:
+    """check_lossless returns (0), raises LosslessError, an AssertionError (1: a failed or empty
+    comparison) or ValueError (4: arguments it cannot use)."""
+    from specparity.api import LosslessError, check_lossless
+
+    def case(tmp_path, capsys, one_prompt, journals, monkeypatch):
+        try:
+            if code == exitcodes.PASS:
+                check_lossless([[5, 6, 7]], [[5, 6, 7]], max_new_tokens=3)
+            elif code == exitcodes.GATE_FAILED:
+                check_lossless([], [], max_new_tokens=3)
+            else:
+                check_lossless([[5, 6, 7]], [], max_new_tokens=3)
+        except LosslessError as exc:
+            return (exitcodes.GATE_FAILED, str(exc)), "nothing judged"
+        except ValueError as exc:
+            return (exitcodes.BAD_INPUT, str(exc)), "1 baseline outputs but 0 speculative outputs"
+        return (exitcodes.PASS, "returned"), "returned"
+
+    return case
+
+
+CASES: dict[tuple[str, int], list[Callable]] = {
+    ("pytest suites/lossless", 0): [_pytest_pass],
+    ("pytest suites/lossless", 1): [_pytest_nothing_selected],
+    ("pytest suites/lossless", 3): [_pytest_cannot_load],
+    ("pytest suites/lossless", 4): [_pytest_bad_input],
+    ("specparity run", 0): [_run_pass],
+    ("specparity run", 1): [_run_floor],
+    ("specparity run", 3): [_run_no_noise, _run_report_write_fails],
+    ("specparity run", 4): [_run_paths_on_request_totals],
+    ("specparity lossless", 0): [_lossless_pass],
+    ("specparity lossless", 1): [_lossless_nothing_selected, _lossless_nothing_collected_without_the_plugin],
+    ("specparity lossless", 2): [_lossless_interrupted],
+    ("specparity lossless", 3): [_lossless_cannot_load],
+    ("specparity lossless", 4): [_lossless_bad_input],
+    ("specparity compare", 0): [_compare_pass],
+    ("specparity compare", 1): [_compare_nothing_in_common],
+    ("specparity compare", 2): [_compare_interrupted],
+    ("specparity compare", 3): [_compare_report_write_fails],
+    ("specparity compare", 4): [_compare_bad_input],
+    ("specparity report", 0): [_report(0)],
+    ("specparity report", 1): [_report(1)],
+    ("specparity report", 2): [_report(2)],
+    ("specparity report", 3): [_report(3)],
+    ("specparity report", 4): [_report_bad_input],
+    ("specparity probe", 0): [_probe_pass],
+    ("specparity probe", 1): [_probe_unknown_not_allowed],
+    ("specparity probe", 2): [_probe_interrupted],
+    ("specparity probe", 3): [_probe_live_engine_fails],
+    ("specparity probe", 4): [_probe_bad_input],
+    ("ci/gate.sh", 2): [_gate_interrupted],
+    ("ci/gate.sh", 3): [_gate_engine_error],
+    ("api.check_lossless", 0): [_api(0)],
+    ("api.check_lossless", 1): [_api(1)],
+    ("api.check_lossless", 4): [_api(4)],
+}
+
+
+def test_every_code_of_every_entry_point_is_accounted_for():
+    table = set(product(ENTRY_POINTS, CODES))
+    here, elsewhere, impossible = set(CASES), set(ELSEWHERE), set(IMPOSSIBLE)
+    assert not (here & elsewhere) and not (here & impossible) and not (elsewhere & impossible)
+    assert here | elsewhere | impossible == table, sorted(table - here - elsewhere - impossible)
+    for node in ELSEWHERE.values():
+        path, name = node.split("::")
+        defined = {f.name for f in ast.parse((REPO_ROOT / path).read_text()).body if isinstance(f, ast.FunctionDef)}
+        assert name in defined, node
+
+
+@pytest.mark.parametrize("entry, code, case", [(e, c, f) for (e, c), fs in CASES.items() for f in fs],
+                         ids=[f"{e}-{c}-{f.__name__.strip('_')}" for (e, c), fs in CASES.items() for f in fs])
+def test_exit_code(entry, code, case, tmp_path, capsys, one_prompt, journals, monkeypatch):
+    (got, text), fragment = case(tmp_path, capsys, one_prompt, journals, monkeypatch)
+    assert got == code, text[-3000:]
+    assert fragment in text, text[-3000:]
+    assert "Traceback" not in text, text[-3000:]
