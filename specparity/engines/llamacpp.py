@@ -56,8 +56,14 @@ from specparity.engines.launch import ServerProcess
 from specparity.engines.presets import fill, get_preset, presets_for
 from specparity.engines.common import artifact
 from specparity.engines.gguf_meta import GGUFError, GGUFVocab, read_vocab
-from specparity.engines.server import HFTokenizer, ServerEngine, open_sessions, resolve_tokenizer_dir
-from specparity.fixtures import MANIFEST, fixture_dir
+from specparity.engines.server import (
+    HFTokenizer,
+    ServerEngine,
+    check_distinct_sides,
+    open_sessions,
+    resolve_tokenizer_dir,
+)
+from specparity.fixtures import MANIFEST, fixture_dir, in_checkout
 from specparity.types import ArtifactId, GenerationRequest, GenerationResult, SpecStats, TokenScores
 
 SPEC_TYPES = ("draft-simple", "draft-eagle3", "draft-mtp", "draft-dflash", "draft-dspark", "ngram-simple",
@@ -166,9 +172,11 @@ OPTIONS = {
 
 def _resolve_paths(options: EngineOptions, spec_type: str) -> tuple[str, str | None]:
     """(target GGUF, draft GGUF or None) from --target/--draft or the converted fixtures."""
-    ggufs = fixture_gguf_dir()
     hint = "convert the fixtures with `python tools/llamacpp/convert_gguf.py`"
-    target = options.target or str(ggufs / "target.gguf")
+    if not options.target and not in_checkout():
+        raise ValueError("--target: not given, and the installed specparity package carries no fixture models; "
+                         "give the target GGUF (--target PATH.gguf)")
+    target = options.target or str(fixture_gguf_dir() / "target.gguf")
     if not Path(target).is_file() or not target.endswith(".gguf"):
         flag = "--target" if options.target else "the fixture target GGUF"
         raise ValueError(f"{flag} {target}: expected an existing .gguf file" + ("" if options.target else f"; {hint}"))
@@ -178,10 +186,13 @@ def _resolve_paths(options: EngineOptions, spec_type: str) -> tuple[str, str | N
         if not Path(draft).is_file() or not draft.endswith(".gguf"):
             raise ValueError(f"--draft {draft}: expected an existing .gguf file")
     if spec_type in DRAFT_TYPES:
-        default = DEFAULT_DRAFT.get(spec_type)
-        draft = options.draft or (str(ggufs / f"{default}.gguf") if default else None)
+        # the fixture drafts go only with the fixture target (no --target)
+        default = DEFAULT_DRAFT.get(spec_type) if not options.target else None
+        draft = options.draft or (str(fixture_gguf_dir() / f"{default}.gguf") if default else None)
         if draft is None:
-            raise ValueError(f"--spec-mode {spec_type} needs --draft DRAFT.gguf")
+            raise ValueError(f"--draft: --spec-mode {spec_type} needs --draft DRAFT.gguf"
+                             + (" made for --target (the fixture draft goes only with the fixture target)"
+                                if options.target else ""))
         if not Path(draft).is_file() or not draft.endswith(".gguf"):
             flag = "--draft" if options.draft else f"the fixture draft GGUF for {spec_type}"
             raise ValueError(f"{flag} {draft}: expected an existing .gguf file" + ("" if options.draft else f"; {hint}"))
@@ -240,10 +251,7 @@ def check_options(options: EngineOptions) -> None:
     if options.extra.get("tokenizer"):
         resolve_tokenizer_dir(options, "llamacpp")
     if options.baseline_urls:
-        same = sorted(set(options.baseline_urls) & set(options.spec_urls))
-        if same:
-            raise ValueError(f"--spec-url {same[0]}: the same server is also a --baseline-url; the baseline must be a "
-                             "server without speculation, launched separately")
+        check_distinct_sides(options)
         if options.target and not (Path(options.target).is_file() and options.target.endswith(".gguf")):
             raise ValueError(f"--target {options.target}: expected the served .gguf file (the engine reads its "
                              "vocabulary and end-of-generation tokens)")
@@ -320,6 +328,29 @@ def gguf_byte_pieces(vocab: GGUFVocab) -> list[int]:
 #: Text tokenized on every endpoint to check that all of them tokenize alike (Latin, digits,
 #: punctuation, accents, CJK and an emoji: the pre-tokenizer's and the byte fallback's cases).
 TOKENIZE_PROBE = "Hello, world! 12345 déjà vu 日本語のテキスト 🙂\n\tdef f(x): return x*2"
+
+
+#: Above this size a GGUF's identity hashes its size and sampled chunks instead of every byte.
+FULL_DIGEST_BYTES = 512 * 1024 * 1024
+DIGEST_CHUNK = 1 << 20
+
+
+def gguf_digest(path: Path) -> str:
+    """The served file's content identity: ``sha256:`` of the whole file, or above
+    :data:`FULL_DIGEST_BYTES` ``sha256-sampled:`` of its size and 64 evenly spaced 1 MiB chunks
+    (two different weight files differ there; hashing many GB per endpoint per run would not do)."""
+    size = path.stat().st_size
+    h = hashlib.sha256()
+    with path.open("rb") as fh:
+        if size <= FULL_DIGEST_BYTES:
+            for chunk in iter(lambda: fh.read(DIGEST_CHUNK), b""):
+                h.update(chunk)
+            return "sha256:" + h.hexdigest()
+        h.update(str(size).encode())
+        for i in range(64):
+            fh.seek(i * (size - DIGEST_CHUNK) // 63)
+            h.update(fh.read(DIGEST_CHUNK))
+    return "sha256-sampled:" + h.hexdigest()
 
 
 def server_tokenize(endpoint: Endpoint, text: str) -> list[int]:
@@ -508,6 +539,11 @@ class LlamaCppEngine(ServerEngine):
         if endpoint.base_url not in self._identity:
             props = self.props(endpoint)
             ident: dict[str, Any] = {k: props.get(k) for k in ("model_ftype", "bos_token", "eos_token")}
+            path = props.get("model_path")
+            if path and Path(path).is_file():  # the weights themselves, when the file is readable here
+                ident["model_sha256"] = gguf_digest(Path(path))
+            else:
+                ident["model_path"] = path
             template = props.get("chat_template")
             ident["chat_template_sha256"] = hashlib.sha256(template.encode()).hexdigest()[:16] if template else None
             try:
