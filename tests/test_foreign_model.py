@@ -30,6 +30,7 @@ from specparity.engines.base import EngineOptions
 from specparity.fixtures import REPO_ROOT
 from specparity.prompts import load_prompts
 from specparity.records import GateConfig
+from specparity.report import render_summary_md
 from specparity.runner import conclude, run_gate
 
 CONFIG = GateConfig(max_new_tokens=12, calibration="selected")
@@ -91,6 +92,7 @@ def assert_model_true_run(engine, model: ForeignModel, prompts) -> None:
             assert model.eot_id in ids  # the template closes each turn with its own end-of-turn token
     assert decision.exit_code == exitcodes.PASS, decision.failures
     assert run.activity().accepted > 0  # speculation really ran
+    assert "fixture models" not in render_summary_md(run, decision)
     assert all(r.verdict.klass == "exact" for r in run.records)
 
 
@@ -125,6 +127,35 @@ def test_target_without_draft_is_exit_4_on_the_command_line(foreign, tmp_path):
     assert proc.returncode == exitcodes.BAD_INPUT, proc.stdout + proc.stderr
     lines = [x for x in proc.stderr.splitlines() if x.strip()]
     assert len(lines) == 1 and "--draft" in lines[0], proc.stderr
+
+
+def test_the_fixture_demo_says_fixture_models(prompts):
+    engine = load_engine("hf", EngineOptions(spec_mode="prompt_lookup"))
+    try:
+        run = run_gate(engine, prompts[:1], CONFIG)
+    finally:
+        engine.close()
+    assert "- Models: fixture models" in render_summary_md(run, conclude(run))
+
+
+def test_without_the_fixtures_a_given_target_never_looks_for_them(foreign, monkeypatch, tmp_path):
+    """An installed wheel carries no fixture models: with --target nothing asks for them (no
+    FixtureError); a missing draft is the one-line --draft refusal."""
+    import specparity.engines.llamacpp as llamacpp
+    import specparity.fixtures as fixtures
+
+    for module in (fixtures, llamacpp):
+        monkeypatch.setattr(module, "MANIFEST", tmp_path / "no-fixtures" / "MANIFEST.sha256")
+    monkeypatch.setattr(fixtures, "MODELS", tmp_path / "no-fixtures" / "models")
+    assert not fixtures.in_checkout()
+    engine = load_engine("hf", EngineOptions(target=str(foreign.path), spec_mode="prompt_lookup"))
+    engine.close()
+    with pytest.raises(EngineLoadError, match="^--draft: --target"):
+        load_engine("hf", EngineOptions(target=str(foreign.path)))
+    gguf = tmp_path / "model.gguf"
+    gguf.write_bytes(b"GGUF")
+    with pytest.raises(EngineLoadError, match="^--draft: --spec-mode draft-simple needs --draft"):
+        load_engine("llamacpp", EngineOptions(target=str(gguf), extra={"binary": sys.executable}))
 
 
 # --------------------------------------------------------------------------- servers: refused up front
@@ -214,3 +245,26 @@ def test_llamacpp_sides_serving_different_models_are_refused_before_judging(fore
     assert base.url in run.fatal and other.url in run.fatal
     assert not any(r.verdict for r in run.records)
     assert conclude(run).exit_code == exitcodes.ENGINE_ERROR
+
+
+def invariance(*args: str, report: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "pytest", "suites/invariance", "-q", "-p", "no:cacheprovider",
+                           "--engine", "llamacpp", "--report", str(report), *args], cwd=REPO_ROOT, capture_output=True,
+                          text=True, timeout=600)
+
+
+@pytest.mark.slow
+def test_llamacpp_invariance_on_the_foreign_model(foreign_ggufs, tmp_path):
+    """Self-draft with the model's own GGUF measures the model (no fixture tokens); a draft that is
+    not the target is one line and the engine-error exit code, never a traceback or a verdict."""
+    prompts = tmp_path / "foreign.jsonl"
+    prompts.write_text(FOREIGN_PROMPTS)
+    target = str(foreign_ggufs["target"])
+    proc = invariance("--target", target, "--draft", target, "--prompts", str(prompts), report=tmp_path / "ok")
+    assert proc.returncode == exitcodes.PASS, (proc.stdout + proc.stderr)[-3000:]
+    assert "| self-draft | llamacpp |" in proc.stdout and "| batching | llamacpp |" in proc.stdout
+    proc = invariance("--target", target, "--draft", str(foreign_ggufs["other"]), "--prompts", str(prompts),
+                      report=tmp_path / "bad")
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == exitcodes.ENGINE_ERROR, out[-3000:]
+    assert "Traceback" not in out and "is not the target" in out, out[-3000:]
