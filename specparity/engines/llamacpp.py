@@ -54,7 +54,7 @@ from specparity.engines.base import (
 from specparity.engines.http import Endpoint, ServerError, check_url
 from specparity.engines.launch import ServerProcess
 from specparity.engines.presets import fill, get_preset, presets_for
-from specparity.engines.common import artifact
+from specparity.engines.common import FULL_HASH_LIMIT, artifact
 from specparity.engines.gguf_meta import GGUFError, GGUFVocab, read_vocab
 from specparity.engines.server import (
     HFTokenizer,
@@ -330,19 +330,18 @@ def gguf_byte_pieces(vocab: GGUFVocab) -> list[int]:
 TOKENIZE_PROBE = "Hello, world! 12345 déjà vu 日本語のテキスト 🙂\n\tdef f(x): return x*2"
 
 
-#: Above this size a GGUF's identity hashes its size and sampled chunks instead of every byte.
-FULL_DIGEST_BYTES = 512 * 1024 * 1024
 DIGEST_CHUNK = 1 << 20
 
 
 def gguf_digest(path: Path) -> str:
     """The served file's content identity: ``sha256:`` of the whole file, or above
-    :data:`FULL_DIGEST_BYTES` ``sha256-sampled:`` of its size and 64 evenly spaced 1 MiB chunks
-    (two different weight files differ there; hashing many GB per endpoint per run would not do)."""
+    :data:`~specparity.engines.common.FULL_HASH_LIMIT` ``sha256-sampled:`` of its size and 64 evenly
+    spaced 1 MiB chunks (two different weight files differ there; hashing many GB per endpoint per
+    run would not do)."""
     size = path.stat().st_size
     h = hashlib.sha256()
     with path.open("rb") as fh:
-        if size <= FULL_DIGEST_BYTES:
+        if size <= FULL_HASH_LIMIT:
             for chunk in iter(lambda: fh.read(DIGEST_CHUNK), b""):
                 h.update(chunk)
             return "sha256:" + h.hexdigest()
@@ -451,6 +450,7 @@ class LlamaCppEngine(ServerEngine):
         self.vocab = vocab
         self._props: dict[str, dict[str, Any]] = {}
         self._identity: dict[str, dict[str, Any]] = {}
+        self._digests: dict[str, str] = {}
         # the served model's own byte pieces (its GGUF vocabulary; else the tokenizer the user named)
         pieces = gguf_byte_pieces(vocab) if vocab is not None else byte_piece_tokens(self.tokenizer)
         self._ban = [[i, False] for i in pieces]
@@ -541,7 +541,9 @@ class LlamaCppEngine(ServerEngine):
             ident: dict[str, Any] = {k: props.get(k) for k in ("model_ftype", "bos_token", "eos_token")}
             path = props.get("model_path")
             if path and Path(path).is_file():  # the weights themselves, when the file is readable here
-                ident["model_sha256"] = gguf_digest(Path(path))
+                if path not in self._digests:
+                    self._digests[path] = gguf_digest(Path(path))
+                ident["model_sha256"] = self._digests[path]
             else:
                 ident["model_path"] = path
             template = props.get("chat_template")
