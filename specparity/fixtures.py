@@ -49,6 +49,29 @@ def fixture_dir(name: str) -> Path:
     return path
 
 
+#: The fingerprint note of a run on the committed fixture models (the documented demo).
+FIXTURE_NOTE = "fixture models (the committed fixtures/models demo; give --target to gate your own model)"
+
+
+def is_fixture_model(path: str | Path | None) -> bool:
+    """Whether ``path`` is one of the committed fixture models (a directory under ``fixtures/models``)
+    or its GGUF conversion in the cache (``<cache>/gguf/<manifest key>/``)."""
+    if not path:
+        return False
+    p = Path(path).resolve()
+    roots = [MODELS.resolve()]
+    if in_checkout():
+        from specparity.cache import user_cache_dir
+
+        roots.append((user_cache_dir() / "gguf" / hashlib.sha256(MANIFEST.read_bytes()).hexdigest()[:16]).resolve())
+    return any(p == r or r in p.parents for r in roots)
+
+
+def fixture_note(path: str | Path | None) -> dict[str, str]:
+    """``{"models": FIXTURE_NOTE}`` for a fingerprint's ``extra`` when ``path`` is a fixture, else ``{}``."""
+    return {"models": FIXTURE_NOTE} if is_fixture_model(path) else {}
+
+
 def prompt_file(name: str) -> Path:
     """A prompt suite shipped with specparity (``default.jsonl``, ``near_tie.jsonl``): ``prompts/<name>``
     in a checkout, else the copy an installed wheel carries."""

@@ -209,13 +209,15 @@ _FACT_PLACES = ["the kitchen", "the garden", "the attic", "room 7", "the library
 
 
 def encode_prompt(tokenizer: Any, prompt: str | None, messages: list[dict[str, str]] | None) -> list[int]:
-    """Token ids of a raw prompt (no special tokens added) or of chat messages (the tokenizer's chat
-    template with a generation prompt): the one encoding every engine and tool uses, so a prompt
-    is the same tokens in-process, over HTTP and in the fixture measurements."""
+    """Token ids of a raw prompt (with the special tokens the tokenizer adds by default — its BOS,
+    as a server given the text adds it) or of chat messages (the tokenizer's chat template with a
+    generation prompt, which writes its own special tokens): the one encoding every engine and
+    tool uses, so a prompt is the same tokens in-process, over HTTP and in the fixture
+    measurements. The fixture tokenizer adds none."""
     if messages is not None:
         out = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
         return list(out["input_ids"] if hasattr(out, "keys") else out)
-    return list(tokenizer.encode(prompt or "", add_special_tokens=False))
+    return list(tokenizer.encode(prompt or "", add_special_tokens=True))
 
 
 def long_context_prompt(target_tokens: int, *, seed: int = 0, chars_per_token: float = 3.5) -> Prompt:

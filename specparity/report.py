@@ -24,6 +24,7 @@ from markupsafe import Markup
 
 from specparity.compare import CLASSES, OWN_ROW_REJECTED, REMERGE_MIN_RUN
 from specparity.coverage import PATHS
+from specparity.fixtures import fixture_note
 from specparity.gate import GateDecision, bit_exact, near_tie_policy
 from specparity.noise import DRIFT_MULTIPLIER
 from specparity.plots import AcceptBar, MarginPoint, RefLine, accept_plot, margin_plot
@@ -170,6 +171,7 @@ def render_summary_md(run: GateRun, decision: GateDecision) -> str:
         attachments=run.attachments,
         fatal=run.fatal,
         near_tie_policy=near_tie_policy(run),
+        fixture_models=fixture_note(fp.target.path if fp is not None else None).get("models"),
     )
 
 

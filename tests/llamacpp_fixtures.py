@@ -37,14 +37,22 @@ REQUIRE_ENV = "SPECPARITY_REQUIRE_LLAMACPP"
 REQUIRED_GGUFS = ("target.gguf", "draft.gguf", "dflash2-llamacpp.gguf", "hybrid.gguf")
 
 
-def llamacpp_missing() -> str | None:
-    """Why no real llama-server run is possible here, or None when it is."""
+def binary_missing() -> str | None:
+    """Why no llama-server binary can run here, or None when one can."""
     binary = find_binary()
     if binary is None:
         return ("no llama-server binary (build one with `bash ci/llamacpp.sh` or "
                 "`tools/llamacpp/build_llama_server.sh`, or set $SPECPARITY_LLAMA_SERVER)")
     if not binary.is_file() or not os.access(binary, os.X_OK):
         return f"llama-server {binary} is not an executable file"
+    return None
+
+
+def llamacpp_missing() -> str | None:
+    """Why no real llama-server run on the fixture GGUFs is possible here, or None when it is."""
+    why = binary_missing()
+    if why is not None:
+        return why
     ggufs = fixture_gguf_dir()
     missing = [name for name in REQUIRED_GGUFS if not (ggufs / name).is_file()]
     if missing:
@@ -53,17 +61,29 @@ def llamacpp_missing() -> str | None:
     return None
 
 
-def require_llamacpp() -> tuple[Path, Path]:
-    """(llama-server binary, fixture GGUF directory); skips the calling test when either is
-    missing, or fails it when ``SPECPARITY_REQUIRE_LLAMACPP=1``."""
-    why = llamacpp_missing()
+def _skip_or_fail(why: str | None) -> None:
     if why is not None:
         if os.environ.get(REQUIRE_ENV):
             pytest.fail(f"needs a real llama-server: {why}; {REQUIRE_ENV}=1 is set", pytrace=False)
         pytest.skip(f"needs a real llama-server: {why}")
+
+
+def require_llamacpp() -> tuple[Path, Path]:
+    """(llama-server binary, fixture GGUF directory); skips the calling test when either is
+    missing, or fails it when ``SPECPARITY_REQUIRE_LLAMACPP=1``."""
+    _skip_or_fail(llamacpp_missing())
     binary = find_binary()
     assert binary is not None
     return binary, fixture_gguf_dir()
+
+
+def require_llama_server() -> Path:
+    """The llama-server binary alone (a test that converts its own models needs no fixture GGUF);
+    skip or fail as :func:`require_llamacpp`."""
+    _skip_or_fail(binary_missing())
+    binary = find_binary()
+    assert binary is not None
+    return binary
 
 
 @pytest.fixture

@@ -6,7 +6,7 @@ get one; with ``SPECPARITY_REQUIRE_LLAMACPP=1`` (CI) they fail instead.
 
 * ``pytest suites/lossless --engine llamacpp`` passes on the default suite with drafting active,
   for a standalone draft, an n-gram mode and ``draft-dflash``, and at concurrency 2;
-* a speculative server that is not lossless (it serves another model) fails the gate;
+* a speculative server that serves another model is refused before anything is judged;
 * the same DFlash2 draft accepts alike under the reference ``dflash`` decoder and llama.cpp, and a
   different draft does not (``specparity.parity``).
 """
@@ -83,8 +83,10 @@ def test_concurrent_requests_on_two_slots(llamacpp, tmp_path):
     assert "concurrency: 2 requests in flight per phase" in proc.stdout
 
 
-def test_a_speculative_server_serving_another_model_fails_the_gate(llamacpp, tmp_path):
-    """Not a mock: two real servers, the 'speculative' one runs the draft model as its target."""
+def test_a_speculative_server_serving_another_model_is_refused_before_judging(llamacpp, tmp_path):
+    """Not a mock: two real servers, the 'speculative' one runs the draft model as its target. The
+    endpoints' identities differ (another file, another size), so nothing is judged: exit 3, the
+    message naming both servers and what differs."""
     from specparity.engines.llamacpp import LlamaServerLaunch
 
     binary, gg = llamacpp
@@ -93,9 +95,10 @@ def test_a_speculative_server_serving_another_model_fails_the_gate(llamacpp, tmp
     with base, wrong:
         proc, lines = gate("--baseline-url", base.url, "--spec-url", wrong.url, "--categories", "math",
                            "--allow-unknown-activity", report=tmp_path / "r")
-    assert proc.returncode == exitcodes.GATE_FAILED, (proc.stdout + proc.stderr)[-3000:]
-    verdicts = [x["verdict"]["class"] for x in lines if x["kind"] == "prompt"]
-    assert verdicts.count("diverged") >= 3, verdicts
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == exitcodes.ENGINE_ERROR, out[-3000:]
+    assert "do not serve the same target" in out and base.url in out and wrong.url in out, out[-3000:]
+    assert not [x for x in lines if x["kind"] == "prompt"]
 
 
 def test_the_same_dflash2_draft_accepts_alike_in_the_reference_and_in_llamacpp(llamacpp):

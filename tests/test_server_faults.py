@@ -91,7 +91,7 @@ def gate(tmp_path: Path, baseline: MisbehavingServer, spec: MisbehavingServer, *
     """The real gate, in-process: ``llamacpp.create`` against the two URLs, run, conclude."""
     report = tmp_path / "report"
     engine = llamacpp.create(EngineOptions(baseline_urls=(baseline.url,), spec_urls=(spec.url,),
-                                           request_timeout=timeout))
+                                           request_timeout=timeout, extra={"tokenizer": str(fixture_dir("target"))}))
     try:
         run = run_gate(engine, prompts, GateConfig(max_new_tokens=MAX_NEW, report_dir=str(report), categories=["math"]))
     finally:
@@ -230,7 +230,7 @@ def gate_subprocess(tmp_path: Path, base: MisbehavingServer, spec: MisbehavingSe
     report = tmp_path / "report"
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "suites/lossless", "--engine", "llamacpp",
            "--baseline-url", base.url, "--spec-url", spec.url, "--categories", "math", "--max-new-tokens", str(MAX_NEW),
-           "--report", str(report), "--request-timeout", "2", *extra]
+           "--report", str(report), "--request-timeout", "2", "--engine-opt", f"tokenizer={fixture_dir('target')}", *extra]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(TESTS)}
     t0 = time.monotonic()
     proc = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=120, env=env)

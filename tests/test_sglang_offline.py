@@ -477,12 +477,13 @@ def test_generate_and_score_over_http(servers):
 def test_misconfigured_servers_are_errors(servers):
     """A baseline URL that speculates, and a speculative server that reports no counters."""
     base, spec = servers
-    engine = engine_for(spec.url, spec.url)
-    try:
-        r = engine.generate([request_for(engine, "What is 30 - 14?")], speculative=False)[0]
-        assert "the baseline server declares speculative_algorithm=STANDALONE" in r.error and spec.url in r.error
-    finally:
-        engine.close()
+    with SGLangEmulator(speculative=True) as drafting:  # a second speculative server given as the baseline
+        engine = engine_for(drafting.url, spec.url)
+        try:
+            r = engine.generate([request_for(engine, "What is 30 - 14?")], speculative=False)[0]
+            assert "the baseline server declares speculative_algorithm=STANDALONE" in r.error and drafting.url in r.error
+        finally:
+            engine.close()
     with SGLangEmulator(speculative=True, drop_spec_fields=True) as silent:
         engine = engine_for(base.url, silent.url)
         try:

@@ -347,7 +347,8 @@ def test_batch_invariance_is_declared_only_for_both_sides():
     deterministic_partial, never strict; servers without the dev route declare nothing."""
     with VLLMEmulator(dev_mode=True, batch_invariant=True) as base, \
             VLLMEmulator(speculative=True, dev_mode=True, batch_invariant=True) as spec, \
-            VLLMEmulator(speculative=True, dev_mode=True) as plain_spec, VLLMEmulator() as no_dev:
+            VLLMEmulator(speculative=True, dev_mode=True) as plain_spec, VLLMEmulator() as no_dev, \
+            VLLMEmulator() as no_dev2:
         info = Endpoint(spec.url).get_json("/server_info?config_format=json")
         assert info["vllm_env"]["VLLM_BATCH_INVARIANT"] is True and set(info) == {"vllm_config", "vllm_env",
                                                                                    "system_env"}
@@ -363,7 +364,7 @@ def test_batch_invariance_is_declared_only_for_both_sides():
         caps = engine_for(no_dev.url, spec.url).capabilities()
         assert caps.deterministic is None
         assert f"baseline {no_dev.url}: unknown (no dev-mode /server_info)" in caps.deterministic_partial
-        caps = engine_for(no_dev.url, no_dev.url).capabilities()
+        caps = engine_for(no_dev.url, no_dev2.url).capabilities()
         assert (caps.deterministic, caps.deterministic_partial) == (None, None)
     # launched servers: --engine-opt batch_invariant=true sets the variable on both (by construction)
     both = launch_configs(EngineOptions(preset="vllm-mtp", target="/m", extra={"batch_invariant": True}))

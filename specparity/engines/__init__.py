@@ -7,7 +7,8 @@ own decoder with ``--engine mypkg.mod:factory``. A factory may carry an
 keys and dtypes are then checked by :func:`check_options` before anything loads.
 
 Every engine that runs local models (``EngineInfo.local_models``, or no declaration) gets the
-committed fixtures when ``--target`` / ``--draft`` are not given (:func:`fill_model_defaults`), and
+committed fixtures when ``--target`` is not given — the fixture draft only with the fixture target,
+never with a user's model (:func:`fill_model_defaults`) — and
 every engine that is not a server (``EngineInfo.server`` false, or no declaration) runs with
 ``--threads`` applied to torch before its factory is called (:func:`build_engine`).
 """
@@ -144,10 +145,11 @@ def fill_model_defaults(info: EngineInfo | None, options: EngineOptions) -> Engi
     runs local models (``info.local_models``, or an undeclared factory); server engines are returned
     unchanged (their ``--target`` names what the server serves).
 
-    ``target`` defaults to ``fixtures/models/target``. ``draft`` defaults to the fixture draft of the
-    spec mode (``--spec-mode``, else the engine's first declared mode): the DFlash fixture for
-    ``dflash2`` / ``dflash1``, ``fixtures/models/draft`` for anything else — an engine that needs no
-    draft (prompt lookup) ignores it. Without the fixtures (not a checkout) a missing ``--target`` is
+    ``target`` defaults to ``fixtures/models/target``. ``draft`` defaults, only with that fixture
+    target, to the fixture draft of the spec mode (``--spec-mode``, else the engine's first declared
+    mode): the DFlash fixture for ``dflash2`` / ``dflash1``, ``fixtures/models/draft`` for anything
+    else — an engine that needs no draft (prompt lookup) ignores it. A given ``--target`` never
+    gets a fixture draft: the engine refuses a missing draft it needs (``EngineInfo.check``). Without the fixtures (not a checkout) a missing ``--target`` is
     an error naming the flag; a missing draft fixture leaves ``draft`` None for the engine to decide.
     """
     if info is not None and not info.local_models:
@@ -158,7 +160,7 @@ def fill_model_defaults(info: EngineInfo | None, options: EngineOptions) -> Engi
             target = str(fixture_dir("target"))
         except FixtureError as exc:
             raise EngineLoadError(f"--target: not given, and the default fixture is missing: {exc}") from None
-    if draft is None:
+    if draft is None and options.target is None:  # the fixture draft goes only with the fixture target
         mode = options.spec_mode or (info.spec_modes[0] if info is not None and info.spec_modes else None)
         try:
             draft = str(fixture_dir(default_draft_fixture(mode)))

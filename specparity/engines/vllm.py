@@ -625,7 +625,7 @@ class VLLMEngine(ServerEngine):
         model_config = config.get("model_config")
         dtype = normalise_dtype(model_config.get("dtype")) if isinstance(model_config, dict) else None
         return {"version": f"vllm {version or 'unknown'}", "dtype": dtype or "server", "spec_config": spec_config,
-                "summary": summary}
+                "summary": summary, "identity": {"model_root": card.get("root"), "dtype": dtype}}
 
     def capabilities(self) -> Capabilities:
         deterministic, partial = self._deterministic()

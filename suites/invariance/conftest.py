@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from specparity import exitcodes
 from specparity.fixtures import REPO_ROOT, fixture_dir
 from specparity.options import DEFAULT_REPORT
 from specparity.prompts import load_prompts
@@ -69,7 +70,11 @@ class Invariance:
             opts = dataclasses.replace(opts, target=target, draft=target if check == "self-draft" else None,
                                        spec_mode="draft", dtype=dtype, num_draft_tokens=SELF_DRAFT_WIDTH)
             return build_engine(resolve_factory("hf"), opts, "hf")
-        return build_engine(self.setup.factory, opts, self.setup.engine_spec)
+        try:
+            return build_engine(self.setup.factory, opts, self.setup.engine_spec)
+        except Exception as exc:  # noqa: BLE001 - an engine that cannot start: one line, exit code 3
+            pytest.exit(f"specparity invariance: cannot load engine {self.setup.engine_spec!r}: "
+                        f"{type(exc).__name__}: {exc}", returncode=exitcodes.ENGINE_ERROR)
 
     def prompts(self, check: str):
         prompts = list(self.setup.prompts)

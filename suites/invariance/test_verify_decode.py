@@ -11,8 +11,10 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
+import pytest
 
-from specparity.invariance_run import run_batching, run_self_draft
+from specparity import exitcodes
+from specparity.invariance_run import InvarianceError, run_batching, run_self_draft
 
 
 def _clear_margins(run) -> bool:
@@ -34,6 +36,8 @@ def test_invariance(invariance, invariance_case):
                                          width=engine.fingerprint().spec_config.get("num_draft_tokens"))
         else:
             report = run_batching(engine, invariance.prompts(check), config, batch_size=4)
+    except InvarianceError as exc:  # nothing was measured: one line, the engine-error exit code
+        pytest.exit(f"specparity invariance: {check} {dtype}: {exc}", returncode=exitcodes.ENGINE_ERROR)
     finally:
         engine.close()
     invariance.record(report)

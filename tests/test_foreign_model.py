@@ -1,0 +1,270 @@
+"""The gate on a model family the project does not ship (``tests/foreign_model.py``): a tiny Llama
+with its own byte-level BPE tokenizer, BOS/EOS/end-of-turn at ids of its own, two stop ids and its
+own chat template.
+
+What is asserted: the ids the gate sends are that tokenizer's encoding (its BOS first on a raw
+prompt, its chat template on messages), the stop ids are its two (``generation_config.json``), and
+the gate passes — in-process (``hf``: prompt lookup, which needs no draft, and a draft built the
+same way sharing the tokenizer) and on llama.cpp (the model converted with
+``tools/llamacpp/convert_gguf.py --pre gpt-2``, both servers launched by the gate; skipped without
+a llama-server build, failed under ``SPECPARITY_REQUIRE_LLAMACPP=1``). The ``dflash`` engine is not
+run: it needs a DFlash draft trained for the target, and none exists for this family.
+
+Also here, the refusals that keep a user's model from being paired with the fixtures: ``--target``
+without the ``--draft`` a draft mode needs, one server on both sides, a baseline that drafts, and
+two sides that serve different models.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from foreign_model import FOREIGN_PROMPTS, GGUF_PRE, ForeignModel, build_foreign_model
+from specparity import exitcodes
+from specparity.engines import EngineLoadError, load_engine
+from specparity.engines.base import EngineOptions
+from specparity.fixtures import REPO_ROOT
+from specparity.prompts import load_prompts
+from specparity.records import GateConfig
+from specparity.report import render_summary_md
+from specparity.runner import conclude, run_gate
+
+CONFIG = GateConfig(max_new_tokens=12, calibration="selected")
+
+
+@pytest.fixture(scope="session")
+def foreign(tmp_path_factory) -> ForeignModel:
+    return build_foreign_model(tmp_path_factory.mktemp("foreign") / "target")
+
+
+@pytest.fixture(scope="session")
+def foreign_draft(tmp_path_factory, foreign) -> ForeignModel:
+    """A draft directory of the same family and tokenizer, built alike (the target's own weights:
+    random weights of another seed would never agree with the target, and the gate would rightly
+    call that speculation inactive)."""
+    draft = build_foreign_model(tmp_path_factory.mktemp("foreign") / "draft")
+    assert (draft.path / "tokenizer.json").read_text() == (foreign.path / "tokenizer.json").read_text()
+    return draft
+
+
+@pytest.fixture(scope="session")
+def foreign_other(tmp_path_factory) -> ForeignModel:
+    """The same family, shapes and tokenizer with other weights: another model."""
+    return build_foreign_model(tmp_path_factory.mktemp("foreign") / "other", seed=1)
+
+
+@pytest.fixture(scope="session")
+def prompts(tmp_path_factory):
+    path = tmp_path_factory.mktemp("prompts") / "foreign.jsonl"
+    path.write_text(FOREIGN_PROMPTS)
+    return load_prompts(path).prompts
+
+
+def expected_ids(model: ForeignModel, prompt) -> list[int]:
+    """The model's own tokenizer: BOS + text for a raw prompt, its chat template for messages."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model.path, local_files_only=True)
+    if prompt.messages is not None:
+        out = tok.apply_chat_template(prompt.messages_as_dicts(), add_generation_prompt=True, tokenize=True)
+        return list(out["input_ids"] if hasattr(out, "keys") else out)
+    return list(tok(prompt.prompt)["input_ids"])
+
+
+def assert_model_true_run(engine, model: ForeignModel, prompts) -> None:
+    """Run the gate; the requests carry the model's own ids and stop ids, and it passes."""
+    assert set(engine.stop_token_ids()) == {model.eos_id, model.eot_id}
+    try:
+        run = run_gate(engine, prompts, CONFIG)
+    finally:
+        engine.close()
+    decision = conclude(run)
+    for rec in run.records:
+        ids = list(rec.request.prompt_ids)
+        assert ids == expected_ids(model, rec.prompt), rec.prompt.id
+        assert ids[0] == model.bos_id, rec.prompt.id  # raw: the tokenizer's BOS; chat: the template's
+        assert set(rec.request.stop_token_ids) == {model.eos_id, model.eot_id}
+        if rec.prompt.messages is not None:
+            assert model.eot_id in ids  # the template closes each turn with its own end-of-turn token
+    assert decision.exit_code == exitcodes.PASS, decision.failures
+    assert run.activity().accepted > 0  # speculation really ran
+    assert "fixture models" not in render_summary_md(run, decision)
+    assert all(r.verdict.klass == "exact" for r in run.records)
+
+
+# --------------------------------------------------------------------------- in-process (hf)
+
+
+def test_hf_prompt_lookup_sends_the_models_own_ids_and_passes(foreign, prompts):
+    engine = load_engine("hf", EngineOptions(target=str(foreign.path), spec_mode="prompt_lookup", num_draft_tokens=3))
+    assert_model_true_run(engine, foreign, prompts)
+
+
+def test_hf_with_a_draft_of_the_same_family_passes(foreign, foreign_draft, prompts):
+    engine = load_engine("hf", EngineOptions(target=str(foreign.path), draft=str(foreign_draft.path),
+                                             num_draft_tokens=3))
+    assert engine.fingerprint().draft.path == str(foreign_draft.path)
+    assert_model_true_run(engine, foreign, prompts)
+
+
+@pytest.mark.parametrize("engine", ["hf", "dflash"])
+def test_target_without_the_draft_its_mode_needs_is_refused_before_loading(foreign, engine):
+    with pytest.raises(EngineLoadError, match=r"^--draft: --target .* is given without --draft") as info:
+        load_engine(engine, EngineOptions(target=str(foreign.path)))
+    assert "\n" not in str(info.value)
+    if engine == "hf":
+        assert "--spec-mode prompt_lookup" in str(info.value)
+
+
+def test_target_without_draft_is_exit_4_on_the_command_line(foreign, tmp_path):
+    proc = subprocess.run([sys.executable, "-c", "import sys; from specparity.cli import main; sys.exit(main())", "run",
+                           "--engine", "hf", "--target", str(foreign.path), "--report", str(tmp_path / "r")],
+                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == exitcodes.BAD_INPUT, proc.stdout + proc.stderr
+    lines = [x for x in proc.stderr.splitlines() if x.strip()]
+    assert len(lines) == 1 and "--draft" in lines[0], proc.stderr
+
+
+def test_the_fixture_demo_says_fixture_models(prompts):
+    engine = load_engine("hf", EngineOptions(spec_mode="prompt_lookup"))
+    try:
+        run = run_gate(engine, prompts[:1], CONFIG)
+    finally:
+        engine.close()
+    assert "- Models: fixture models" in render_summary_md(run, conclude(run))
+
+
+def test_without_the_fixtures_a_given_target_never_looks_for_them(foreign, monkeypatch, tmp_path):
+    """An installed wheel carries no fixture models: with --target nothing asks for them (no
+    FixtureError); a missing draft is the one-line --draft refusal."""
+    import specparity.engines.llamacpp as llamacpp
+    import specparity.fixtures as fixtures
+
+    for module in (fixtures, llamacpp):
+        monkeypatch.setattr(module, "MANIFEST", tmp_path / "no-fixtures" / "MANIFEST.sha256")
+    monkeypatch.setattr(fixtures, "MODELS", tmp_path / "no-fixtures" / "models")
+    assert not fixtures.in_checkout()
+    engine = load_engine("hf", EngineOptions(target=str(foreign.path), spec_mode="prompt_lookup"))
+    engine.close()
+    with pytest.raises(EngineLoadError, match="^--draft: --target"):
+        load_engine("hf", EngineOptions(target=str(foreign.path)))
+    gguf = tmp_path / "model.gguf"
+    gguf.write_bytes(b"GGUF")
+    with pytest.raises(EngineLoadError, match="^--draft: --spec-mode draft-simple needs --draft"):
+        load_engine("llamacpp", EngineOptions(target=str(gguf), extra={"binary": sys.executable}))
+
+
+# --------------------------------------------------------------------------- servers: refused up front
+
+
+@pytest.mark.parametrize("engine", ["llamacpp", "sglang", "vllm"])
+def test_one_server_on_both_sides_is_refused(engine):
+    with pytest.raises(EngineLoadError, match=r"^--spec-url http://127\.0\.0\.1:8000/?: the same server is also a "
+                                              r"--baseline-url") as info:
+        load_engine(engine, EngineOptions(baseline_urls=("http://127.0.0.1:8000",),
+                                          spec_urls=("http://127.0.0.1:8000/",)))
+    assert "\n" not in str(info.value)
+
+
+# --------------------------------------------------------------------------- llama.cpp
+
+
+@pytest.fixture(scope="session")
+def foreign_ggufs(tmp_path_factory, foreign, foreign_draft, foreign_other) -> dict[str, Path]:
+    from llamacpp_fixtures import require_llama_server
+
+    require_llama_server()
+    out = tmp_path_factory.mktemp("gguf")
+    proc = subprocess.run([sys.executable, str(REPO_ROOT / "tools" / "llamacpp" / "convert_gguf.py"),
+                           "--model", f"target={foreign.path}", "--model", f"draft={foreign_draft.path}",
+                           "--model", f"other={foreign_other.path}",
+                           "--pre", GGUF_PRE, "--out", str(out)], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return {name: out / f"{name}.gguf" for name in ("target", "draft", "other")}
+
+
+@pytest.mark.slow
+def test_gguf_metadata_is_the_models_vocabulary(foreign, foreign_ggufs):
+    from specparity.engines.gguf_meta import read_vocab
+
+    vocab = read_vocab(foreign_ggufs["target"])
+    assert (vocab.architecture, vocab.tokenizer_model) == ("llama", "gpt2")
+    assert (vocab.bos_id, vocab.eos_id, vocab.add_bos) == (foreign.bos_id, foreign.eos_id, True)
+    assert set(vocab.eog_ids) == {foreign.eos_id, foreign.eot_id}
+
+
+@pytest.mark.slow
+def test_llamacpp_sends_the_models_own_ids_and_passes(foreign, foreign_ggufs, prompts, tmp_path):
+    from specparity.engines.llamacpp import LlamaServerTokenizer
+
+    engine = load_engine("llamacpp", EngineOptions(target=str(foreign_ggufs["target"]),
+                                                   draft=str(foreign_ggufs["draft"]), spec_mode="draft-simple",
+                                                   num_draft_tokens=3, log_dir=str(tmp_path)))
+    assert isinstance(engine.tokenizer, LlamaServerTokenizer)  # the server's own /tokenize and template
+    assert_model_true_run(engine, foreign, prompts)
+
+
+@pytest.mark.slow
+def test_llamacpp_baseline_that_drafts_is_an_error_never_a_pass(foreign_ggufs, prompts, tmp_path):
+    from specparity.engines.llamacpp import LlamaServerLaunch, find_binary
+
+    launch = LlamaServerLaunch(str(find_binary()), str(foreign_ggufs["target"]), draft=str(foreign_ggufs["draft"]),
+                               spec_type="draft-simple")
+    with launch.process("a", log_dir=str(tmp_path)) as a, launch.process("b", log_dir=str(tmp_path)) as b:
+        engine = load_engine("llamacpp", EngineOptions(baseline_urls=(a.url,), spec_urls=(b.url,),
+                                                       target=str(foreign_ggufs["target"])))
+        try:
+            run = run_gate(engine, prompts, CONFIG)
+        finally:
+            engine.close()
+    decision = conclude(run)
+    assert decision.exit_code != exitcodes.PASS
+    reasons = [r.baseline.error or "" for r in run.records if r.baseline is not None]
+    assert reasons and all("timings.draft_n=" in x and "the baseline must not" in x for x in reasons), reasons
+
+
+@pytest.mark.slow
+def test_llamacpp_sides_serving_different_models_are_refused_before_judging(foreign_ggufs, prompts, tmp_path):
+    from specparity.engines.llamacpp import LlamaServerLaunch, find_binary
+
+    binary = str(find_binary())
+    base = LlamaServerLaunch(binary, str(foreign_ggufs["target"])).process("base", log_dir=str(tmp_path))
+    other = LlamaServerLaunch(binary, str(foreign_ggufs["other"])).process("other", log_dir=str(tmp_path))
+    with base, other:
+        engine = load_engine("llamacpp", EngineOptions(baseline_urls=(base.url,), spec_urls=(other.url,),
+                                                       target=str(foreign_ggufs["target"])))
+        try:
+            run = run_gate(engine, prompts, CONFIG)
+        finally:
+            engine.close()
+    assert run.fatal and "do not serve the same target" in run.fatal, run.fatal
+    assert base.url in run.fatal and other.url in run.fatal
+    assert not any(r.verdict for r in run.records)
+    assert conclude(run).exit_code == exitcodes.ENGINE_ERROR
+
+
+def invariance(*args: str, report: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "pytest", "suites/invariance", "-q", "-p", "no:cacheprovider",
+                           "--engine", "llamacpp", "--report", str(report), *args], cwd=REPO_ROOT, capture_output=True,
+                          text=True, timeout=600)
+
+
+@pytest.mark.slow
+def test_llamacpp_invariance_on_the_foreign_model(foreign_ggufs, tmp_path):
+    """Self-draft with the model's own GGUF measures the model (no fixture tokens); a draft that is
+    not the target is one line and the engine-error exit code, never a traceback or a verdict."""
+    prompts = tmp_path / "foreign.jsonl"
+    prompts.write_text(FOREIGN_PROMPTS)
+    target = str(foreign_ggufs["target"])
+    proc = invariance("--target", target, "--draft", target, "--prompts", str(prompts), report=tmp_path / "ok")
+    assert proc.returncode == exitcodes.PASS, (proc.stdout + proc.stderr)[-3000:]
+    assert "| self-draft | llamacpp |" in proc.stdout and "| batching | llamacpp |" in proc.stdout
+    proc = invariance("--target", target, "--draft", str(foreign_ggufs["other"]), "--prompts", str(prompts),
+                      report=tmp_path / "bad")
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == exitcodes.ENGINE_ERROR, out[-3000:]
+    assert "Traceback" not in out and "is not the target" in out, out[-3000:]
