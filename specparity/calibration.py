@@ -138,14 +138,14 @@ def require_fit_scorer(samples: Iterable[Sample], clear_nats: float, scorer: str
     return check
 
 
-def cross_instance_noise(samples: Sequence[Sample]) -> NoiseStats | None:
+def cross_instance_noise(samples: Sequence[Sample], window: float | None = None) -> NoiseStats | None:
     """|Δmargin| between the two server instances: the speculative side's teacher-forced rows against
     the baseline's decode rows and against its teacher-forced rows (None: no sample was scored there)."""
     pairs = [(rows, s.spec_side) for s in samples if s.spec_side is not None
              for rows in (s.decoded, s.teacher_forced)]
     if not pairs:
         return None
-    stats = measure_noise(pairs)
+    stats = measure_noise(pairs, window)
     stats.positions = sum(min(len(s.decoded), len(s.spec_side)) for s in samples if s.spec_side is not None)
     return stats
 
@@ -166,7 +166,9 @@ def calibrate(
     other = [Sample(s.prompt_id, s.output_ids, s.decoded, s.spec_side) for s in samples if s.spec_side is not None]
     if other:
         require_fit_scorer(other, ceiling, f"{scorer}, on the speculative server")
-    noise = measure_noise((s.decoded, s.teacher_forced) for s in samples)
-    cross = cross_instance_noise(samples)
+    # the threshold is never above the ceiling, so only pairs within it can be judged near ties:
+    # the noise that sets the threshold is measured on them (noise.MIN_NEAR_PAIRS for the fallback)
+    noise = measure_noise(((s.decoded, s.teacher_forced) for s in samples), window=ceiling)
+    cross = cross_instance_noise(samples, window=ceiling)
     return check, derive_threshold(noise, override, multiplier, ceiling, label, cross, cross_note)
 

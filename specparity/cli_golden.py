@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from specparity import exitcodes
+from specparity.noise import DEFAULT_CEILING_NATS, near_tie_above_ceiling
 
 
 # --------------------------------------------------------------------------- record
@@ -183,6 +184,8 @@ def _run_compare(args: argparse.Namespace) -> int:
     from specparity.records import GateConfig, GatePolicy, GateRun, PromptRecord
     from specparity.report import terminal_lines
 
+    if args.near_tie_nats is not None and args.near_tie_nats > args.near_tie_ceiling:
+        raise BadInput(near_tie_above_ceiling(args.near_tie_nats, args.near_tie_ceiling))
     old = _load_side(args.old, "OLD", args.old_side)
     new = _load_side(args.new, "NEW", args.new_side)
     if args.report:
@@ -203,6 +206,7 @@ def _run_compare(args: argparse.Namespace) -> int:
     samples = old.samples + new.samples
     try:
         _check, run.threshold = calibrate(samples, scorer=old.label, override=args.near_tie_nats,
+                                          ceiling=args.near_tie_ceiling,
                                           label=f"the recorded baselines of OLD ({len(old.samples)}) and NEW "
                                                 f"({len(new.samples)})")
     except (CalibrationError, ValueError) as exc:
@@ -272,6 +276,8 @@ def add_compare_command(sub: Any) -> None:
                    help="which stream of an OLD journal is the reference (default baseline; spec: e.g. the "
                    "speculative outputs at concurrency 1 against those at concurrency N)")
     p.add_argument("--near-tie-nats", type=float, default=None, help="near-tie threshold (default: measured on OLD)")
+    p.add_argument("--near-tie-ceiling", type=float, default=DEFAULT_CEILING_NATS,
+                   help="largest near-tie threshold accepted, measured or set (default %(default)s nats)")
     p.add_argument("--max-near-tie", type=float, default=0.25, help="allowed fraction of near-tie prompts")
     p.add_argument("--drift-policy", choices=("fail", "warn"), default="fail")
     p.add_argument("--only-common", action="store_true",

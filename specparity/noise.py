@@ -62,21 +62,56 @@ FLOOR_NATS = 1e-5
 DEFAULT_CEILING_NATS = 2.0
 #: Latent-drift bound: this many times the largest margin noise measured on the baseline.
 DRIFT_MULTIPLIER = 4.0
+#: Fewer small-margin pairs than this and their maximum is no estimate: the threshold then falls
+#: back to every pair (today's rule, never looser) and the summary says so. The largest of 50
+#: samples exceeds their 95th percentile with probability 0.92; the multiplier adds headroom.
+MIN_NEAR_PAIRS = 50
 
 
 class CalibrationError(ValueError):
     """The measurement cannot be trusted to judge near ties (one line, naming the evidence)."""
 
 
+def near_tie_above_ceiling(override: float, ceiling: float) -> str:
+    """Why ``--near-tie-nats`` above the ceiling is refused: the ceiling bounds every threshold, set or
+    measured, so going above it is a decision the user states with ``--near-tie-ceiling``."""
+    return (f"--near-tie-nats {override:g}: above the near-tie ceiling {ceiling:g} nats (a flip that wide is not "
+            f"numeric noise); to accept it on purpose, also pass --near-tie-ceiling {override:g} or more")
+
+
 @dataclass
 class NoiseStats:
-    max_abs_delta: float
+    max_abs_delta: float  # over every pair: the tail figure, and the drift bound's basis
     p99_abs_delta: float
     positions: int
     pairs: int  # (position, token) pairs compared
+    #: The pairs that can flip: those whose margin is at most ``near_window`` nats on either side.
+    near_window: float | None = None
+    near_pairs: int = 0
+    near_max_abs_delta: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
         return vars(self).copy()
+
+    @property
+    def near_measured(self) -> bool:
+        """Whether enough small-margin pairs were seen to measure the noise where flips live."""
+        return self.near_window is not None and self.near_pairs >= MIN_NEAR_PAIRS
+
+    @property
+    def flip_noise(self) -> float:
+        """The noise the near-tie threshold covers: over the small-margin pairs when there are
+        enough of them, else over every pair (never looser than that)."""
+        return self.near_max_abs_delta if self.near_measured else self.max_abs_delta
+
+    def describe_flip(self) -> str:
+        """Which pairs :attr:`flip_noise` was taken over, in words."""
+        if self.near_measured:
+            return (f"{self.near_max_abs_delta:.3g} over the {self.near_pairs} pairs whose margin is at most "
+                    f"{self.near_window:g} nats (every pair: {self.max_abs_delta:.3g} over {self.pairs})")
+        few = (f"only {self.near_pairs} pair(s) with a margin at most {self.near_window:g} nats, fewer than "
+               f"{MIN_NEAR_PAIRS}: " if self.near_window is not None else "")
+        return f"{self.max_abs_delta:.3g} over every pair ({few}{self.pairs} pairs, the all-pairs figure)"
 
 
 @dataclass
@@ -95,8 +130,16 @@ class NearTieThreshold:
 
     @property
     def noise_max(self) -> float | None:
-        """The largest |Δmargin| measured, within one instance or between the two (None: nothing)."""
+        """The largest |Δmargin| over every pair, within one instance or between the two (None:
+        nothing measured): the drift bound's basis."""
         figures = [n.max_abs_delta for n in (self.noise, self.cross) if n is not None and n.pairs]
+        return max(figures) if figures else None
+
+    @property
+    def flip_noise(self) -> float | None:
+        """The noise the threshold covers: :attr:`NoiseStats.flip_noise`, within one instance or
+        between the two, whichever is larger (None: nothing measured)."""
+        figures = [n.flip_noise for n in (self.noise, self.cross) if n is not None and n.pairs]
         return max(figures) if figures else None
 
     @property
@@ -111,9 +154,9 @@ class NearTieThreshold:
         if self.cross is None or not self.cross.pairs:
             return self.cross_note or "not measured"
         c = self.cross
-        return (f"max |Δmargin| {c.max_abs_delta:.3g} nats between the baseline's rows and teacher-forced scoring of "
-                f"its tokens on the speculative server ({c.pairs} token pairs over {c.positions} positions; "
-                f"p99 {c.p99_abs_delta:.3g})" + (f"; {self.cross_note}" if self.cross_note else ""))
+        return (f"max |Δmargin| {c.describe_flip()} between the baseline's rows and teacher-forced scoring of its "
+                f"tokens on the speculative server ({c.positions} positions; p99 {c.p99_abs_delta:.3g})"
+                + (f"; {self.cross_note}" if self.cross_note else ""))
 
     def describe(self) -> str:
         if self.source == "override":
@@ -123,17 +166,23 @@ class NearTieThreshold:
                 if self.cross is not None and self.cross.pairs:
                     extra += f"; between the two server instances {self.cross.max_abs_delta:.3g}"
                 extra += ")"
-            return f"{self.nats:.4g} nats, set by --near-tie-nats{extra}{self._calibrated()}"
+            return f"{self.nats:.4g} nats, set by --near-tie-nats{extra}{self._ceiling()}{self._calibrated()}"
         assert self.noise is not None
         n = self.noise
-        within = (f"between incremental decode and teacher-forced scoring of the baseline ({n.pairs} token pairs "
-                  f"over {n.positions} positions; p99 {n.p99_abs_delta:.3g}")
-        if self.cross is None or not self.cross.pairs:
-            return (f"{self.nats:.4g} nats, measured: {self.multiplier:g} × max |Δmargin| {n.max_abs_delta:.3g} "
-                    f"{within}; ceiling {self.ceiling:g}){self._calibrated()}")
-        return (f"{self.nats:.4g} nats, measured: {self.multiplier:g} × max |Δmargin| {self.noise_max:.3g}, the larger "
-                f"of {n.max_abs_delta:.3g} {within}) and {self.cross.max_abs_delta:.3g} between the two server "
-                f"instances ({self.cross.pairs} token pairs); ceiling {self.ceiling:g}{self._calibrated()}")
+        within = (f"between incremental decode and teacher-forced scoring of the baseline: {n.describe_flip()}, "
+                  f"{n.positions} positions, p99 {n.p99_abs_delta:.3g}")
+        cross = ""
+        if self.cross is not None and self.cross.pairs:
+            cross = f"; between the two server instances: {self.cross.describe_flip()}"
+        return (f"{self.nats:.4g} nats, measured: {self.multiplier:g} × max |Δmargin| {self.flip_noise:.3g} ({within}"
+                f"{cross}); ceiling {self.ceiling:g}{self._calibrated()}")
+
+    def _ceiling(self) -> str:
+        """Said when the ceiling was raised: a threshold above the default is a decision, logged."""
+        if self.ceiling <= DEFAULT_CEILING_NATS:
+            return ""
+        return (f"; --near-tie-ceiling raised to {self.ceiling:g} nats on purpose (default {DEFAULT_CEILING_NATS:g})"
+                if self.source == "override" else "")
 
     def _calibrated(self) -> str:
         return f"; calibrated on {self.calibration}" if self.calibration else ""
@@ -163,7 +212,7 @@ class NearTieThreshold:
 
 def _margin_deltas(a: TokenScores, b: TokenScores) -> tuple[np.ndarray, np.ndarray]:
     """|Δmargin| ``[n, k_a, k_b]`` between two scorings of the same tokens, and the mask of the
-    (position, alternative) pairs both recorded.
+    (position, alternative) pairs both recorded (:func:`_pair_margins` gives their margins).
 
     The margin at a position is ``logprob(chosen token) − logprob(alternative)``; the chosen token
     is the same on both sides (both scored the same stream).
@@ -182,12 +231,26 @@ def _margin_deltas(a: TokenScores, b: TokenScores) -> tuple[np.ndarray, np.ndarr
     return delta, same & not_self & valid
 
 
+def _pair_margins(a: TokenScores, b: TokenScores) -> np.ndarray:
+    """``[n, k_a, k_b]``: the smaller |margin| of each pair on the two sides (how close it is to flipping)."""
+    n = min(len(a), len(b))
+    with np.errstate(invalid="ignore"):
+        margin_a = np.abs(a.logprobs[:n, None] - a.top_logprobs[:n])
+        margin_b = np.abs(b.logprobs[:n, None] - b.top_logprobs[:n])
+        return np.fmin(margin_a[:, :, None], margin_b[:, None, :])
+
+
 def abs_deltas(decoded: TokenScores, teacher_forced: TokenScores) -> np.ndarray:
     """|Δmargin| for every (position, alternative) pair both passes recorded."""
-    if min(len(decoded), len(teacher_forced)) == 0:
-        return np.zeros(0, np.float32)
-    delta, mask = _margin_deltas(decoded, teacher_forced)
-    return delta[mask].astype(np.float32)
+    return abs_deltas_with_margins(decoded, teacher_forced)[0]
+
+
+def abs_deltas_with_margins(a: TokenScores, b: TokenScores) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`abs_deltas` and, pair by pair, the smaller |margin| of the two sides."""
+    if min(len(a), len(b)) == 0:
+        return np.zeros(0, np.float32), np.zeros(0, np.float32)
+    delta, mask = _margin_deltas(a, b)
+    return delta[mask].astype(np.float32), _pair_margins(a, b)[mask].astype(np.float32)
 
 
 def position_deltas(a: TokenScores, b: TokenScores) -> np.ndarray:
@@ -200,15 +263,23 @@ def position_deltas(a: TokenScores, b: TokenScores) -> np.ndarray:
     return np.where(np.isfinite(worst), worst, np.nan).astype(np.float32)
 
 
-def measure_noise(pairs: Iterable[tuple[TokenScores, TokenScores]]) -> NoiseStats:
-    chunks, positions = [], 0
+def measure_noise(pairs: Iterable[tuple[TokenScores, TokenScores]], window: float | None = None) -> NoiseStats:
+    """|Δmargin| over every pair both scorings recorded; with ``window``, also over the pairs whose
+    margin is at most ``window`` nats on either side (the pairs that can flip)."""
+    chunks, margins, positions = [], [], 0
     for decoded, tf in pairs:
-        chunks.append(abs_deltas(decoded, tf))
+        d, m = abs_deltas_with_margins(decoded, tf)
+        chunks.append(d)
+        margins.append(m)
         positions += min(len(decoded), len(tf))
     allv = np.concatenate(chunks) if chunks else np.zeros(0, np.float32)
     if allv.size == 0:
-        return NoiseStats(0.0, 0.0, positions, 0)
-    return NoiseStats(float(allv.max()), float(np.quantile(allv, 0.99)), positions, int(allv.size))
+        return NoiseStats(0.0, 0.0, positions, 0, window)
+    stats = NoiseStats(float(allv.max()), float(np.quantile(allv, 0.99)), positions, int(allv.size), window)
+    if window is not None:
+        near = allv[np.concatenate(margins) <= window]
+        stats.near_pairs, stats.near_max_abs_delta = int(near.size), float(near.max()) if near.size else 0.0
+    return stats
 
 
 def derive_threshold(
@@ -222,6 +293,8 @@ def derive_threshold(
     if override is not None:
         if override < 0:
             raise ValueError(f"--near-tie-nats: expected a non-negative number of nats, got {override}")
+        if override > ceiling:
+            raise CalibrationError(near_tie_above_ceiling(override, ceiling))
         return NearTieThreshold(float(override), "override", noise, multiplier, ceiling, calibration, cross, cross_note)
     if noise is None or noise.pairs == 0:
         raise ValueError(
@@ -229,12 +302,12 @@ def derive_threshold(
             "(every baseline failed or produced no tokens); pass --near-tie-nats to set it"
         )
     measured = NearTieThreshold(0.0, "measured", noise, multiplier, ceiling, calibration, cross, cross_note)
-    worst = measured.noise_max or 0.0
+    worst = measured.flip_noise or 0.0
     nats = max(FLOOR_NATS, multiplier * worst)
     if nats > ceiling:
-        where = (f"between decode and teacher-forced scoring over {noise.pairs} token pairs"
-                 if worst == noise.max_abs_delta else
-                 f"between the two server instances over {cross.pairs if cross else 0} token pairs")
+        where = (f"between decode and teacher-forced scoring: {noise.describe_flip()}"
+                 if worst == noise.flip_noise else
+                 f"between the two server instances: {cross.describe_flip() if cross else ''}")
         raise CalibrationError(
             f"the measured near-tie threshold {nats:.4g} nats ({multiplier:g} × max |Δmargin| "
             f"{worst:.4g} {where}) "

@@ -21,7 +21,7 @@ from specparity.golden import Golden, GoldenError, load_golden
 from specparity.journal import JOURNAL, Journal, JournalError, read_journal
 from specparity.policy import PolicyError, load_policy, merge
 from specparity.fixtures import prompt_file
-from specparity.noise import DEFAULT_CEILING_NATS
+from specparity.noise import DEFAULT_CEILING_NATS, near_tie_above_ceiling
 from specparity.option_table import DEFAULT_ENGINE, DEFAULT_REPORT  # noqa: F401 - re-exported
 from specparity.records import DEFAULT_MAX_NEAR_TIE, DRIFT_POLICIES, GateConfig, GatePolicy
 from specparity.prompts import Prompt, PromptFileError, load_many
@@ -306,6 +306,8 @@ def build_setup(raw: Mapping[str, Any], *, check_report: bool = False, speculate
         update_golden=update,
         resume=bool(raw.get("resume")),
     )
+    if config.near_tie_nats is not None and config.near_tie_nats > config.near_tie_ceiling:
+        raise BadInput(near_tie_above_ceiling(config.near_tie_nats, config.near_tie_ceiling))
     if resume is not None:
         check_resumable(resume, config)
     applies = speculates and golden_mode != "baseline"

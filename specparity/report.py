@@ -107,6 +107,24 @@ def _env() -> jinja2.Environment:
     return env
 
 
+def unreported_line(run: GateRun) -> str:
+    """Rows the engine left out by the protocol (``top_ids`` all −1: allowed, never judged), counted
+    per side; "" when there are none. A reported row with a non-finite number is an error instead."""
+    counts = {"baseline": [0, 0], "speculative": [0, 0], "teacher-forced": [0, 0]}
+    for r in run.records:
+        sides = (("baseline", r.baseline.scores if r.baseline is not None else None),
+                 ("speculative", r.spec.scores if r.spec is not None else None),
+                 ("teacher-forced", r.baseline_tf), ("teacher-forced", r.spec_tf if r.spec_tf is not r.baseline_tf else None))
+        for side, scores in sides:
+            if scores is not None and len(scores):
+                counts[side][0] += int(scores.unreported_positions().size)
+                counts[side][1] += len(scores)
+    if not any(n for n, _ in counts.values()):
+        return ""
+    return ", ".join(f"{side} {n} of {total}" for side, (n, total) in counts.items() if total) + (
+        " rows not reported by the engine (top_ids −1: allowed, not judged)")
+
+
 def drift_line(run: GateRun) -> str:
     """How latent drift was checked, in one line (the summary and the terminal say it)."""
     bound = run.threshold.drift_nats if run.threshold else None
@@ -158,6 +176,7 @@ def render_summary_md(run: GateRun, decision: GateDecision) -> str:
         classes=CLASSES,
         drift=drift_line(run),
         cross=run.threshold.describe_cross() if run.threshold else "",
+        unreported=unreported_line(run),
         scorer_check=scorer_check_line(run),
         calibration_error=run.calibration_error,
         golden_error=run.golden_error,
@@ -225,6 +244,8 @@ def terminal_lines(run: GateRun, decision: GateDecision) -> list[str]:
         lines.append(f"near-tie threshold: {run.threshold.describe()}")
         lines.append(f"cross-instance noise: {run.threshold.describe_cross()}")
         lines.append(f"latent drift: {drift_line(run)}")
+    if unreported_line(run):
+        lines.append(f"unreported rows: {unreported_line(run)}")
     if run.scorer_check:
         lines.append(f"scorer check: {scorer_check_line(run)}")
     if run.scorer:

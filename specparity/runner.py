@@ -122,12 +122,20 @@ def _generate_one(engine: Engine, req: GenerationRequest, speculative: bool) -> 
 def rows_problem(scores: TokenScores, n: int, top_k: int, what: str) -> str | None:
     """Why ``scores`` cannot serve as ``n`` rows of ``top_k`` alternatives (None: they can).
 
-    Fewer alternatives than asked would make every "outside the top-k" verdict a guess."""
+    Fewer alternatives than asked would make every "outside the top-k" verdict a guess. A reported
+    row with a NaN or ±inf logprob is a numeric failure, never an unreported row: the comparison
+    skips non-finite numbers, so such rows would otherwise pass unseen (the protocol's unreported
+    row — ``top_ids`` all −1 — stays allowed, :meth:`TokenScores.unreported_positions`)."""
     if len(scores) != n:
         return f"the engine returned {len(scores)} rows of {what} for {n} tokens"
     if n and scores.k < top_k:
         return (f"the engine returned {scores.k} alternatives per position in its {what}, fewer than the "
                 f"--top-k {top_k} asked")
+    bad = scores.nonfinite_positions()
+    if bad.size:
+        shown = ", ".join(str(int(i)) for i in bad[:10]) + (", …" if bad.size > 10 else "")
+        return (f"numeric failure: {bad.size} row(s) of {what} with a NaN or infinite logprob although the engine "
+                f"reported them (real top_ids), at position(s) {shown}")
     return None
 
 

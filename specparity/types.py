@@ -84,6 +84,23 @@ class TokenScores:
         """Whether the engine reported this position's row (engines may leave rows out: NaN)."""
         return bool(np.isfinite(self.logprobs[position]))
 
+    def unreported_positions(self) -> np.ndarray:
+        """Positions the engine left out by the protocol: no real alternative (``top_ids`` all −1).
+        Allowed (llama.cpp drops byte-piece rows and keeps none for accepted drafts), and counted."""
+        return np.flatnonzero(~(self.top_ids >= 0).any(axis=1)) if len(self) else np.zeros(0, np.int64)
+
+    def nonfinite_positions(self) -> np.ndarray:
+        """Positions whose row is reported (a real id among ``top_ids``) but carries a NaN or ±inf
+        logprob — for an alternative with a real id, or for the row's own token (unless that token
+        is marked not scored, id −1). Not an unreported row: a numeric failure of the engine."""
+        if not len(self):
+            return np.zeros(0, np.int64)
+        real = self.top_ids >= 0
+        with np.errstate(invalid="ignore"):
+            bad_alt = (real & ~np.isfinite(self.top_logprobs)).any(axis=1)
+            bad_own = real.any(axis=1) & (self.token_ids >= 0) & ~np.isfinite(self.logprobs)
+        return np.flatnonzero(bad_alt | bad_own)
+
     def rank_of(self, position: int, token_id: int) -> int | None:
         """0-based rank of ``token_id`` among the top-k at ``position`` (None: outside the top-k)."""
         hits = np.nonzero(self.top_ids[position] == token_id)[0]

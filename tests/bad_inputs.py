@@ -82,6 +82,9 @@ CASES: tuple[Case, ...] = (
     Case("max-near-tie", ("suites/lossless", "--max-near-tie", "2"), "--max-near-tie 2: expected a number in [0, 1]"),
     Case("bit-exact-and-allow-near-tie", ("suites/lossless", "--bit-exact", "--allow-near-tie"),
          "--bit-exact and --allow-near-tie: give one or neither"),
+    Case("near-tie-above-ceiling", ("suites/lossless", "--near-tie-nats", "3"),
+         "--near-tie-nats 3: above the near-tie ceiling 2 nats (a flip that wide is not numeric noise); to accept it "
+         "on purpose, also pass --near-tie-ceiling 3 or more"),
     Case("near-tie-ceiling-0", ("suites/lossless", "--near-tie-ceiling", "0"), "--near-tie-ceiling 0: expected a number >= 1e-06"),
     Case("calibration-unknown", ("suites/lossless", "--calibration", "all"),
          "--calibration 'all': expected suite, selected or a prompt file (JSONL)"),

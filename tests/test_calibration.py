@@ -97,9 +97,15 @@ def test_ceiling_and_drift_bound():
     with pytest.raises(CalibrationError, match="exceeds the ceiling 2 nats"):
         derive_threshold(noise)
     assert derive_threshold(noise, ceiling=4.0).nats == pytest.approx(3.0)
-    # an explicit threshold is on purpose: no ceiling; the drift bound still comes from the noise
+    # an explicit threshold is on purpose; the drift bound still comes from the noise
     t = derive_threshold(noise, override=0.5)
     assert t.nats == 0.5 and t.drift_nats == pytest.approx(8.0)
+    # ... but never above the ceiling unless the ceiling is raised too, which the summary logs
+    with pytest.raises(CalibrationError, match=r"--near-tie-nats 5: above the near-tie ceiling 2 nats"):
+        derive_threshold(noise, override=5.0)
+    wide = derive_threshold(noise, override=5.0, ceiling=5.0)
+    assert wide.nats == 5.0 and "--near-tie-ceiling raised to 5 nats on purpose (default 2)" in wide.describe()
+    assert "raised" not in t.describe()
 
 
 def test_measure_drift_finds_where_it_starts():

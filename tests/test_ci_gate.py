@@ -121,7 +121,7 @@ def test_near_ties_pass_or_fail_by_policy(tmp_path):
     """bf16 flips on prompts/near_tie.jsonl, judged with a 30-nat threshold: near ties within the budget
     pass; the same run fails under a policy that lists near_tie in fail_on (bit-exact)."""
     args = ("--", "--prompts", REPO_ROOT / "prompts" / "near_tie.jsonl", "--dtype", "bfloat16", "--calibration",
-            "selected", "--near-tie-nats", "30")
+            "selected", "--near-tie-nats", "30", "--near-tie-ceiling", "30")
     allow = gate(*ENGINE, "--policy", write_policy(tmp_path / "allow.toml", max_near_tie=1.0), "--report", "allow", *args,
                  cwd=tmp_path)
     assert allow.returncode == exitcodes.PASS, out(allow)

@@ -574,7 +574,7 @@ def test_gate_declared_determinism_is_bit_exact(tmp_path):
         assert Endpoint(spec.url).get_json("/server_info")["enable_deterministic_inference"] is True
         report = tmp_path / "strict"
         proc, records = run_lossless("sglang", base.url, spec.url, report, "--target", str(TARGET),
-                                     "--near-tie-nats", NEAR_TIE_NATS)
+                                     "--near-tie-nats", NEAR_TIE_NATS, "--near-tie-ceiling", NEAR_TIE_NATS)
         out = proc.stdout + proc.stderr
         assert proc.returncode == 1, out[-4000:]
         prompts = [r for r in records if r["kind"] == "prompt"]
@@ -600,7 +600,7 @@ def test_gate_declared_determinism_is_bit_exact(tmp_path):
         spec.near_tie_flips = 1
         report = tmp_path / "allowed"
         proc, records = run_lossless("sglang", base.url, spec.url, report, "--target", str(TARGET),
-                                     "--near-tie-nats", NEAR_TIE_NATS, "--allow-near-tie")
+                                     "--near-tie-nats", NEAR_TIE_NATS, "--near-tie-ceiling", NEAR_TIE_NATS, "--allow-near-tie")
         assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
         prompts = [r for r in records if r["kind"] == "prompt"]
         assert sum(r["verdict"]["class"] == "near_tie" for r in prompts) == 1 and len(spec.flipped) == 2
@@ -617,7 +617,7 @@ def test_gate_one_sided_determinism_is_not_strict(servers, tmp_path):
     base, _ = servers
     with SGLangEmulator(speculative=True, declares_deterministic=True, near_tie_flips=1) as spec:
         proc, records = run_lossless("sglang", base.url, spec.url, tmp_path / "report", "--target", str(TARGET),
-                                     "--near-tie-nats", NEAR_TIE_NATS)
+                                     "--near-tie-nats", NEAR_TIE_NATS, "--near-tie-ceiling", NEAR_TIE_NATS)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
     prompts = [r for r in records if r["kind"] == "prompt"]
     assert sum(r["verdict"]["class"] == "near_tie" for r in prompts) == 1

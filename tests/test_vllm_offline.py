@@ -396,7 +396,7 @@ def test_gate_batch_invariant_is_bit_exact(tmp_path):
     with VLLMEmulator(dev_mode=True, batch_invariant=True) as base, \
             VLLMEmulator(speculative=True, dev_mode=True, batch_invariant=True, near_tie_flips=1) as spec:
         proc, records = run_lossless("vllm", base.url, spec.url, tmp_path / "report", "--engine-opt",
-                                     f"tokenizer={TARGET}", "--near-tie-nats", "20")
+                                     f"tokenizer={TARGET}", "--near-tie-nats", "20", "--near-tie-ceiling", "20")
     assert proc.returncode == 1, (proc.stdout + proc.stderr)[-4000:]
     prompts = [r for r in records if r["kind"] == "prompt"]
     ties = [r["prompt"]["id"] for r in prompts if r["verdict"]["class"] == "near_tie"]
