@@ -220,7 +220,7 @@ class ServerEngine:
     def check_same_target(self) -> None:
         """Every endpoint of both fleets serves the same target: a field that differs between two
         endpoints (both reporting it) is a :class:`ServerError` naming both and the difference."""
-        if getattr(self, "_same_target_checked", False):
+        if self._same_target_checked:
             return
         endpoints = [(s.role, e) for s in (self.baseline, self.spec) for e in s.fleet.endpoints]
         identities = [(role, e, self.endpoint_identity(e)) for role, e in endpoints]
