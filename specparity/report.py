@@ -236,6 +236,9 @@ def terminal_lines(run: GateRun, decision: GateDecision) -> list[str]:
     if run.fingerprint:
         fp = run.fingerprint
         lines.append(f"engine {fp.engine} [{fp.dtype}] spec {fp.spec_config}")
+        note = fixture_note(fp.target.path).get("models")
+        if note:
+            lines.append(f"models: {note}")
     lines += [f"golden: {note}" for note in getattr(run, "golden_notes", None) or []]
     resumed = (getattr(run, "resumed_baselines", 0) or 0, getattr(run, "resumed_verdicts", 0) or 0)
     if any(resumed):
