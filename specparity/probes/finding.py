@@ -4,7 +4,9 @@ result is :class:`specparity.compare.Verdict`; a probe finds facts about a deplo
 A probe answers a deploy question ("will this draft be silently rejected?") with a status, the
 facts that led to it (tensor names and shapes, config keys, engine source lines) and what to do.
 ``unknown`` is an honest answer, not a pass: it says what could not be checked and why, and the
-CLI exits zero on it so that a missing engine source never blocks a deploy by itself.
+CLI exits zero on it so that a missing engine source never blocks a deploy by itself — unless a
+policy file is given (``--policy``, as ``ci/gate.sh`` does): then an unknown fails unless the policy's
+``allow_unknown`` names that probe.
 """
 
 from __future__ import annotations
