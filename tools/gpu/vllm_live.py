@@ -455,6 +455,55 @@ def preset_run(work: Path, preset: str, *extra: str) -> int:
     return 0 if rc == 0 else 1
 
 
+def probe_scoring(work: Path, prompts: int = 3) -> int:
+    """Score the same tokens on every healthy server of the fixture target: each server's
+    ``prompt_logprobs`` argmax against the tokens a baseline decoded (a scorer the gate cannot use
+    shows here, with the bodies kept under WORK/probe/ for a look or a test)."""
+    sys.path.insert(0, str(CHECKOUT))
+    from specparity.engines.server import HFTokenizer
+    from specparity.engines.vllm import completion_body
+
+    servers = [s for s in load_servers(work).values() if s.model == str(TARGET) and health(s.url) == 200]
+    ref = next((s for s in servers if s.method == "baseline"), None)
+    if ref is None:
+        print("PROBE: no healthy baseline of the fixture target")
+        return 1
+    out = work / "probe"
+    out.mkdir(parents=True, exist_ok=True)
+    tok = HFTokenizer(str(TARGET))
+    rows = [r for r in (json.loads(line) for line in (CHECKOUT / "prompts" / "default.jsonl").read_text().splitlines()
+                        if line.strip()) if "id" in r][:prompts]
+    model = json.loads(urllib.request.urlopen(ref.url + "/v1/models", timeout=30).read())["data"][0]["id"]
+
+    def post(url: str, body: dict[str, Any]) -> dict[str, Any]:
+        req = urllib.request.Request(url + "/v1/completions", json.dumps(body).encode(),
+                                     {"Content-Type": "application/json"})
+        return json.loads(urllib.request.urlopen(req, timeout=120).read())
+
+    for row in rows:
+        ids = tok.encode_prompt(row.get("prompt"), row.get("messages"))
+        body = completion_body(model, ids, int(row.get("max_new_tokens", 48)), tok.stop_token_ids(), logprobs=None,
+                               top_k=0)
+        cont = post(ref.url, body)["choices"][0]["token_ids"]
+        score = completion_body(model, ids + cont, 1, (), logprobs=None, top_k=0, prompt_logprobs=1)
+        for s in servers:
+            try:
+                answer = post(s.url, score)
+            except Exception as exc:  # noqa: BLE001 - reported per server
+                print(f"PROBE {row['id']} {s.name}: {type(exc).__name__}: {exc}")
+                continue
+            pl = answer["choices"][0]["prompt_logprobs"]
+            top = [max(r.items(), key=lambda kv: kv[1]["logprob"])[0] for r in pl[len(ids):]]
+            agree = sum(int(a) == b for a, b in zip(top, cont))
+            (out / f"{s.name}-{row['id']}.json").write_text(json.dumps({"request": score, "response": answer}))
+            r = {"kind": "probe", "run": f"probe-{s.name}-{row['id']}", "server": s.name, "mode": s.mode,
+                 "method": s.method, "prompt": row["id"], "argmax_equal": agree, "positions": len(cont),
+                 "first_rows_argmax": top[:8], "tokens": cont[:8]}
+            record(work, r)
+            print(f"PROBE {row['id']} {s.name:14s} argmax = baseline's token at {agree}/{len(cont)}", flush=True)
+    return 0
+
+
 def run_all(work: Path, levels: tuple[int, ...]) -> int:
     servers = load_servers(work)
     (work / "logs").mkdir(parents=True, exist_ok=True)
@@ -575,6 +624,8 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("table")
     p = sub.add_parser("preset", help="the gate launching both servers with a vllm preset (both on this GPU)")
     p.add_argument("name", nargs="?", default="vllm-ngram")
+    p = sub.add_parser("probe", help="score the same tokens on every healthy server (prompt_logprobs argmax)")
+    p.add_argument("--prompts", type=int, default=3)
     p = sub.add_parser("pack")
     p.add_argument("out", help="folder for vllm-live.tar.gz (journals, logs, summaries), table.md and runs.jsonl")
     sub.add_parser("stop")
@@ -609,6 +660,8 @@ def main(argv: list[str] | None = None) -> int:
         return table(work)
     if args.cmd == "preset":
         return preset_run(work, args.name)
+    if args.cmd == "probe":
+        return probe_scoring(work, args.prompts)
     if args.cmd == "pack":
         return pack(work, Path(args.out))
     if args.cmd == "stop":
