@@ -611,3 +611,23 @@ def test_per_request_flag_never_reaches_a_vllm_without_it():
         assert "--per-request-spec-decode-metrics" in spec.args()
     assert VLLMApi.of("0.26.0").per_request_metrics is False and VLLMApi.of("0.33.0").per_request_metrics
     assert VLLMApi.of("0.30.1").per_request_metrics is None and VLLMApi.of("dev").version == "dev"
+
+
+def test_recorded_026_graph_mode_draft_model_scores_wrong_rows():
+    """vLLM 0.26.0 under CUDA graphs: the same prompt + continuation (the tokens an eager baseline
+    decoded) scored with prompt_logprobs on the baseline server and on a draft_model speculative
+    server, recorded live. Read by the adapter's parser, the baseline's rows pick every continuation
+    token and the draft_model server's rows pick none: the rows the gate's scorer check refuses (the
+    run stops with exit 3 instead of judging against them). Its decoded tokens are right: judged
+    with --scorer embedded the same servers pass (docs/SERVERS.md)."""
+    picked = {}
+    for name in ("baseline", "draft_model"):
+        rec = json.loads((V026 / f"score-graphs-{name}.json").read_text())
+        ids, n = rec["request"]["prompt"], rec["_source"]["continuation_tokens"]
+        tf = parse_prompt_logprobs(rec["response"]["choices"][0]["prompt_logprobs"], ids[:-n], ids[-n:], 1)
+        picked[name] = (ids, int((tf.top_ids[:, 0] == np.asarray(ids[-n:])).sum()), n)
+    assert picked["baseline"][0] == picked["draft_model"][0]
+    _, agree, n = picked["baseline"]
+    assert agree == n
+    _, agree, n = picked["draft_model"]
+    assert agree == 0 and n > 0

@@ -555,6 +555,12 @@ def table(work: Path) -> int:
         lines += ["", "| speculative outputs, lower vs higher concurrency | verdict | counts |", "|---|---|---|"]
         for r in comps:
             lines.append(f"| {r['old']} → {r['new']} | {r['status']} (exit {r['rc']}) | {r.get('counts')} |")
+    probes = [r for r in rows if r["kind"] == "probe"]
+    if probes:
+        lines += ["", "| scoring probe: server | mode | prompt | prompt_logprobs argmax = the baseline's token |",
+                  "|---|---|---|---|"]
+        lines += [f"| {r['server']} | {r['mode']} | {r['prompt']} | {r['argmax_equal']} / {r['positions']} |"
+                  for r in probes]
     other = [r for r in rows if r["kind"] in ("fault", "note")]
     if other:
         lines += [""] + [f"- {r['kind']} {r.get('run')}: " + json.dumps({k: v for k, v in r.items()
