@@ -1,8 +1,10 @@
-"""The ``vllm`` engine adapter, tested WITHOUT a real vLLM server.
+"""The ``vllm`` engine adapter, tested without a running vLLM server (CI has no GPU).
 
-Nothing here talks to vLLM: no GPU is available, so no vLLM server was ever started. The adapter
-(``specparity/engines/vllm.py``) is tested against
+Nothing here talks to vLLM. The adapter (``specparity/engines/vllm.py``) is tested against
 
+* the answers a **live vLLM 0.26.0** gave to the adapter's own requests, recorded on one H200
+  (``tests/data/vllm-0.26.0/``): parsed as the gate parses them, and the emulator built with
+  ``version="0.26.0"`` checked against them field by field;
 * the response bodies and ``/metrics`` expositions in ``tests/data/vllm/`` — derived from the source
   of the vLLM **0.33.0** wheel, never recorded from a running server (each file's ``_source`` says
   so and cites ``file:line``; ``metrics.md`` for the two ``.txt`` files);
@@ -16,8 +18,8 @@ Nothing here talks to vLLM: no GPU is available, so no vLLM server was ever star
 vLLM launch commands are not given in the field reports (report 003 names vLLM + MTP without
 flags), so the vllm-* presets' argv are checked against the flags read in the 0.33.0 source.
 
-A pass here means the adapter agrees with what was read from vLLM's source; it does not prove that
-a live vLLM answers that way.
+A pass on the 0.33.0 data means the adapter agrees with what was read from that source; the live
+runs of the gate itself (docs/SERVERS.md "Verified live") are made with ``tools/gpu/vllm_live.sh``.
 """
 
 from __future__ import annotations
