@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -221,6 +222,11 @@ def serve(work: Path, names: list[str], wait_s: float) -> int:
         pending = [s for s in pending if health(servers[s.name].url) != 200 and alive(servers[s.name].pid)]
         time.sleep(2)
     print(f"SERVE: {time.time() - t0:.0f} s")
+    for s in wanted:  # the launch outcome, for the table (a server that did not start is a result too)
+        s = servers[s.name]
+        ok = health(s.url) == 200
+        record(work, {"kind": "launch", "run": s.name, "mode": s.mode, "method": s.method, "healthy": ok,
+                      "spec": s.spec, "error": None if ok else launch_error(log_path(work, s))})
     return print_status(work)
 
 
@@ -235,15 +241,26 @@ def print_status(work: Path) -> int:
     return 0
 
 
+def log_path(work: Path, s: Server) -> Path:
+    """A server's log, also when WORK was moved (an unpacked archive)."""
+    path = Path(s.log or "")
+    return path if path.exists() else work / "logs" / path.name
+
+
 def launch_error(log: Path, n: int = 3) -> list[str]:
     """The last error lines of a server log (why a launch failed)."""
     try:
         lines = log.read_text(errors="replace").splitlines()
     except OSError:
         return ["(no log)"]
-    hits = [line.split("] ", 1)[-1].strip() for line in lines
-            if any(w in line for w in ("Error", "error:", "raise ", "not supported", "No module"))]
-    return hits[-n:] or lines[-n:]
+    hits = []
+    for line in lines:
+        if "ulimit" in line or not any(w in line for w in ("Error:", "error:", "not supported", "is required")):
+            continue
+        text = re.sub(r"^\(\w+ pid=\d+\)\s*", "", line)  # vLLM's "(APIServer pid=N) LEVEL date [file:line] "
+        text = re.sub(r"^(INFO|WARNING|ERROR|DEBUG) \S+ \S+ \[[^\]]+\]\s*", "", text).strip()
+        hits.append(text.split(" Supported architectures:")[0][:300])  # not the registry's 400 names
+    return hits[-n:] or [line[:300] for line in lines[-n:]]
 
 
 def stop(work: Path) -> int:
@@ -566,11 +583,12 @@ def table(work: Path) -> int:
         lines += [""] + [f"- {r['kind']} {r.get('run')}: " + json.dumps({k: v for k, v in r.items()
                                                                           if k not in ('kind', 'run')})
                          for r in other]
-    servers = load_servers(work)
-    down = [s for s in servers.values() if health(s.url) != 200 and s.log]
+    launches = {r["run"]: r for r in rows if r["kind"] == "launch"}  # the last outcome of each server
+    down = [r for r in launches.values() if not r["healthy"]]
     if down:
-        lines += ["", "Servers that did not serve (launch outcome):"]
-        lines += [f"- {s.name} ({s.method}, {s.mode}): " + " | ".join(launch_error(Path(s.log))) for s in down]
+        lines += ["", "Servers that did not start (launch outcome, the log's last error lines):"]
+        lines += [f"- {r['run']} ({r['method']}, {r['mode']}, speculative config {json.dumps(r.get('spec'))}): "
+                  + " | ".join(r.get("error") or []) for r in down]
     (work / "table.md").write_text("\n".join(lines) + "\n")
     summaries = work / "summaries"
     summaries.mkdir(exist_ok=True)
