@@ -1,8 +1,10 @@
-"""The ``vllm`` engine adapter, tested WITHOUT a real vLLM server.
+"""The ``vllm`` engine adapter, tested without a running vLLM server (CI has no GPU).
 
-Nothing here talks to vLLM: no GPU is available, so no vLLM server was ever started. The adapter
-(``specparity/engines/vllm.py``) is tested against
+Nothing here talks to vLLM. The adapter (``specparity/engines/vllm.py``) is tested against
 
+* the answers a **live vLLM 0.26.0** gave to the adapter's own requests, recorded on one H200
+  (``tests/data/vllm-0.26.0/``): parsed as the gate parses them, and the emulator built with
+  ``version="0.26.0"`` checked against them field by field;
 * the response bodies and ``/metrics`` expositions in ``tests/data/vllm/`` — derived from the source
   of the vLLM **0.33.0** wheel, never recorded from a running server (each file's ``_source`` says
   so and cites ``file:line``; ``metrics.md`` for the two ``.txt`` files);
@@ -16,8 +18,8 @@ Nothing here talks to vLLM: no GPU is available, so no vLLM server was ever star
 vLLM launch commands are not given in the field reports (report 003 names vLLM + MTP without
 flags), so the vllm-* presets' argv are checked against the flags read in the 0.33.0 source.
 
-A pass here means the adapter agrees with what was read from vLLM's source; it does not prove that
-a live vLLM answers that way.
+A pass on the 0.33.0 data means the adapter agrees with what was read from that source; the live
+runs of the gate itself (docs/SERVERS.md "Verified live") are made with ``tools/gpu/vllm_live.sh``.
 """
 
 from __future__ import annotations
@@ -612,3 +614,23 @@ def test_per_request_flag_never_reaches_a_vllm_without_it():
         assert "--per-request-spec-decode-metrics" in spec.args()
     assert VLLMApi.of("0.26.0").per_request_metrics is False and VLLMApi.of("0.33.0").per_request_metrics
     assert VLLMApi.of("0.30.1").per_request_metrics is None and VLLMApi.of("dev").version == "dev"
+
+
+def test_recorded_026_graph_mode_draft_model_scores_wrong_rows():
+    """vLLM 0.26.0 under CUDA graphs: the same prompt + continuation (the tokens an eager baseline
+    decoded) scored with prompt_logprobs on the baseline server and on a draft_model speculative
+    server, recorded live. Read by the adapter's parser, the baseline's rows pick every continuation
+    token and the draft_model server's rows pick none: the rows the gate's scorer check refuses (the
+    run stops with exit 3 instead of judging against them). Its decoded tokens are right: judged
+    with --scorer embedded the same servers pass (docs/SERVERS.md)."""
+    picked = {}
+    for name in ("baseline", "draft_model"):
+        rec = json.loads((V026 / f"score-graphs-{name}.json").read_text())
+        ids, n = rec["request"]["prompt"], rec["_source"]["continuation_tokens"]
+        tf = parse_prompt_logprobs(rec["response"]["choices"][0]["prompt_logprobs"], ids[:-n], ids[-n:], 1)
+        picked[name] = (ids, int((tf.top_ids[:, 0] == np.asarray(ids[-n:])).sum()), n)
+    assert picked["baseline"][0] == picked["draft_model"][0]
+    _, agree, n = picked["baseline"]
+    assert agree == n
+    _, agree, n = picked["draft_model"]
+    assert agree == 0 and n > 0

@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -221,6 +222,11 @@ def serve(work: Path, names: list[str], wait_s: float) -> int:
         pending = [s for s in pending if health(servers[s.name].url) != 200 and alive(servers[s.name].pid)]
         time.sleep(2)
     print(f"SERVE: {time.time() - t0:.0f} s")
+    for s in wanted:  # the launch outcome, for the table (a server that did not start is a result too)
+        s = servers[s.name]
+        ok = health(s.url) == 200
+        record(work, {"kind": "launch", "run": s.name, "mode": s.mode, "method": s.method, "healthy": ok,
+                      "spec": s.spec, "error": None if ok else launch_error(log_path(work, s))})
     return print_status(work)
 
 
@@ -235,15 +241,26 @@ def print_status(work: Path) -> int:
     return 0
 
 
+def log_path(work: Path, s: Server) -> Path:
+    """A server's log, also when WORK was moved (an unpacked archive)."""
+    path = Path(s.log or "")
+    return path if path.exists() else work / "logs" / path.name
+
+
 def launch_error(log: Path, n: int = 3) -> list[str]:
     """The last error lines of a server log (why a launch failed)."""
     try:
         lines = log.read_text(errors="replace").splitlines()
     except OSError:
         return ["(no log)"]
-    hits = [line.split("] ", 1)[-1].strip() for line in lines
-            if any(w in line for w in ("Error", "error:", "raise ", "not supported", "No module"))]
-    return hits[-n:] or lines[-n:]
+    hits = []
+    for line in lines:
+        if "ulimit" in line or not any(w in line for w in ("Error:", "error:", "not supported", "is required")):
+            continue
+        text = re.sub(r"^\(\w+ pid=\d+\)\s*", "", line)  # vLLM's "(APIServer pid=N) LEVEL date [file:line] "
+        text = re.sub(r"^(INFO|WARNING|ERROR|DEBUG) \S+ \S+ \[[^\]]+\]\s*", "", text).strip()
+        hits.append(text.split(" Supported architectures:")[0][:300])  # not the registry's 400 names
+    return hits[-n:] or [line[:300] for line in lines[-n:]]
 
 
 def stop(work: Path) -> int:
@@ -306,9 +323,10 @@ def journal_summary(path: Path) -> dict[str, Any]:
         elif kind == "aggregate_counters":
             out["counters"] = {k: r.get(k) for k in ("proposed", "accepted", "verify_steps", "error")}
         elif kind == "threshold":
-            noise = r.get("noise") or {}
+            noise, cross = r.get("noise") or {}, r.get("cross_instance") or {}
             out["threshold"] = {"nats": r.get("nats"), "drift_nats": r.get("drift_nats"),
-                                "noise_max": noise.get("max_abs_delta"), "description": r.get("description")}
+                                "noise_max": noise.get("max_abs_delta"), "cross_max": cross.get("max_abs_delta"),
+                                "cross_note": r.get("cross_instance_note"), "description": r.get("description")}
         elif kind == "run":
             fp = r.get("fingerprint") or {}
             out["engine"] = {"version": fp.get("engine_version"), "dtype": fp.get("dtype"),
@@ -427,6 +445,82 @@ def fault_run(work: Path, servers: dict[str, Server]) -> None:
     print(f"FAULT: {row2}", flush=True)
 
 
+def preset_run(work: Path, preset: str, *extra: str) -> int:
+    """The gate launching both servers itself (``--preset``) on the fixture target, eager, with
+    ``per_request_metrics=summary`` asked for: a vLLM without that flag must still launch (the adapter
+    drops it and says so) and both launches must fit one GPU with the preset's memory fraction."""
+    name = f"preset-{preset}"
+    report = work / "reports" / name
+    if report.exists():
+        shutil.rmtree(report)
+    (work / "logs").mkdir(parents=True, exist_ok=True)
+    argv = [sys.executable, "-m", "pytest", "suites/lossless", "-q", "-p", "no:cacheprovider", "--engine", "vllm",
+            "--preset", preset, "--target", str(TARGET), "--engine-opt", "per_request_metrics=summary",
+            "--engine-opt", "server_args=--enforce-eager --max-model-len 2048", "--engine-opt", "startup_timeout=300",
+            "--report", str(report), *GATE_ARGS, *extra]
+    t0 = time.time()
+    with open(work / "logs" / f"gate-{name}.txt", "w") as out:
+        try:
+            rc = subprocess.run(argv, cwd=CHECKOUT, stdout=out, stderr=subprocess.STDOUT, timeout=600).returncode
+        except subprocess.TimeoutExpired:
+            rc = "timeout"
+    row = {"kind": "gate", "run": name, "rc": rc, "wall_s": round(time.time() - t0, 1), "concurrency": 8,
+           "mode": "eager, both launched by the gate", "method": f"ngram (--preset {preset})"}
+    row.update(journal_summary(report / "results.jsonl"))
+    record(work, row)
+    print(f"GATE {name}: rc={rc} {row.get('status')} {row.get('counts')} in {row['wall_s']} s", flush=True)
+    return 0 if rc == 0 else 1
+
+
+def probe_scoring(work: Path, prompts: int = 3) -> int:
+    """Score the same tokens on every healthy server of the fixture target: each server's
+    ``prompt_logprobs`` argmax against the tokens a baseline decoded (a scorer the gate cannot use
+    shows here, with the bodies kept under WORK/probe/ for a look or a test)."""
+    sys.path.insert(0, str(CHECKOUT))
+    from specparity.engines.server import HFTokenizer
+    from specparity.engines.vllm import completion_body
+
+    servers = [s for s in load_servers(work).values() if s.model == str(TARGET) and health(s.url) == 200]
+    ref = next((s for s in servers if s.method == "baseline"), None)
+    if ref is None:
+        print("PROBE: no healthy baseline of the fixture target")
+        return 1
+    out = work / "probe"
+    out.mkdir(parents=True, exist_ok=True)
+    tok = HFTokenizer(str(TARGET))
+    rows = [r for r in (json.loads(line) for line in (CHECKOUT / "prompts" / "default.jsonl").read_text().splitlines()
+                        if line.strip()) if "id" in r][:prompts]
+    model = json.loads(urllib.request.urlopen(ref.url + "/v1/models", timeout=30).read())["data"][0]["id"]
+
+    def post(url: str, body: dict[str, Any]) -> dict[str, Any]:
+        req = urllib.request.Request(url + "/v1/completions", json.dumps(body).encode(),
+                                     {"Content-Type": "application/json"})
+        return json.loads(urllib.request.urlopen(req, timeout=120).read())
+
+    for row in rows:
+        ids = tok.encode_prompt(row.get("prompt"), row.get("messages"))
+        body = completion_body(model, ids, int(row.get("max_new_tokens", 48)), tok.stop_token_ids(), logprobs=None,
+                               top_k=0)
+        cont = post(ref.url, body)["choices"][0]["token_ids"]
+        score = completion_body(model, ids + cont, 1, (), logprobs=None, top_k=0, prompt_logprobs=1)
+        for s in servers:
+            try:
+                answer = post(s.url, score)
+            except Exception as exc:  # noqa: BLE001 - reported per server
+                print(f"PROBE {row['id']} {s.name}: {type(exc).__name__}: {exc}")
+                continue
+            pl = answer["choices"][0]["prompt_logprobs"]
+            top = [max(r.items(), key=lambda kv: kv[1]["logprob"])[0] for r in pl[len(ids):]]
+            agree = sum(int(a) == b for a, b in zip(top, cont))
+            (out / f"{s.name}-{row['id']}.json").write_text(json.dumps({"request": score, "response": answer}))
+            r = {"kind": "probe", "run": f"probe-{s.name}-{row['id']}", "server": s.name, "mode": s.mode,
+                 "method": s.method, "prompt": row["id"], "argmax_equal": agree, "positions": len(cont),
+                 "first_rows_argmax": top[:8], "tokens": cont[:8]}
+            record(work, r)
+            print(f"PROBE {row['id']} {s.name:14s} argmax = baseline's token at {agree}/{len(cont)}", flush=True)
+    return 0
+
+
 def run_all(work: Path, levels: tuple[int, ...]) -> int:
     servers = load_servers(work)
     (work / "logs").mkdir(parents=True, exist_ok=True)
@@ -451,8 +545,16 @@ def table(work: Path) -> int:
     rows = [json.loads(line) for line in (work / "runs.jsonl").read_text().splitlines()] \
         if (work / "runs.jsonl").exists() else []
     gates = [r for r in rows if r["kind"] == "gate"]
+    order = {"eager": 0, "graphs": 1}
+    gates.sort(key=lambda r: (r.get("purpose_rank", 0), str(r.get("method")), order.get(r.get("mode"), 2),
+                              r.get("concurrency") or 0))
+    for r in gates:  # the journal is the record: re-read it (a newer summary reads more of it)
+        journal = work / "reports" / r["run"] / "results.jsonl"
+        if journal.exists():
+            r.update(journal_summary(journal))
     lines = ["| method | mode | concurrency | verdict | exact / near_tie / drifted / diverged / error | "
-             "accepted / proposed (verify steps) | accept length | noise (max Δmargin) / bound, nats | wall s |",
+             "accepted / proposed (verify steps) | accept length | noise in one server / between the two, "
+             "threshold (nats) | wall s |",
              "|---|---|---|---|---|---|---|---|---|"]
     for r in gates:
         c = r.get("counts") or {}
@@ -460,7 +562,8 @@ def table(work: Path) -> int:
         k = r.get("counters") or {}
         acc = f"{k.get('accepted')} / {k.get('proposed')} ({k.get('verify_steps')})" if k else "n/a"
         t = r.get("threshold") or {}
-        noise = f"{_g(t.get('noise_max'))} / {_g(t.get('nats'))}" if t else "n/a"
+        noise = (f"{_g(t.get('noise_max'))} / {_g(t.get('cross_max'))}, {_g(t.get('nats'))}"
+                 if t and t.get("nats") is not None else "n/a")
         verdict = r.get("status") or f"rc {r.get('rc')}"
         lines.append(f"| {r.get('method')} | {r.get('mode')} | {r.get('concurrency')} | {verdict} (exit {r.get('rc')}) | "
                      f"{counts} | {acc} | {r.get('accept_length', 'n/a')} | {noise} | {r.get('wall_s')} |")
@@ -469,16 +572,23 @@ def table(work: Path) -> int:
         lines += ["", "| speculative outputs, lower vs higher concurrency | verdict | counts |", "|---|---|---|"]
         for r in comps:
             lines.append(f"| {r['old']} → {r['new']} | {r['status']} (exit {r['rc']}) | {r.get('counts')} |")
+    probes = [r for r in rows if r["kind"] == "probe"]
+    if probes:
+        lines += ["", "| scoring probe: server | mode | prompt | prompt_logprobs argmax = the baseline's token |",
+                  "|---|---|---|---|"]
+        lines += [f"| {r['server']} | {r['mode']} | {r['prompt']} | {r['argmax_equal']} / {r['positions']} |"
+                  for r in probes]
     other = [r for r in rows if r["kind"] in ("fault", "note")]
     if other:
         lines += [""] + [f"- {r['kind']} {r.get('run')}: " + json.dumps({k: v for k, v in r.items()
                                                                           if k not in ('kind', 'run')})
                          for r in other]
-    servers = load_servers(work)
-    down = [s for s in servers.values() if health(s.url) != 200 and s.log]
+    launches = {r["run"]: r for r in rows if r["kind"] == "launch"}  # the last outcome of each server
+    down = [r for r in launches.values() if not r["healthy"]]
     if down:
-        lines += ["", "Servers that did not serve (launch outcome):"]
-        lines += [f"- {s.name} ({s.method}, {s.mode}): " + " | ".join(launch_error(Path(s.log))) for s in down]
+        lines += ["", "Servers that did not start (launch outcome, the log's last error lines):"]
+        lines += [f"- {r['run']} ({r['method']}, {r['mode']}, speculative config {json.dumps(r.get('spec'))}): "
+                  + " | ".join(r.get("error") or []) for r in down]
     (work / "table.md").write_text("\n".join(lines) + "\n")
     summaries = work / "summaries"
     summaries.mkdir(exist_ok=True)
@@ -536,6 +646,10 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("wait")
     p.add_argument("--timeout", type=float, default=540.0)
     sub.add_parser("table")
+    p = sub.add_parser("preset", help="the gate launching both servers with a vllm preset (both on this GPU)")
+    p.add_argument("name", nargs="?", default="vllm-ngram")
+    p = sub.add_parser("probe", help="score the same tokens on every healthy server (prompt_logprobs argmax)")
+    p.add_argument("--prompts", type=int, default=3)
     p = sub.add_parser("pack")
     p.add_argument("out", help="folder for vllm-live.tar.gz (journals, logs, summaries), table.md and runs.jsonl")
     sub.add_parser("stop")
@@ -568,6 +682,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if done else 1
     if args.cmd == "table":
         return table(work)
+    if args.cmd == "preset":
+        return preset_run(work, args.name)
+    if args.cmd == "probe":
+        return probe_scoring(work, args.prompts)
     if args.cmd == "pack":
         return pack(work, Path(args.out))
     if args.cmd == "stop":
