@@ -472,8 +472,8 @@ def judgement(rec: PromptRecord, run: GateRun, decision: GateDecision | None = N
                 f"(margin source: {source_words(d.margin_source)})")
         if noise is not None and noise.pairs:
             text += (f"; the target's own noise between two ways of computing the same tokens reaches "
-                     f"{noise.max_abs_delta:.3g} nats")
-            if m <= noise.max_abs_delta:
+                     f"{noise.flip_noise:.3g} nats")
+            if m <= noise.flip_noise:
                 text += ", so this margin is inside the measured noise itself"
         checks.append(Check("ok", text))
     else:
