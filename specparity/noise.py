@@ -10,20 +10,36 @@ recorded, compared between the two passes. (Measuring single logprobs instead wo
 of the full-vocabulary normaliser, which cancels in a margin.) The largest such |Δmargin| is an
 estimate of the true maximum from finitely many samples, hence a headroom multiplier (1.5).
 
-Measured on the fixtures (``prompts/default.jsonl``, 1,024 positions): fp32 max |Δmargin|
-≈ 4e-5 nats; bf16 ≈ 0.31 nats (one to two bf16 steps of logits around 16–32).
+**Where flips live.** The threshold decides one thing: whether a split whose baseline margin is ``m``
+is a tie the noise explains. Only a pair whose margin is within the ceiling can ever be judged so,
+and the noise of a margin grows with the margin itself: an alternative 10–18 nats below the chosen
+token carries the largest absolute rounding, yet can never flip. Measured on the fixtures
+(``prompts/default.jsonl``, each prompt's own limit, this machine's CPU): bf16 + fp8 KV (per-tensor
+scales) max |Δmargin| 0.44 nats over every pair but 0.19 over the 102 pairs whose margin is under
+2 nats, while every flip measured (CPU and H200) had a margin of 0–0.094 nats. So the threshold is
+``multiplier`` × the max over the **near pairs** — those whose margin is at most the ceiling on
+either side (:attr:`NoiseStats.flip_noise`): fp32 3.3e-5 (all pairs: 5.9e-5), bf16 0.094 (0.47),
+bf16 + fp8 KV 0.28 (0.66). A maximum over too few pairs is no estimate: with fewer than
+:data:`MIN_NEAR_PAIRS` near pairs the threshold falls back to every pair — the rule before, never
+looser — and the summary says so. The all-pairs figure (the tail) stays in the summary.
+
+The **drift bound** stays on every pair: latent drift compares the speculative rows with the
+baseline's at every recorded pair, far alternatives included, so its bound must cover the noise of
+those pairs too; on the near pairs alone a healthy bf16 loop would be called drifted.
 
 Two more numbers come from the same measurement:
 
-* a **ceiling** on a measured threshold (default 2 nats, a 7:1 probability ratio, far above any
+* a **ceiling** on the threshold (default 2 nats, a 7:1 probability ratio, far above any
   dtype's noise here): a larger measurement means the scorer or the target is not fit to judge
   near ties (a scorer off by one position measured 57.85 nats and excused an 8.98-nat bug), so it
-  is refused unless the user raises the ceiling on purpose;
+  is refused unless the user raises the ceiling on purpose; ``--near-tie-nats`` above it is
+  refused too (exit 4 before any model loads) unless ``--near-tie-ceiling`` is raised with it,
+  which the summary logs;
 * the **drift bound** for latent drift (identical tokens whose speculative rows moved): a loop
   that leaves the target's computation intact stays within the target's own noise (measured on
   the fixtures: at most 1.3 × max |Δmargin| in fp32, 0.9 × in bf16), a loop that corrupts the KV
-  cache moves rows by 7–100 000 ×; the bound is 4 × the measured max, and it never follows
-  ``--near-tie-nats``.
+  cache moves rows by 7–100 000 ×; the bound is 4 × the measured max over every pair (below), and
+  it never follows ``--near-tie-nats``.
 
 **Two server instances.** When the baseline and the speculative run are two servers (SGLang, vLLM,
 llama.cpp), the comparison also contains whatever differs between the two instances: graph capture,

@@ -479,8 +479,8 @@ def judgement(rec: PromptRecord, run: GateRun, decision: GateDecision | None = N
                 f"(margin source: {source_words(d.margin_source)})")
         if noise is not None and noise.pairs:
             text += (f"; the target's own noise between two ways of computing the same tokens reaches "
-                     f"{noise.max_abs_delta:.3g} nats")
-            if m <= noise.max_abs_delta:
+                     f"{noise.flip_noise:.3g} nats")
+            if m <= noise.flip_noise:
                 text += ", so this margin is inside the measured noise itself"
         checks.append(Check("ok", text))
     else:
@@ -785,11 +785,13 @@ def calibration_rows(run: GateRun) -> list[tuple[str, str]]:
     if th is not None:
         rows.append(("source", "set by --near-tie-nats" if th.source == "override" else
                      f"measured: {th.multiplier:g} × the largest |Δmargin| between incremental decode and "
-                     f"teacher-forced scoring of the baseline"))
+                     f"teacher-forced scoring of the baseline (and between the two server instances), over the "
+                     f"pairs that can flip"))
         if th.noise is not None:
             n = th.noise
             rows.append(("measured noise", f"max |Δmargin| {n.max_abs_delta:.4g} nats, p99 {n.p99_abs_delta:.4g} "
                                            f"over {n.pairs} token pairs at {n.positions} positions"))
+            rows.append(("noise on the pairs that can flip", n.describe_flip()))
         rows.append(("cross-instance noise", th.describe_cross()))
         rows.append(("ceiling", f"{th.ceiling:g} nats (a measured threshold above it is refused)"))
         if th.calibration:
