@@ -16,6 +16,7 @@ stopping what was launched — lives here once.
 
 from __future__ import annotations
 
+import copy
 import json
 import time
 from dataclasses import dataclass
@@ -337,8 +338,6 @@ class ServerEngine:
         :meth:`score` (which scores on ``self.baseline``) scores on the speculative server: its scoring
         pass runs the target alone, and the calibration compares it with the baseline's rows to
         measure the noise between the two server instances (:mod:`specparity.noise`)."""
-        import copy
-
         view = copy.copy(self)
         view.baseline = self.spec
         return view
