@@ -476,7 +476,7 @@ def run_one_gate(m: Matrix, cid: str, base: dict[str, Any], engine: Any, prompts
 
 def inprocess_phase(m: Matrix) -> None:
     from specparity.golden import load_golden
-    from specparity.engines import load_engine
+    from specparity.engines import default_draft_fixture, load_engine
     from specparity.records import GateConfig
 
     args, results = m.args, m.results
@@ -505,8 +505,12 @@ def inprocess_phase(m: Matrix) -> None:
                 extra = {"kv_scales": scales} if scales else {}
                 extra.update(args.inproc_opts)
                 try:
-                    engine = load_engine(engine_name, m.options(target=target_path, dtype=dtype, kv_cache_dtype=kv,
-                                                                extra=extra, num_draft_tokens=todo[0][1]))
+                    # the target is named, so the draft is too (a named target never gets a fixture draft);
+                    # the flat target is the fixture target's weights rescaled: the same drafts serve it
+                    draft = REPO / "fixtures" / "models" / default_draft_fixture("dflash2" if engine_name == "dflash" else "draft")
+                    engine = load_engine(engine_name, m.options(target=target_path, draft=str(draft), dtype=dtype,
+                                                                kv_cache_dtype=kv, extra=extra,
+                                                                num_draft_tokens=todo[0][1]))
                 except Exception as exc:  # noqa: BLE001 - record and go on with the next engine
                     for pset, w in todo:
                         results.add({"id": cid_inproc(tlabel, config, engine_name, pset, w), "kind": "inprocess",
