@@ -67,7 +67,10 @@ class Invariance:
             from specparity.engines import resolve_factory
 
             target = str(fixture_dir("target"))
-            opts = dataclasses.replace(opts, target=target, draft=target if check == "self-draft" else None,
+            # the fixture demo: self-draft drafts with the target itself; batching never speculates but
+            # the hf engine is built with the fixture target's own draft, as a named target needs one
+            draft = target if check == "self-draft" else str(fixture_dir("draft"))
+            opts = dataclasses.replace(opts, target=target, draft=draft,
                                        spec_mode="draft", dtype=dtype, num_draft_tokens=SELF_DRAFT_WIDTH)
             return build_engine(resolve_factory("hf"), opts, "hf")
         try:
