@@ -140,7 +140,7 @@ def write_flat_target(out: str | Path, factor: float, *, src: str | Path = DEFAU
 def measure(args: argparse.Namespace) -> list[dict]:
     """Gate runs on this CPU over (mode, factor, dtype, engine); prints and returns one row each."""
     sys.path.insert(0, str(REPO))
-    from specparity.engines import load_engine
+    from specparity.engines import default_draft_fixture, load_engine
     from specparity.engines.base import EngineOptions
     from specparity.prompts import load_prompts
     from specparity.records import GateConfig
@@ -161,7 +161,12 @@ def measure(args: argparse.Namespace) -> list[dict]:
                 dtype, kv, scales = CONFIGS[config]
                 for engine_name in args.engines:
                     t0 = time.perf_counter()
-                    engine = load_engine(engine_name, EngineOptions(target=model, dtype=dtype, kv_cache_dtype=kv,
+                    # a named target never gets a fixture draft silently: the flat target is the fixture
+                    # target's weights rescaled, so the fixture drafts serve it
+                    draft = REPO / "fixtures" / "models" / default_draft_fixture(
+                        "dflash2" if engine_name == "dflash" else "draft")
+                    engine = load_engine(engine_name, EngineOptions(target=model, draft=str(draft), dtype=dtype,
+                                                                    kv_cache_dtype=kv,
                                                                     extra={"kv_scales": scales} if scales else {}))
                     cfg = GateConfig(prompts=[str(args.prompts)], max_new_tokens=args.max_new_tokens,
                                      report_dir=str(work / "runs" / f"{Path(args.prompts).stem}-{mode}-{factor:g}-{config}-{engine_name}"))
