@@ -32,7 +32,7 @@ def main() -> int:
                 case.make(tmp)
             proc = subprocess.run(case.full_argv(tmp), cwd=ROOT, capture_output=True, text=True, timeout=300,
                                   env={**os.environ, "HF_HUB_OFFLINE": "1"})
-            line = " / ".join(ln for ln in proc.stderr.splitlines() if ln.strip()).replace(str(tmp) + "/", "")
+            line = " / ".join(ln for ln in proc.stderr.splitlines() if ln.strip()).replace(str(tmp) + "/", "").replace(str(tmp), "{tmp}")
             cell = line.replace("|", "\\|")
             rows.append(f"| `{case.id}` | `{case.shown()}` | {proc.returncode} | {cell} |")
             print(f"{case.id}: {proc.returncode}", file=sys.stderr)
