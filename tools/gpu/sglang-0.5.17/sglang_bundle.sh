@@ -5,7 +5,7 @@
 #
 #   bash tools/gpu/sglang-0.5.17/sglang_bundle.sh [OUTDIR]    # default OUTDIR .gpu/sglang (keep it git-ignored)
 #
-# One tree is packed (tar | xz -9e) and split into OUTDIR/pN/sglang.part-*, PART_MB each, so every part travels
+# One tree is packed (tar | xz -9e) and split into equal parts OUTDIR/pN/sglang.part-* of at most PART_MB, so each travels
 # beside the checkout within one 64 MiB transfer; sglang_setup.sh gathers them and unpacks once all are there.
 #
 # The tree (what `python -m sglang.launch_server` of a dense bf16 Qwen3 model imports with NGRAM, STANDALONE,
@@ -31,7 +31,7 @@ set -euo pipefail
 OUT="${1:-.gpu/sglang}"
 WORK="${SGLANG_BUNDLE_WORK:-/tmp/sgb}"
 WHEEL_DIR="${SGLANG_WHEEL_DIR:-/tmp/sgw}"
-PART_MB="${SGLANG_PART_MB:-33}"
+PART_MB="${SGLANG_PART_MB:-34}"   # MiB, the most one part may weigh
 PY="${SGLANG_BUNDLE_PYTHON:-python3}"
 PLAT=(--no-deps --only-binary=:all: --python-version 3.12 --implementation cp --platform any
       --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64
@@ -89,7 +89,10 @@ printf "%-60s %7.1f\n" "dependency wheels (${#DEPS[@]})" "$(du -cm --apparent-si
 du -sm --apparent-size "$S"/sglang "$S"/sgl_kernel "$S"/flashinfer "$S"/xgrammar "$S" "$WORK/tree/site-tf"
 
 rm -rf "$OUT" && mkdir -p "$OUT"
-(cd "$WORK/tree" && tar -cf - site site-tf) | xz -9e -T2 | split -b "${PART_MB}M" -d -a 1 - "$WORK/sglang.part-"
+(cd "$WORK/tree" && tar -cf - site site-tf) | xz -9e -T2 >"$WORK/sglang.tar.xz"
+# as few parts as PART_MB allows, of equal size
+size=$(stat -c %s "$WORK/sglang.tar.xz"); max=$(( PART_MB * 1024 * 1024 ))
+(cd "$WORK" && split -n $(( (size + max - 1) / max )) -d -a 1 sglang.tar.xz sglang.part-)
 n=0
 for p in "$WORK"/sglang.part-*; do
   n=$((n + 1)); mkdir -p "$OUT/p$n"; mv "$p" "$OUT/p$n/"

@@ -2,7 +2,8 @@
 # SGLang 0.5.17 servers for the fixture target and the lossless gate against them, eager mode, one GPU host.
 # From the checkout's root, after sglang_setup.sh unpacked SGLang into /tmp/sgl:
 #   tools/gpu/sglang-0.5.17/sglang_live.sh serve [NAME ...]     base ngram standalone dflash (default: all), each
-#                                                               in its own process group; waits for /health
+#                                                               in its own process group; base first; waits for
+#                                                               /health
 #   tools/gpu/sglang-0.5.17/sglang_live.sh gate NAME [ARGS...]  the gate: base against NAME (ARGS go to pytest)
 #   tools/gpu/sglang-0.5.17/sglang_live.sh stop
 # EAGLE/EAGLE3 are not served: no EAGLE head exists for the fixture target (the fixtures hold a plain draft
@@ -31,8 +32,8 @@ mkdir -p "$WORK/logs" "$WORK/reports" "$WORK/pgid"
 
 health() { python3 -c "import sys,urllib.request; urllib.request.urlopen('http://127.0.0.1:$1/health', timeout=5); sys.exit(0)" 2>/dev/null; }
 
-serve() {
-  local names=("$@"); [ ${#names[@]} -eq 0 ] && names=(base ngram standalone dflash)
+start() {
+  local names=("$@")
   for n in "${names[@]}"; do
     local port="PORT_$n" args="ARGS_$n[@]"
     [ -n "${!port:-}" ] || { echo "sglang_live: unknown server $n (base ngram standalone dflash)"; exit 4; }
@@ -51,6 +52,16 @@ serve() {
     done
     health "${!port}" && echo "sglang_live: $n healthy after $(( $(date +%s) - t0 )) s"
   done
+}
+
+serve() {
+  local names=("$@") rest=() n; [ ${#names[@]} -eq 0 ] && names=(base ngram standalone dflash)
+  for n in "${names[@]}"; do [ "$n" = base ] || rest+=("$n"); done
+  # base first, alone: it builds the JIT kernels every server shares (two builds of one kernel in one
+  # cache folder at once are not safe); the speculative servers then find them and build only their own
+  [ ${#rest[@]} -lt ${#names[@]} ] && start base
+  [ ${#rest[@]} -gt 0 ] && start "${rest[@]}"
+  return 0
 }
 
 gate() {
@@ -75,5 +86,5 @@ case "$cmd" in
   serve) serve "$@" ;;
   gate) gate "$@" ;;
   stop) stop ;;
-  *) sed -n 2,8p "$0"; exit 4 ;;
+  *) sed -n 2,9p "$0"; exit 4 ;;
 esac
