@@ -86,7 +86,7 @@ for w in "$WHEEL_DIR"/main/*.whl "$WHEEL_DIR"/tf/*.whl; do
     "$(unzip -l "$w" | tail -1 | awk '{printf "%.1f", $1/1048576}')"
 done
 printf "%-60s %7.1f\n" "dependency wheels (${#DEPS[@]})" "$(du -cm --apparent-size "$WHEEL_DIR"/deps/*.whl | tail -1 | cut -f1)"
-du -sm --apparent-size "$S"/sglang "$S"/sgl_kernel "$S"/flashinfer "$S"/xgrammar "$S" "$WORK/tree/site-tf"
+for d in "$S"/sglang "$S"/sgl_kernel "$S"/flashinfer "$S"/xgrammar "$S" "$WORK/tree/site-tf"; do du -sm --apparent-size "$d"; done
 
 rm -rf "$OUT" && mkdir -p "$OUT"
 (cd "$WORK/tree" && tar -cf - site site-tf) | xz -9e -T2 >"$WORK/sglang.tar.xz"

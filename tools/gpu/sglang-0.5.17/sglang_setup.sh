@@ -38,6 +38,8 @@ print("SETUP: imports ok in %.1fs; torch %s (cuda %s, cc %s); transformers %s; s
     torch.cuda.get_device_capability() if torch.cuda.is_available() else None, transformers.__version__,
     sgl_kernel.__version__, flashinfer.__version__))
 PY
+rc=$?
 command -v nvcc >/dev/null && nvcc --version | tail -1
 echo "SETUP: ninja $(ninja --version); torch has the DLPack C exchange API (no tvm-ffi addon build): $(python3 -c 'import torch; print(hasattr(torch.Tensor, "__dlpack_c_exchange_api__"))')"
 command -v g++ >/dev/null && echo "SETUP: g++ $(g++ -dumpversion)" || echo "SETUP: no g++ (the NGRAM corpus and every JIT kernel need a C++ compiler)"
+[ $rc -eq 0 ] || { echo "SETUP: the launch path does not import (above)"; exit 3; }
