@@ -10,7 +10,9 @@
 # model and DFlash drafts only). DFlash2 (fixtures/models/dflash2) is not served: 0.5.17 has no DFlash2DraftModel.
 # Every server runs --attention-backend triton (the FA3 library, sgl_kernel/flash_ops, is not brought) and
 # --sampling-backend pytorch (no flashinfer JIT); SGLang's own JIT kernels (RMSNorm, SiLU-and-mul, RoPE, KV
-# store, NGRAM's corpus) compile on a server's first forward pass into WORK/tvm-ffi, shared by the servers.
+# store, NGRAM's corpus) compile on a server's first forward pass into SGLANG_JIT_CACHE (default WORK/tvm-ffi),
+# shared by the servers. That folder (a few MB) is valid on any sm_90 host with the same SGLang and tvm-ffi:
+# carry it back and point SGLANG_JIT_CACHE at it to skip the builds next time.
 set -u
 HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(cd "$HERE/../../.." && pwd)
@@ -37,7 +39,7 @@ start() {
   for n in "${names[@]}"; do
     local port="PORT_$n" args="ARGS_$n[@]"
     [ -n "${!port:-}" ] || { echo "sglang_live: unknown server $n (base ngram standalone dflash)"; exit 4; }
-    ( export PYTHONPATH=$SGL/site-tf:$SGL/site PATH=$SGL/bin:$PATH TVM_FFI_CACHE_DIR=$WORK/tvm-ffi
+    ( export PYTHONPATH=$SGL/site-tf:$SGL/site PATH=$SGL/bin:$PATH TVM_FFI_CACHE_DIR=${SGLANG_JIT_CACHE:-$WORK/tvm-ffi}
       cd "$WORK" && exec setsid python3 -m sglang.launch_server "${COMMON[@]}" --port "${!port}" "${!args}" \
         >"$WORK/logs/$n.log" 2>&1 ) &
     echo $! >"$WORK/pgid/$n"
