@@ -29,6 +29,16 @@ def _scores(n: int = 5, k: int = 5) -> TokenScores:
     return TokenScores(top_ids[:, 0], top_lp[:, 0], top_ids, top_lp)
 
 
+def _run_plugin(hf_options, prompts, tmp_path, side: str, prompt_id: str):
+    """The gate over ``prompts`` with the plugin corrupting ``side`` of ``prompt_id``'s rows."""
+    engine = load_engine(PLUGIN, EngineOptions(**{**vars(hf_options), "extra": {"side": side, "prompt": prompt_id}}))
+    try:
+        return run_gate(engine, prompts, GateConfig(max_new_tokens=12, report_dir=str(tmp_path),
+                                                    calibration="selected"))
+    finally:
+        engine.close()
+
+
 def test_nonfinite_reported_rows_are_named_and_unreported_rows_allowed():
     s = _scores()
     assert s.nonfinite_positions().size == 0 and rows_problem(s, 5, 5, "rows") is None
@@ -50,12 +60,7 @@ def test_nonfinite_reported_rows_are_named_and_unreported_rows_allowed():
 def test_nonfinite_rows_fail_the_gate_on_every_side(side, hf_options, default_prompts, tmp_path):
     prompts = [p for p in default_prompts if p.category == "math"][:3]
     bad = prompts[1].id
-    engine = load_engine(PLUGIN, EngineOptions(**{**vars(hf_options), "extra": {"side": side, "prompt": bad}}))
-    try:
-        run = run_gate(engine, prompts, GateConfig(max_new_tokens=12, report_dir=str(tmp_path),
-                                                   calibration="selected"))
-    finally:
-        engine.close()
+    run = _run_plugin(hf_options, prompts, tmp_path, side, bad)
     decision = decide(run)
     verdicts = {r.prompt.id: r.verdict for r in run.records}
     assert verdicts[bad].klass == "error", verdicts[bad]
@@ -69,13 +74,7 @@ def test_an_unreported_row_is_allowed_and_counted(hf_options, default_prompts, t
     """The protocol's unreported row (top_ids -1) is not a failure: the gate passes and the summary
     counts it."""
     prompts = [p for p in default_prompts if p.category == "math"][:2]
-    engine = load_engine(PLUGIN, EngineOptions(**{**vars(hf_options), "extra": {"side": UNREPORTED,
-                                                                               "prompt": prompts[0].id}}))
-    try:
-        run = run_gate(engine, prompts, GateConfig(max_new_tokens=12, report_dir=str(tmp_path),
-                                                   calibration="selected"))
-    finally:
-        engine.close()
+    run = _run_plugin(hf_options, prompts, tmp_path, UNREPORTED, prompts[0].id)
     decision = conclude(run)
     assert decision.passed and decision.counts["exact"] == len(prompts), decision.failures
     spec_rows = sum(len(r.spec.scores) for r in run.records)
