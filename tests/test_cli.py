@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from child_signals import default_sigint
 from specparity import cli, exitcodes
 from specparity.compare import CLASSES
 from specparity.fixtures import REPO_ROOT
@@ -116,7 +117,8 @@ def test_ctrl_c_exits_2_after_showing_the_partial_run(two_prompts, tmp_path):
     proc = subprocess.run([str(exe), *gate_args(two_prompts, tmp_path / "r", "--engine",
                                                 f"{TESTS / 'fault_engines.py'}:interrupting",
                                                 "--engine-opt", "interrupt_after=2")],
-                          capture_output=True, text=True, timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+                          capture_output=True, text=True, timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"},
+                          preexec_fn=default_sigint)
     assert proc.returncode == exitcodes.INTERRUPTED, proc.stdout + proc.stderr
     assert proc.stdout.startswith("specparity lossless gate: INTERRUPTED"), proc.stdout
     assert proc.stderr.strip().splitlines()[-1] == "specparity: interrupted (Ctrl-C)"

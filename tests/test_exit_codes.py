@@ -21,6 +21,7 @@ from typing import Callable
 
 import pytest
 
+from child_signals import default_sigint
 from specparity import cli, exitcodes
 from specparity.fixtures import REPO_ROOT
 
@@ -88,7 +89,8 @@ def process(*argv: str | Path, cwd: Path = REPO_ROOT) -> tuple[int, str]:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), str(TESTS)]),
            "PYTHON": sys.executable}
     env.pop("SPECPARITY_POLICY", None)
-    proc = subprocess.run([str(a) for a in argv], cwd=cwd, capture_output=True, text=True, env=env)
+    proc = subprocess.run([str(a) for a in argv], cwd=cwd, capture_output=True, text=True, env=env,
+                          preexec_fn=default_sigint)
     return proc.returncode, proc.stdout + proc.stderr
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 import probe_artifacts as pa
+from child_signals import default_sigint
 from specparity import exitcodes
 from specparity.fixtures import REPO_ROOT
 
@@ -27,7 +28,8 @@ BROKEN_LOOPS = f"{TESTS / 'broken_loops.py'}:create"
 
 def run(*args: str, cwd: Path = REPO_ROOT, timeout: int = 600) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(TESTS)}
-    return subprocess.run([*args], cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env)
+    return subprocess.run([*args], cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env,
+                          preexec_fn=default_sigint)
 
 
 def pytest_cmd(*args: str) -> list[str]:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from child_signals import default_sigint
 from specparity import exitcodes
 from specparity.fixtures import REPO_ROOT
 from specparity.gate import decide
@@ -36,7 +37,8 @@ def gate(report: Path, *args: str, env: dict[str, str] | None = None) -> subproc
     for key in ("SPECPARITY_TEST_DIE_AFTER", "SPECPARITY_TEST_CALL_LOG"):
         if key not in (env or {}):
             full_env.pop(key, None)
-    return subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=600, env=full_env)
+    return subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=600, env=full_env,
+                          preexec_fn=default_sigint)
 
 
 def calls(log: Path) -> list[tuple[str, str]]:
