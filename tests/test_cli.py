@@ -237,12 +237,24 @@ def test_run_has_every_gate_option():
     assert parser.parse_args(["run"]).prompts == []  # append defaults are not shared between parses
 
 
-def test_commands_is_a_tuple_others_extend(monkeypatch):
-    def add_hello_command(sub):
-        sub.add_parser("hello").set_defaults(func=lambda args: 0)
+def test_commands_is_a_tuple_others_extend(monkeypatch, capsys):
+    """A module adds a command by extending ``cli.COMMANDS``: ``main`` parses that command's own options,
+    refuses bad ones with 4, passes its exit code through, and keeps every built-in command."""
+    seen = []
 
+    def add_hello_command(sub):
+        hello = sub.add_parser("hello")
+        hello.add_argument("--name", required=True)
+        hello.set_defaults(func=lambda args: seen.append(args.name) or exitcodes.GATE_FAILED)
+
+    assert isinstance(cli.COMMANDS, tuple)
+    builtin = set(cli.build_parser()._subparsers._group_actions[0].choices)
+    assert {"run", "record", "compare", "report", "probe"} <= builtin
     monkeypatch.setattr(cli, "COMMANDS", cli.COMMANDS + (add_hello_command,))
-    assert cli.main(["hello"]) == 0
+    assert cli.main(["hello", "--name", "x"]) == exitcodes.GATE_FAILED and seen == ["x"]
+    assert cli.main(["hello"]) == exitcodes.BAD_INPUT and seen == ["x"]
+    assert "--name" in capsys.readouterr().err
+    assert set(cli.build_parser()._subparsers._group_actions[0].choices) == builtin | {"hello"}
 
 
 def test_lossless_runs_the_packaged_module_with_the_callers_rootdir(tmp_path):

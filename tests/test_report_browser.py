@@ -27,6 +27,7 @@ import pytest
 from specparity import report
 from specparity.fixtures import REPO_ROOT
 from specparity.gate import decide
+from specparity.journal import load_run
 
 _spec = importlib.util.spec_from_file_location("report_screenshot", REPO_ROOT / "tools" / "report_screenshot.py")
 shot = importlib.util.module_from_spec(_spec)
@@ -72,9 +73,8 @@ def _mask_speeds(text: str, start: str, end: str) -> str:
 
 def test_report_from_the_journal_is_the_same(gate_report):
     """Every report renders from the journal alone: a run rebuilt from results.jsonl gives the same pages."""
-    journal = pytest.importorskip("specparity.journal")
     run, decision, out = gate_report
-    rebuilt = journal.load_run(out)
+    rebuilt = load_run(out)
     again = decide(rebuilt)
     assert again.to_json() == decision.to_json()
     html_live, html_journal = report.render_report_html(run, decision), report.render_report_html(rebuilt, again)
