@@ -164,7 +164,7 @@ def kinds(report: Path) -> list[str]:
 
 
 @pytest.mark.slow
-def test_record_then_compare_spec_runs(tmp_path):
+def test_record_then_compare_spec_runs(tmp_path, default_prompts):
     golden = tmp_path / "golden" / "dflash.jsonl"
     missing = gate("--golden", str(golden), "--report", str(tmp_path / "r0"))
     assert missing.returncode == exitcodes.GATE_FAILED
@@ -173,13 +173,13 @@ def test_record_then_compare_spec_runs(tmp_path):
     rec = gate("--golden", str(golden), "--update-golden", "--report", str(tmp_path / "r1"))
     assert rec.returncode == exitcodes.PASS, rec.stdout[-3000:]
     g = load_golden(golden)
-    assert len(g.entries) == 54, "the whole calibration set is recorded (the noise is measured on it)"
+    assert len(g.entries) == len(default_prompts), "the whole calibration set is recorded (the noise is measured on it)"
 
     # another speculative config against the same golden: no baseline decodes, same classes
     other = gate("--golden", str(golden), "--num-draft-tokens", "4", "--report", str(tmp_path / "r2"))
     assert other.returncode == exitcodes.PASS, other.stdout[-3000:]
     assert "baseline" not in kinds(tmp_path / "r2") and "calibration" not in kinds(tmp_path / "r2")
-    assert "exact 5" in other.stdout and "golden: baselines read from" in other.stdout
+    assert f"exact {sum(p.category == 'math' for p in default_prompts)}," in other.stdout and "golden: baselines read from" in other.stdout
 
     # a dtype change is another baseline: refused in spec mode, never overwritten without force
     bf16 = gate("--golden", str(golden), "--dtype", "bfloat16", "--report", str(tmp_path / "r3"))

@@ -40,12 +40,13 @@ def journal(report: Path) -> list[dict]:
     return [json.loads(line) for line in (report / "results.jsonl").read_text().splitlines()]
 
 
-def test_deselected_policy_test_still_fails_the_run(tmp_path):
+def test_deselected_policy_test_still_fails_the_run(tmp_path, default_prompts):
     """`-k math` deselects test_gate_policy; "speculation inactive" must still exit 1."""
     proc = run(*pytest_cmd("suites/lossless", "-k", "math", "--engine", BROKEN_LOOPS, "--engine-opt", "bug=inactive",
                            "--max-new-tokens", "16", "--report", str(tmp_path / "r")))
     out = proc.stdout + proc.stderr
-    assert re.search(r"\b5 passed, \d+ deselected", out) and "failed" not in out.splitlines()[-1], out[-2000:]
+    math = sum(p.category == "math" for p in default_prompts)
+    assert re.search(rf"\b{math} passed, \d+ deselected", out) and "failed" not in out.splitlines()[-1], out[-2000:]
     assert "specparity lossless gate: FAIL" in out and "speculation inactive" in out, out[-2000:]
     assert proc.returncode == exitcodes.GATE_FAILED, out[-2000:]
     final = journal(tmp_path / "r")[-1]
@@ -81,18 +82,18 @@ def test_ctrl_c_in_the_speculative_phase_leaves_no_stale_verdict(tmp_path):
     assert "specparity lossless gate: INTERRUPTED" in out
 
 
-def test_run_journal_ends_with_the_verdict(tmp_path):
+def test_run_journal_ends_with_the_verdict(tmp_path, default_prompts):
     proc = run(*pytest_cmd("suites/lossless", "--categories", "math", "--max-new-tokens", "12",
                            "--report", str(tmp_path / "r")))
     assert proc.returncode == 0, proc.stdout[-2000:]
     final = journal(tmp_path / "r")[-1]
     assert final == {**final, "kind": "verdict", "status": "PASS", "passed": True, "exit_code": 0,
                      "interrupted": False}
-    assert final["counts"]["exact"] == 5
+    assert final["counts"]["exact"] == sum(p.category == "math" for p in default_prompts)
 
 
 @pytest.mark.slow
-def test_xdist_runs_the_gate_once(tmp_path):
+def test_xdist_runs_the_gate_once(tmp_path, default_prompts):
     """`-n 2`: one gate run on one worker, one summary, one valid journal, the verdict decides the
     exit status; the harness tests beside it are spread over both workers."""
     report = tmp_path / "r"
@@ -103,7 +104,7 @@ def test_xdist_runs_the_gate_once(tmp_path):
     assert out.count("specparity lossless gate: PASS") == 1, out[-3000:]
     lines = journal(report)  # every line parses: one writer
     kinds = [x["kind"] for x in lines]
-    assert kinds.count("run") == 1 and kinds.count("prompt") == 5 and kinds[-1] == "verdict"
+    assert kinds.count("run") == 1 and kinds.count("prompt") == sum(p.category == "math" for p in default_prompts) and kinds[-1] == "verdict"
     broken = run(*pytest_cmd("-n", "2", "suites/lossless", "--categories", "math", "--max-new-tokens", "12",
                              "--engine", BROKEN_LOOPS, "--engine-opt", "bug=inactive", "-k", "math-en-001",
                              "--report", str(tmp_path / "b")))

@@ -515,14 +515,15 @@ def test_0_5_19_server_and_deterministic_flag(servers):
             engine.close()
 
 
-def test_gate_end_to_end_passes(servers, tmp_path):
+def test_gate_end_to_end_passes(servers, tmp_path, default_prompts):
     """`pytest suites/lossless --engine sglang --baseline-url … --spec-url …` over two emulators: exit 0,
     every math prompt exact, speculation active (per-request counters from meta_info)."""
     base, spec = servers
     proc, records = run_lossless("sglang", base.url, spec.url, tmp_path / "report", "--target", str(TARGET))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     prompts = [r for r in records if r["kind"] == "prompt"]
-    assert len(prompts) == 5 and all(r["verdict"]["class"] == "exact" for r in prompts)
+    assert len(prompts) == sum(p.category == "math" for p in default_prompts)  # --categories math
+    assert all(r["verdict"]["class"] == "exact" for r in prompts)
     accepted = sum(r["spec"]["spec"]["accepted"] for r in prompts)
     assert accepted > 0 and all(r["spec"]["spec"]["available"] for r in prompts)
     run = next(r for r in records if r["kind"] == "run")
@@ -541,14 +542,14 @@ def test_gate_end_to_end_server_dies(servers, tmp_path):
                                      "--engine-opt", f"tokenizer={TARGET}", "--calibration", "selected")
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-2000:]
     prompts = [r for r in records if r["kind"] == "prompt"]
-    assert len(prompts) == 5
+    assert len(prompts) == calibration  # the math prompts: calibrated and judged
     exact = [r for r in prompts if r["verdict"]["class"] == "exact"]
     errors = [r for r in prompts if r["verdict"]["class"] == "error"]
-    assert len(exact) == 2 and len(errors) == 3
+    assert len(exact) == 2 and len(errors) == calibration - 2
     for r in errors:
         assert dying.url in r["verdict"]["reason"], r["verdict"]["reason"]
     assert records[-1]["kind"] == "verdict" and records[-1]["status"] == "FAIL"
-    assert "3 prompt(s) failed in the engine" in proc.stdout
+    assert f"{calibration - 2} prompt(s) failed in the engine" in proc.stdout
 
 
 # ---------------------------------------------------------------------------------------------- declared determinism

@@ -307,7 +307,7 @@ def test_misconfigured_servers_and_per_request_metrics(servers):
             engine.close()
 
 
-def test_gate_end_to_end_passes(servers, tmp_path):
+def test_gate_end_to_end_passes(servers, tmp_path, default_prompts):
     """`pytest suites/lossless --engine vllm --baseline-url … --spec-url …` over two emulators: exit 0,
     every math prompt exact, speculation active (the /metrics counters moved)."""
     base, spec = servers
@@ -315,7 +315,8 @@ def test_gate_end_to_end_passes(servers, tmp_path):
                                  f"tokenizer={TARGET}")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     prompts = [r for r in records if r["kind"] == "prompt"]
-    assert len(prompts) == 5 and all(r["verdict"]["class"] == "exact" for r in prompts)
+    assert len(prompts) == sum(p.category == "math" for p in default_prompts)  # --categories math
+    assert all(r["verdict"]["class"] == "exact" for r in prompts)
     agg = next(r for r in records if r["kind"] == "aggregate_counters")
     assert agg["accepted"] > 0 and agg["verify_steps"] > 0 and "vllm:spec_decode_num_drafts_total" in agg["source"]
     run = next(r for r in records if r["kind"] == "run")
@@ -323,7 +324,7 @@ def test_gate_end_to_end_passes(servers, tmp_path):
     assert records[-1]["kind"] == "verdict" and records[-1]["status"] == "PASS"
 
 
-def test_gate_end_to_end_speculation_disabled_for_logprobs(servers, tmp_path):
+def test_gate_end_to_end_speculation_disabled_for_logprobs(servers, tmp_path, default_prompts):
     """vLLM 0.11–0.13 behaviour (ngram/suffix proposers skipped logprob requests silently): every
     token matches, but the counters never moved — the gate fails as "speculation inactive", exit 1."""
     base, _ = servers
@@ -331,7 +332,8 @@ def test_gate_end_to_end_speculation_disabled_for_logprobs(servers, tmp_path):
         proc, records = run_lossless("vllm", base.url, lazy.url, tmp_path / "report", "--target", str(TARGET))
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-2000:]
     prompts = [r for r in records if r["kind"] == "prompt"]
-    assert len(prompts) == 5 and all(r["verdict"]["class"] == "exact" for r in prompts)
+    assert len(prompts) == sum(p.category == "math" for p in default_prompts)  # --categories math
+    assert all(r["verdict"]["class"] == "exact" for r in prompts)
     agg = next(r for r in records if r["kind"] == "aggregate_counters")
     assert (agg["proposed"], agg["accepted"], agg["verify_steps"]) == (0, 0, 0)
     verdict = records[-1]
