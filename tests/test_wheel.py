@@ -126,7 +126,7 @@ def test_missing_target_is_one_line_naming_target(installed):
     assert proc.stderr.count("\n") == 1 and "--target" in proc.stderr, proc.stderr
 
 
-def test_lossless_under_pytest_from_the_installed_package(installed):
+def test_lossless_under_pytest_from_the_installed_package(installed, default_prompts):
     junit = installed.repo / "lossless.xml"
     proc = _check(installed.run("specparity", "lossless", "--target", TARGET, "--draft", DFLASH2_DRAFT, *FAST,
                                 "--report", "out-lossless", "--junitxml", junit, "-p", "no:cacheprovider"))
@@ -134,16 +134,18 @@ def test_lossless_under_pytest_from_the_installed_package(installed):
     assert f"rootdir: {installed.repo}" in proc.stdout
     cases = ET.parse(junit).getroot().iter("testcase")
     names = sorted(c.get("name") for c in cases)
-    assert names[0] == "test_gate_policy" and len(names) == 1 + 5  # five code prompts
+    code = sum(p.category == "code" for p in default_prompts)
+    assert names[0] == "test_gate_policy" and len(names) == 1 + code  # the policy test and one per code prompt
     assert (installed.repo / "out-lossless" / "results.jsonl").is_file()
 
 
-def test_plain_pytest_loads_the_plugin_through_its_entry_point(installed):
+def test_plain_pytest_loads_the_plugin_through_its_entry_point(installed, default_prompts):
     # Autoloaded by the pytest11 entry point; `-p specparity` names it (needed only without autoloading).
     proc = _check(installed.run(installed.python, "-m", "pytest", "-p", "specparity", "--pyargs", "specparity.suite",
                                 "--target", TARGET, "--draft", DFLASH2_DRAFT, *FAST, "--report", "out-pytest", "-q",
                                 "-p", "no:cacheprovider"))
-    assert "specparity lossless gate: PASS" in proc.stdout and "6 passed" in proc.stdout, proc.stdout[-2000:]
+    passed = 1 + sum(p.category == "code" for p in default_prompts)  # the policy test and one per code prompt
+    assert "specparity lossless gate: PASS" in proc.stdout and f"{passed} passed" in proc.stdout, proc.stdout[-2000:]
     # -p no:specparity turns it off: its options are then unknown to pytest
     helps = [installed.run(installed.python, "-m", "pytest", *extra, "--help").stdout
              for extra in (("--target", str(TARGET)), ("-p", "no:specparity"))]
