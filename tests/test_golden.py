@@ -179,7 +179,8 @@ def test_record_then_compare_spec_runs(tmp_path, default_prompts):
     other = gate("--golden", str(golden), "--num-draft-tokens", "4", "--report", str(tmp_path / "r2"))
     assert other.returncode == exitcodes.PASS, other.stdout[-3000:]
     assert "baseline" not in kinds(tmp_path / "r2") and "calibration" not in kinds(tmp_path / "r2")
-    assert f"exact {sum(p.category == 'math' for p in default_prompts)}," in other.stdout and "golden: baselines read from" in other.stdout
+    math = sum(p.category == "math" for p in default_prompts)
+    assert f"exact {math}," in other.stdout and "golden: baselines read from" in other.stdout
 
     # a dtype change is another baseline: refused in spec mode, never overwritten without force
     bf16 = gate("--golden", str(golden), "--dtype", "bfloat16", "--report", str(tmp_path / "r3"))

@@ -104,7 +104,8 @@ def test_xdist_runs_the_gate_once(tmp_path, default_prompts):
     assert out.count("specparity lossless gate: PASS") == 1, out[-3000:]
     lines = journal(report)  # every line parses: one writer
     kinds = [x["kind"] for x in lines]
-    assert kinds.count("run") == 1 and kinds.count("prompt") == sum(p.category == "math" for p in default_prompts) and kinds[-1] == "verdict"
+    math = sum(p.category == "math" for p in default_prompts)
+    assert kinds.count("run") == 1 and kinds.count("prompt") == math and kinds[-1] == "verdict"
     broken = run(*pytest_cmd("-n", "2", "suites/lossless", "--categories", "math", "--max-new-tokens", "12",
                              "--engine", BROKEN_LOOPS, "--engine-opt", "bug=inactive", "-k", "math-en-001",
                              "--report", str(tmp_path / "b")))
