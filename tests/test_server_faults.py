@@ -2,7 +2,7 @@
 
 Each test drives the real gate — the ``llamacpp`` engine, ``run_gate`` and ``conclude`` in-process,
 or ``pytest suites/lossless --engine llamacpp`` as a subprocess (exit codes and summary wording) —
-against :mod:`misbehaving_server`, a llama.cpp-protocol server that replays the captured answers
+against :class:`fakes.LlamaCppServer`, a llama.cpp-protocol server that replays the captured answers
 (so the same run passes when nothing is wrong: the first test) and misbehaves on purpose. The last
 test SIGKILLs a real ``llama-server`` mid-run.
 
@@ -27,8 +27,8 @@ from typing import Any, Sequence
 import pytest
 
 import specparity.engines.llamacpp as llamacpp
+from fakes import LlamaCppServer, Rule
 from llamacpp_fixtures import require_llamacpp
-from misbehaving_server import MisbehavingServer, Rule
 from specparity import exitcodes
 from specparity.engines.base import EngineOptions
 from specparity.engines.http import DEAD_AFTER
@@ -42,7 +42,7 @@ from specparity.runner import conclude, run_gate
 
 TESTS = REPO_ROOT / "tests"
 MAX_NEW = 16
-#: ``--categories math``: five prompts, in this order.
+#: ``--categories math``: the math prompts of the default file, in this order.
 MATH = [p for p in load_prompts(REPO_ROOT / "prompts" / "default.jsonl").prompts if p.category == "math"]
 IDS = [p.id for p in MATH]
 URL = r"http://127\.0\.0\.1:\d+"
@@ -86,7 +86,7 @@ def journal(report: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in (report / "results.jsonl").read_text().splitlines()]
 
 
-def gate(tmp_path: Path, baseline: MisbehavingServer, spec: MisbehavingServer, *, timeout: float = 2.0,
+def gate(tmp_path: Path, baseline: LlamaCppServer, spec: LlamaCppServer, *, timeout: float = 2.0,
          prompts: Sequence[Prompt] = MATH) -> Outcome:
     """The real gate, in-process: ``llamacpp.create`` against the two URLs, run, conclude."""
     report = tmp_path / "report"
@@ -129,7 +129,7 @@ def assert_failed(out: Outcome, causes: dict[str, Sequence[str]]) -> None:
 def test_replayed_answers_pass_when_nothing_is_wrong(tmp_path):
     """The fake server is faithful enough that the gate passes on it: every failure below is the
     fault's doing."""
-    with MisbehavingServer() as base, MisbehavingServer(speculative=True) as spec:
+    with LlamaCppServer() as base, LlamaCppServer(speculative=True) as spec:
         out = gate(tmp_path, base, spec)
     assert {pid: out.klass(pid) for pid in IDS} == {pid: "exact" for pid in IDS}
     assert out.decision.passed and out.decision.exit_code == exitcodes.PASS, out.decision.failures
@@ -145,7 +145,7 @@ def test_replayed_answers_pass_when_nothing_is_wrong(tmp_path):
 
 def test_hang_times_out_and_the_breaker_fails_the_rest_fast(tmp_path):
     timeout = 0.5
-    with MisbehavingServer() as base, MisbehavingServer(speculative=True, rules=[Rule("hang", from_request=2)]) as spec:
+    with LlamaCppServer() as base, LlamaCppServer(speculative=True, rules=[Rule("hang", from_request=2)]) as spec:
         out = gate(tmp_path, base, spec, timeout=timeout)
         timed_out = IDS[1:1 + DEAD_AFTER]
         dead = IDS[1 + DEAD_AFTER:]
@@ -168,14 +168,14 @@ def test_trickled_answer_is_bounded_by_the_request_timeout(tmp_path):
     deadline on the whole request ends it (before the fix in http.py it ran for minutes)."""
     timeout = 0.5
     rule = Rule("trickle", requests={2})
-    with MisbehavingServer() as base, MisbehavingServer(speculative=True, rules=[rule], trickle_s=0.05) as spec:
+    with LlamaCppServer() as base, LlamaCppServer(speculative=True, rules=[rule], trickle_s=0.05) as spec:
         out = gate(tmp_path, base, spec, timeout=timeout)
     assert_failed(out, {IDS[1]: [rf"^speculative run failed: POST {URL}/completion: timed out after 0\.5 s$"]})
     assert out.run.record(IDS[1]).spec.wall_s < 2 * timeout + 0.5
 
 
 def test_connection_closed_mid_response(tmp_path):
-    with MisbehavingServer() as base, MisbehavingServer(speculative=True, rules=[Rule("close_mid", requests={2})]) as spec:
+    with LlamaCppServer() as base, LlamaCppServer(speculative=True, rules=[Rule("close_mid", requests={2})]) as spec:
         out = gate(tmp_path, base, spec)
     # one transport failure, then the server answers again: not dead, the run goes on
     assert_failed(out, {IDS[1]: [rf"POST {URL}/completion: connection closed by the server mid-request"]})
@@ -184,22 +184,29 @@ def test_connection_closed_mid_response(tmp_path):
 def test_spec_server_dies_after_two_requests_subprocess(tmp_path):
     """The N+1-th request is dropped unanswered and the server stops listening (a crash): that
     prompt and every later one are errors; exit code 1 and summary.md say so."""
-    with MisbehavingServer() as base, MisbehavingServer(speculative=True, die_after=2) as spec:
+    assert len(IDS) > 3, "the crash needs prompts before it and after the one it drops"
+    with LlamaCppServer() as base, LlamaCppServer(speculative=True, die_after=2) as spec:
         proc, report = gate_subprocess(tmp_path, base, spec)
     out = proc.stdout + proc.stderr
+    failed = len(IDS) - 2
     assert proc.returncode == exitcodes.GATE_FAILED, out[-3000:]
-    assert "specparity lossless gate: FAIL — exact 2, near_tie 0, drifted 0, diverged 0, error 3 (5 prompts)" in out, out[-3000:]
+    assert (f"specparity lossless gate: FAIL — exact 2, near_tie 0, drifted 0, diverged 0, error {failed} "
+            f"({len(IDS)} prompts)") in out, out[-3000:]
     lines = journal(report)
     written = {x["verdict"]["prompt_id"]: x["verdict"] for x in lines if x["kind"] == "prompt"}
-    assert [written[p]["class"] for p in IDS] == ["exact", "exact", "error", "error", "error"]
+    assert [written[p]["class"] for p in IDS] == ["exact"] * 2 + ["error"] * failed
     assert re.search(rf"speculative run failed: POST {URL}/completion: connection closed by the server mid-request",
                      written[IDS[2]]["reason"]), written[IDS[2]]["reason"]
-    for pid in IDS[3:]:
+    # the dropped request and the refused ones after it are DEAD_AFTER transport failures in a row
+    for pid in IDS[3:2 + DEAD_AFTER]:
         assert re.search(rf"speculative run failed: POST {URL}/completion: connection refused", written[pid]["reason"])
+    for pid in IDS[2 + DEAD_AFTER:]:
+        assert re.search(rf"speculative run failed: {URL} is marked dead \(3 consecutive transport failures, last: "
+                         r"connection refused\)", written[pid]["reason"]), written[pid]["reason"]
     assert lines[-1]["kind"] == "verdict" and lines[-1]["exit_code"] == exitcodes.GATE_FAILED
     summary = (report / "summary.md").read_text()
     assert summary.startswith("# specparity lossless gate: FAIL")
-    assert f"3 prompt(s) failed in the engine: {', '.join(IDS[2:])}" in summary
+    assert f"{failed} prompt(s) failed in the engine: {', '.join(IDS[2:])}" in summary
     assert "connection refused" in summary and "connection closed by the server mid-request" in summary
     for pid in IDS[2:]:
         assert f"FAILED suites/lossless/test_lossless.py::test_lossless[{pid}]" in out
@@ -208,7 +215,7 @@ def test_spec_server_dies_after_two_requests_subprocess(tmp_path):
 def test_refused_at_start_is_an_engine_error_subprocess(tmp_path):
     """Nothing listens on the speculative URL: the health check fails before any prompt runs —
     exit code 3 (the engine could not run), not a verdict."""
-    with MisbehavingServer() as base, MisbehavingServer(speculative=True, refuse=True) as spec:
+    with LlamaCppServer() as base, LlamaCppServer(speculative=True, refuse=True) as spec:
         proc, report = gate_subprocess(tmp_path, base, spec)
         cause = f"spec endpoint unhealthy: GET {spec.url}/health: connection refused"
     out = proc.stdout + proc.stderr
@@ -222,10 +229,10 @@ def test_refused_at_start_is_an_engine_error_subprocess(tmp_path):
     assert any(cause in f for f in lines[-1]["failures"])
     summary = (report / "summary.md").read_text()
     assert summary.startswith("# specparity lossless gate: FAIL") and "The run stopped early" in summary
-    assert cause in summary and f"5 prompt(s) never finished: {', '.join(IDS)}" in summary
+    assert cause in summary and f"{len(IDS)} prompt(s) never finished: {', '.join(IDS)}" in summary
 
 
-def gate_subprocess(tmp_path: Path, base: MisbehavingServer, spec: MisbehavingServer,
+def gate_subprocess(tmp_path: Path, base: LlamaCppServer, spec: LlamaCppServer,
                     *extra: str) -> tuple[subprocess.CompletedProcess[str], Path]:
     report = tmp_path / "report"
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "suites/lossless", "--engine", "llamacpp",
@@ -244,7 +251,7 @@ def gate_subprocess(tmp_path: Path, base: MisbehavingServer, spec: MisbehavingSe
 def test_http_500_on_one_prompt(tmp_path, tokenizer):
     victim = IDS[2]
     rule = Rule("http_500", prompt=prompt_ids(tokenizer, victim))
-    with MisbehavingServer() as base, MisbehavingServer(speculative=True, rules=[rule]) as spec:
+    with LlamaCppServer() as base, LlamaCppServer(speculative=True, rules=[rule]) as spec:
         out = gate(tmp_path, base, spec)
     assert_failed(out, {victim: [rf"^speculative run failed: POST /completion: HTTP 500 from {URL}: "
                                  r'\{"error":\{"code":500,"message":"failed to decode the batch']})
@@ -253,7 +260,7 @@ def test_http_500_on_one_prompt(tmp_path, tokenizer):
 def test_http_400_on_the_baseline(tmp_path, tokenizer):
     victim = IDS[1]
     rule = Rule("http_400", prompt=prompt_ids(tokenizer, victim))
-    with MisbehavingServer(rules=[rule]) as base, MisbehavingServer(speculative=True) as spec:
+    with LlamaCppServer(rules=[rule]) as base, LlamaCppServer(speculative=True) as spec:
         out = gate(tmp_path, base, spec)
     # The runner still scores the speculative output of a prompt whose baseline failed, on the same
     # baseline server, and that scoring error (the same HTTP 400 here) then replaces "baseline failed"
@@ -265,33 +272,33 @@ def test_http_400_on_the_baseline(tmp_path, tokenizer):
 
 
 def test_malformed_json(tmp_path):
-    with MisbehavingServer() as base, MisbehavingServer(speculative=True, rules=[Rule("bad_json", requests={3})]) as spec:
+    with LlamaCppServer() as base, LlamaCppServer(speculative=True, rules=[Rule("bad_json", requests={3})]) as spec:
         out = gate(tmp_path, base, spec)
     assert_failed(out, {IDS[2]: [rf"POST {URL}/completion: malformed JSON in the response \('\{{\"index\":0"]})
 
 
 def test_missing_timings(tmp_path):
-    with MisbehavingServer() as base, MisbehavingServer(speculative=True, rules=[Rule("no_timings", requests={4})]) as spec:
+    with LlamaCppServer() as base, LlamaCppServer(speculative=True, rules=[Rule("no_timings", requests={4})]) as spec:
         out = gate(tmp_path, base, spec)
     assert_failed(out, {IDS[3]: [rf"{URL}: /completion answered without 'timings': cannot tell whether drafting happened"]})
 
 
 def test_more_drafts_accepted_than_drafted(tmp_path):
     rule = Rule("accepted_gt_drafted", requests={1})
-    with MisbehavingServer() as base, MisbehavingServer(speculative=True, rules=[rule]) as spec:
+    with LlamaCppServer() as base, LlamaCppServer(speculative=True, rules=[rule]) as spec:
         out = gate(tmp_path, base, spec)
     assert_failed(out, {IDS[0]: [rf"{URL}: timings\.draft_n_accepted (\d+) > draft_n \d+"]})
 
 
 def test_limit_with_fewer_tokens_than_asked(tmp_path):
-    with MisbehavingServer() as base, MisbehavingServer(speculative=True, rules=[Rule("short_limit", requests={5})]) as spec:
+    with LlamaCppServer() as base, LlamaCppServer(speculative=True, rules=[Rule("short_limit", requests={5})]) as spec:
         out = gate(tmp_path, base, spec)
     assert_failed(out, {IDS[4]: [rf"{URL}: returned \d+ of max_new_tokens=16 tokens and finish 'length': "
                                  "the server stopped short without saying why"]})
 
 
 def test_probability_rows_that_match_no_token(tmp_path):
-    with MisbehavingServer() as base, MisbehavingServer(speculative=True, rules=[Rule("bad_prob_ids", requests={2})]) as spec:
+    with LlamaCppServer() as base, LlamaCppServer(speculative=True, rules=[Rule("bad_prob_ids", requests={2})]) as spec:
         out = gate(tmp_path, base, spec)
     assert_failed(out, {IDS[1]: [rf"{URL}: unexpected response shape \(ValueError: completion_probabilities\[\d+\]\.id "
                                  r"\d+ matches no remaining token\)"]})
@@ -301,10 +308,11 @@ def test_baseline_dies_while_scoring(tmp_path, tokenizer):
     """The baseline server dies in the middle of the second prompt's per-position scoring: the
     first prompt stays exact, the second fails its scoring, the rest fail their baselines — the
     last ones at once, through the breaker."""
-    probe = MisbehavingServer()
+    assert len(IDS) > 4, "the breaker needs a prompt after the two refused baselines"
+    probe = LlamaCppServer()
     first_len = len(probe.model.greedy(prompt_ids(tokenizer, IDS[0]), MAX_NEW, 8)[0])
     die_after = 1 + first_len + 1 + 2  # prompt 1 and its scoring, prompt 2 and two of its positions
-    with MisbehavingServer(die_after=die_after) as base, MisbehavingServer(speculative=True) as spec:
+    with LlamaCppServer(die_after=die_after) as base, LlamaCppServer(speculative=True) as spec:
         out = gate(tmp_path, base, spec)
         assert base.dead
     dead = rf"{URL} is marked dead \(3 consecutive transport failures, last: connection refused\)"
@@ -315,17 +323,18 @@ def test_baseline_dies_while_scoring(tmp_path, tokenizer):
                  r"(closed by the server mid-request|refused)"],
         IDS[2]: [rf"^baseline failed: POST {URL}/completion: connection refused"],
         IDS[3]: [rf"^baseline failed: POST {URL}/completion: connection refused"],
-        IDS[4]: [rf"^baseline failed: {dead}"],
+        **{pid: [rf"^baseline failed: {dead}"] for pid in IDS[4:]},
     })
     first = {x["prompt_id"]: x["baseline"]["error"] for x in out.journal if x["kind"] == "baseline"}
     assert first[IDS[0]] is None and first[IDS[1]] is None  # prompt 2 decoded; its scoring died
     assert re.search(rf"^POST {URL}/completion: connection refused", first[IDS[2]]), first
     assert re.search(rf"^POST {URL}/completion: connection refused", first[IDS[3]]), first
-    assert re.search(rf"^{dead}", first[IDS[4]]), first
+    for pid in IDS[4:]:
+        assert re.search(rf"^{dead}", first[pid]), first
 
 
 def _all_baselines_fail(tmp_path: Path) -> Outcome:
-    with MisbehavingServer(die_after=0) as base, MisbehavingServer(speculative=True) as spec:
+    with LlamaCppServer(die_after=0) as base, LlamaCppServer(speculative=True) as spec:
         return gate(tmp_path, base, spec)
 
 
@@ -373,15 +382,18 @@ def test_real_llama_server_killed_mid_run(tmp_path):
     assert spec_log.is_file() and "listening" in spec_log.read_text()
     lines = journal(report)
     written = {x["verdict"]["prompt_id"]: x["verdict"] for x in lines if x["kind"] == "prompt"}
-    assert [written[p]["class"] for p in IDS] == ["exact", "exact", "exact", "error", "error"], out[-3000:]
-    for pid in IDS[3:]:
+    failed = len(IDS) - 3
+    assert failed > 0, "the kill needs a prompt after it"
+    assert [written[p]["class"] for p in IDS] == ["exact"] * 3 + ["error"] * failed, out[-3000:]
+    for pid in IDS[3:3 + DEAD_AFTER]:  # later ones meet the breaker
         reason = written[pid]["reason"]
         assert re.search(rf"^speculative run failed: POST {URL}/completion: connection (refused|closed by the server "
                          r"mid-request)", reason), reason
         assert f"; the spec server process exited (-9); log {spec_log}" in reason, reason
     final = lines[-1]
     assert final["kind"] == "verdict" and final["status"] == "FAIL" and final["exit_code"] == exitcodes.GATE_FAILED
-    assert f"2 prompt(s) failed in the engine: {', '.join(IDS[3:])}" in final["failures"]
+    assert f"{failed} prompt(s) failed in the engine: {', '.join(IDS[3:])}" in final["failures"]
     summary = (report / "summary.md").read_text()
     assert summary.startswith("# specparity lossless gate: FAIL") and "the spec server process exited (-9)" in summary
-    assert "specparity lossless gate: FAIL — exact 3, near_tie 0, drifted 0, diverged 0, error 2 (5 prompts)" in out
+    assert (f"specparity lossless gate: FAIL — exact 3, near_tie 0, drifted 0, diverged 0, error {failed} "
+            f"({len(IDS)} prompts)") in out

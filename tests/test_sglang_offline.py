@@ -6,7 +6,7 @@ adapter (``specparity/engines/sglang.py``) is tested against
 * the response bodies in ``tests/data/sglang/`` — derived from the source of the SGLang **0.5.23**
   wheel (and **0.5.19** for ``error_500_unknown_sampling_param_0.5.19.json``), never recorded from
   a running server (each file's ``_source`` says so and cites ``file:line``);
-* the SGLang protocol emulator in ``tests/emulators.py``: a small HTTP server that speaks SGLang's
+* the SGLang protocol emulator ``tests/fakes/sglang.py``: a small HTTP server that speaks SGLang's
   wire format as read from those sources (0.5.23, or 0.5.19 with ``version="0.5.19"``) and computes
   tokens, logprobs and speculation counters with the committed fixture models through specparity's
   in-process ``HFEngine``;
@@ -29,7 +29,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from emulators import DATA, REPO, TARGET, SGLangEmulator, run_lossless
+from fakes import SGLangServer
+from fakes.backend import DATA, REPO, TARGET
+from fakes.gate import run_lossless
 from specparity.engines import load_engine
 from specparity.engines.base import EngineOptions
 from specparity.engines.http import Endpoint, Fleet, ServerError
@@ -180,7 +182,7 @@ def test_emulator_error_bodies_match_the_recorded_ones():
              ("error_500_unknown_sampling_param_0.5.19.json", "0.5.19")]
     for name, version in cases:
         rec = load(name)
-        with SGLangEmulator(version=version) as emu:
+        with SGLangServer(version=version) as emu:
             endpoint = Endpoint(emu.url, connect_retries=0)
             r = endpoint.request("POST", "/generate", rec["_request"], expect=(200, 400, 500))
             assert r.status == rec["_http_status"], name
@@ -192,7 +194,7 @@ def test_emulator_error_bodies_match_the_recorded_ones():
             with pytest.raises(ServerError, match=f"HTTP {rec['_http_status']}"):
                 endpoint.post_json("/generate", rec["_request"])
     rec = load("error_400_request_validation.json")
-    with SGLangEmulator() as emu:
+    with SGLangServer() as emu:
         r = Endpoint(emu.url).request("POST", "/generate", {"input_ids": [1, 2], "stream": "yes"}, expect=(400,))
         got = json.loads(r.body)
         assert list(got) == [k for k in rec if not k.startswith("_")] and got["type"] == "Bad Request"
@@ -258,7 +260,7 @@ def test_emulator_shapes_match_the_recorded_bodies(tmp_path):
     """The emulator answers with the recorded key sets and key order (model_info.json,
     server_info_*.json, generate_greedy_spec_{on,off}.json, the score body), and health is
     200-empty once up (health_starting_503.json is the 503-empty of a server still starting)."""
-    with SGLangEmulator(speculative=True) as spec, SGLangEmulator() as base:
+    with SGLangServer(speculative=True) as spec, SGLangServer() as base:
         e = Endpoint(spec.url)
         assert set(e.get_json("/server_info")) == set(body_of("server_info_dflash.json"))
         assert set(Endpoint(base.url).get_json("/server_info")) == set(body_of("server_info_plain.json"))
@@ -438,7 +440,7 @@ def test_check_options_one_line(options, message):
 
 @pytest.fixture(scope="module")
 def servers():
-    with SGLangEmulator() as base, SGLangEmulator(speculative=True) as spec:
+    with SGLangServer() as base, SGLangServer(speculative=True) as spec:
         yield base, spec
 
 
@@ -477,14 +479,14 @@ def test_generate_and_score_over_http(servers):
 def test_misconfigured_servers_are_errors(servers):
     """A baseline URL that speculates, and a speculative server that reports no counters."""
     base, spec = servers
-    with SGLangEmulator(speculative=True) as drafting:  # a second speculative server given as the baseline
+    with SGLangServer(speculative=True) as drafting:  # a second speculative server given as the baseline
         engine = engine_for(drafting.url, spec.url)
         try:
             r = engine.generate([request_for(engine, "What is 30 - 14?")], speculative=False)[0]
             assert "the baseline server declares speculative_algorithm=STANDALONE" in r.error and drafting.url in r.error
         finally:
             engine.close()
-    with SGLangEmulator(speculative=True, drop_spec_fields=True) as silent:
+    with SGLangServer(speculative=True, drop_spec_fields=True) as silent:
         engine = engine_for(base.url, silent.url)
         try:
             r = engine.generate([request_for(engine, "What is 30 - 14?")], speculative=True)[0]
@@ -499,7 +501,7 @@ def test_0_5_19_server_and_deterministic_flag(servers):
     declaring enable_deterministic_inference next to a speculative server that does not is a
     one-sided declaration: Capabilities.deterministic_partial, not Capabilities.deterministic."""
     base, _ = servers
-    with SGLangEmulator(speculative=True, version="0.5.19") as old, SGLangEmulator(declares_deterministic=True) as det:
+    with SGLangServer(speculative=True, version="0.5.19") as old, SGLangServer(declares_deterministic=True) as det:
         engine = engine_for(det.url, old.url)
         try:
             r = engine.generate([request_for(engine, "What is 12 + 9?")], speculative=True)[0]
@@ -537,7 +539,7 @@ def test_gate_end_to_end_server_dies(servers, tmp_path):
     answered one scoring request per calibration prompt (the noise between the two instances)."""
     base, _ = servers
     calibration = sum(p.category == "math" for p in load_many([REPO / "prompts" / "default.jsonl"]))
-    with SGLangEmulator(speculative=True, die_after=calibration + 2) as dying:
+    with SGLangServer(speculative=True, die_after=calibration + 2) as dying:
         proc, records = run_lossless("sglang", base.url, dying.url, tmp_path / "report",
                                      "--engine-opt", f"tokenizer={TARGET}", "--calibration", "selected")
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-2000:]
@@ -570,8 +572,8 @@ def test_gate_declared_determinism_is_bit_exact(tmp_path):
     call: by default the gate is bit-exact and that near tie fails the gate (exit 1), saying the
     engine promised bit-exact output; with --allow-near-tie the same near tie passes within the
     budget, and the summary says the declaration was overridden."""
-    with SGLangEmulator(declares_deterministic=True) as base, \
-            SGLangEmulator(speculative=True, declares_deterministic=True, near_tie_flips=1) as spec:
+    with SGLangServer(declares_deterministic=True) as base, \
+            SGLangServer(speculative=True, declares_deterministic=True, near_tie_flips=1) as spec:
         assert Endpoint(spec.url).get_json("/server_info")["enable_deterministic_inference"] is True
         report = tmp_path / "strict"
         proc, records = run_lossless("sglang", base.url, spec.url, report, "--target", str(TARGET),
@@ -616,7 +618,7 @@ def test_gate_one_sided_determinism_is_not_strict(servers, tmp_path):
     the baseline it is compared with, so the near tie stays within the --max-near-tie budget (exit 0)
     and the summary says why the run was not made bit-exact."""
     base, _ = servers
-    with SGLangEmulator(speculative=True, declares_deterministic=True, near_tie_flips=1) as spec:
+    with SGLangServer(speculative=True, declares_deterministic=True, near_tie_flips=1) as spec:
         proc, records = run_lossless("sglang", base.url, spec.url, tmp_path / "report", "--target", str(TARGET),
                                      "--near-tie-nats", NEAR_TIE_NATS, "--near-tie-ceiling", NEAR_TIE_NATS)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
@@ -647,7 +649,7 @@ def test_every_spelling_of_no_algorithm_declares_none(value):
 def test_spec_server_that_declares_no_algorithm_is_speculation_inactive(tmp_path):
     """Two plain servers given as baseline and "speculative": every prompt is exact, yet the gate fails
     as "speculation inactive" (exit 1), also under --allow-unknown-activity: nothing is unknown here."""
-    with SGLangEmulator() as base, SGLangEmulator() as plain:
+    with SGLangServer() as base, SGLangServer() as plain:
         assert plain.server_info()["speculative_algorithm"] is None
         proc, records = run_lossless("sglang", base.url, plain.url, tmp_path / "report", "--target", str(TARGET),
                                      "--allow-unknown-activity")
@@ -669,7 +671,7 @@ def test_live_acceptance_probe_calls_a_server_without_an_algorithm_a_failure(ser
     from specparity.probes.finding import Status
 
     base, _ = servers
-    with SGLangEmulator() as plain:
+    with SGLangServer() as plain:
         engine = engine_for(base.url, plain.url)
         try:
             finding = live.acceptance_floor(engine, prompts=live.PROMPTS[:1], max_new_tokens=8)

@@ -17,7 +17,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from emulators import TARGET, SGLangEmulator, run_lossless, shared_backend
+from fakes import SGLangServer
+from fakes.backend import TARGET, shared_backend
+from fakes.gate import run_lossless
 from specparity.gate import decide
 from specparity.journal import load_run
 from specparity.noise import NoiseStats
@@ -36,12 +38,12 @@ def _prompts(records: list[dict]) -> list[dict]:
     return [r for r in records if r["kind"] == "prompt"]
 
 
-def _gate(base: SGLangEmulator, spec: SGLangEmulator, report: Path):
+def _gate(base: SGLangServer, spec: SGLangServer, report: Path):
     return run_lossless("sglang", base.url, spec.url, report, "--target", str(TARGET), "--calibration", "selected")
 
 
 def test_two_instances_a_few_bf16_steps_apart_are_not_drift(tmp_path):
-    with SGLangEmulator() as base, SGLangEmulator(speculative=True, instance_noise_nats=STEP) as spec:
+    with SGLangServer() as base, SGLangServer(speculative=True, instance_noise_nats=STEP) as spec:
         proc, records = _gate(base, spec, tmp_path / "report")
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
@@ -75,7 +77,7 @@ def test_identical_instances_stay_exact_and_measure_zero(tmp_path):
     """Two instances that agree bit for bit (eager mode): the cross figure is measured and adds nothing
     (the speculative server's scoring rows equal the baseline server's, so against the baseline's decode
     rows they differ exactly as the baseline's own do), and the threshold stays the within-instance one."""
-    with SGLangEmulator() as base, SGLangEmulator(speculative=True) as spec:
+    with SGLangServer() as base, SGLangServer(speculative=True) as spec:
         proc, records = _gate(base, spec, tmp_path / "report")
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
     assert all(r["verdict"]["class"] == "exact" for r in _prompts(records))
@@ -109,8 +111,8 @@ class VerifyRowsOff:
 def test_verify_rows_beyond_the_cross_instance_noise_are_still_drift(tmp_path):
     """The same two instances, but the speculative server's verify rows move by 1 nat — 8 bf16 steps,
     beyond 4 × the cross-instance noise: drifted, and the gate fails."""
-    with SGLangEmulator() as base, \
-            SGLangEmulator(speculative=True, instance_noise_nats=STEP, backend=VerifyRowsOff(1.0)) as spec:
+    with SGLangServer() as base, \
+            SGLangServer(speculative=True, instance_noise_nats=STEP, backend=VerifyRowsOff(1.0)) as spec:
         proc, records = _gate(base, spec, tmp_path / "report")
     assert proc.returncode == 1, (proc.stdout + proc.stderr)[-4000:]
     th = _threshold(records)

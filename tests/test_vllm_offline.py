@@ -8,7 +8,7 @@ Nothing here talks to vLLM. The adapter (``specparity/engines/vllm.py``) is test
 * the response bodies and ``/metrics`` expositions in ``tests/data/vllm/`` — derived from the source
   of the vLLM **0.33.0** wheel, never recorded from a running server (each file's ``_source`` says
   so and cites ``file:line``; ``metrics.md`` for the two ``.txt`` files);
-* the vLLM protocol emulator in ``tests/emulators.py``: a small HTTP server that speaks vLLM 0.33's
+* the vLLM protocol emulator ``tests/fakes/vllm.py``: a small HTTP server that speaks vLLM 0.33's
   OpenAI completions format as read from that source and computes tokens, logprobs and the
   Prometheus speculation counters with the committed fixture models through specparity's
   in-process ``HFEngine``; its ``spec_disabled_for_logprobs`` switch reproduces what vLLM
@@ -30,7 +30,9 @@ import sys
 import numpy as np
 import pytest
 
-from emulators import DATA, TARGET, VLLMEmulator, run_lossless
+from fakes import VLLMServer
+from fakes.backend import DATA, TARGET
+from fakes.gate import run_lossless
 from specparity.engines import load_engine
 from specparity.engines.base import EngineOptions
 from specparity.engines.http import Endpoint, ServerError
@@ -154,7 +156,7 @@ def test_request_body_matches_the_recorded_request():
 def test_emulator_bodies_match_the_recorded_ones():
     """The emulator's answers have the recorded key order; its 400s equal error_400_max_logprobs.json
     and error_400_min_p_with_spec.json byte for byte; /v1/models and /version as recorded."""
-    with VLLMEmulator(speculative=True) as spec:
+    with VLLMServer(speculative=True) as spec:
         e = Endpoint(spec.url)
         for name in ("error_400_max_logprobs.json", "error_400_min_p_with_spec.json"):
             rec = load(name)
@@ -245,7 +247,7 @@ def test_check_options_one_line(options, message):
 
 @pytest.fixture(scope="module")
 def servers():
-    with VLLMEmulator() as base, VLLMEmulator(speculative=True) as spec:
+    with VLLMServer() as base, VLLMServer(speculative=True) as spec:
         yield base, spec
 
 
@@ -298,7 +300,7 @@ def test_misconfigured_servers_and_per_request_metrics(servers):
         assert "launched without --speculative-config" in r.error and base.url in r.error
     finally:
         engine.close()
-    with VLLMEmulator(speculative=True, per_request_metrics=True) as detailed:
+    with VLLMServer(speculative=True, per_request_metrics=True) as detailed:
         engine = engine_for(base.url, detailed.url)
         try:
             s = engine.generate([request_for(engine, "What is 30 - 14?")], speculative=True)[0]
@@ -328,7 +330,7 @@ def test_gate_end_to_end_speculation_disabled_for_logprobs(servers, tmp_path, de
     """vLLM 0.11–0.13 behaviour (ngram/suffix proposers skipped logprob requests silently): every
     token matches, but the counters never moved — the gate fails as "speculation inactive", exit 1."""
     base, _ = servers
-    with VLLMEmulator(speculative=True, spec_disabled_for_logprobs=True) as lazy:
+    with VLLMServer(speculative=True, spec_disabled_for_logprobs=True) as lazy:
         proc, records = run_lossless("vllm", base.url, lazy.url, tmp_path / "report", "--target", str(TARGET))
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-2000:]
     prompts = [r for r in records if r["kind"] == "prompt"]
@@ -349,10 +351,10 @@ def test_batch_invariance_is_declared_only_for_both_sides():
     """Capabilities.deterministic from VLLM_BATCH_INVARIANT: every server's dev-mode /server_info
     (vllm_env holds the parsed value, JSON true) on both sides, or both launches; one side only is
     deterministic_partial, never strict; servers without the dev route declare nothing."""
-    with VLLMEmulator(dev_mode=True, batch_invariant=True) as base, \
-            VLLMEmulator(speculative=True, dev_mode=True, batch_invariant=True) as spec, \
-            VLLMEmulator(speculative=True, dev_mode=True) as plain_spec, VLLMEmulator() as no_dev, \
-            VLLMEmulator() as no_dev2:
+    with VLLMServer(dev_mode=True, batch_invariant=True) as base, \
+            VLLMServer(speculative=True, dev_mode=True, batch_invariant=True) as spec, \
+            VLLMServer(speculative=True, dev_mode=True) as plain_spec, VLLMServer() as no_dev, \
+            VLLMServer() as no_dev2:
         info = Endpoint(spec.url).get_json("/server_info?config_format=json")
         assert info["vllm_env"]["VLLM_BATCH_INVARIANT"] is True and set(info) == {"vllm_config", "vllm_env",
                                                                                    "system_env"}
@@ -397,8 +399,8 @@ def test_gate_batch_invariant_is_bit_exact(tmp_path):
     speculative one flips one answer at its closest call: the runner records the declaration and
     decide() applies the strict policy — the near tie fails the gate (exit 1), naming the
     declaration; the fixture target's margins need a wide --near-tie-nats to call the flip a near tie."""
-    with VLLMEmulator(dev_mode=True, batch_invariant=True) as base, \
-            VLLMEmulator(speculative=True, dev_mode=True, batch_invariant=True, near_tie_flips=1) as spec:
+    with VLLMServer(dev_mode=True, batch_invariant=True) as base, \
+            VLLMServer(speculative=True, dev_mode=True, batch_invariant=True, near_tie_flips=1) as spec:
         proc, records = run_lossless("vllm", base.url, spec.url, tmp_path / "report", "--engine-opt",
                                      f"tokenizer={TARGET}", "--near-tie-nats", "20", "--near-tie-ceiling", "20")
     assert proc.returncode == 1, (proc.stdout + proc.stderr)[-4000:]
@@ -537,13 +539,13 @@ def test_stable_spec_config_from_recorded_server_info():
 
 
 def test_emulator_026_answers_like_the_recorded_server():
-    """VLLMEmulator(version="0.26.0") against every recorded 0.26.0 request, baseline and
+    """VLLMServer(version="0.26.0") against every recorded 0.26.0 request, baseline and
     speculative: the same status, the same shape (keys in order, value types) for every answer, the
     400 body byte for byte, the same token ids (the fixture target is confident: CPU float32 and GPU
     bfloat16 agree), logprobs of the chosen tokens within 1e-3 and teacher-forced rows within 0.25
     nats (bfloat16 on the server); /version, /v1/models and /metrics families as recorded."""
     for spec, name in ((False, "baseline"), (True, "ngram")):
-        with VLLMEmulator(speculative=spec, version="0.26.0", dev_mode=True) as emu:
+        with VLLMServer(speculative=spec, version="0.26.0", dev_mode=True) as emu:
             e = Endpoint(emu.url)
             for x in recorded_026(name):
                 if x["method"] == "GET":
@@ -577,7 +579,7 @@ def test_emulator_026_answers_like_the_recorded_server():
             have = {tuple(line.split()[2:4]) for line in text.splitlines() if line.startswith("# TYPE")}
             assert want <= have and (not spec) == (not want)
     with pytest.raises(ValueError, match="no --per-request-spec-decode-metrics"):
-        VLLMEmulator(speculative=True, version="0.26.0", per_request_metrics=True)
+        VLLMServer(speculative=True, version="0.26.0", per_request_metrics=True)
 
 
 def test_adapter_says_which_version_it_saw_and_keeps_a_stable_fingerprint():
@@ -587,8 +589,8 @@ def test_adapter_says_which_version_it_saw_and_keeps_a_stable_fingerprint():
     fingerprint from a second pair of servers (other ports)."""
     fingerprints = []
     for _ in range(2):
-        with VLLMEmulator(version="0.26.0", dev_mode=True) as base, \
-                VLLMEmulator(speculative=True, version="0.26.0", dev_mode=True) as spec:
+        with VLLMServer(version="0.26.0", dev_mode=True) as base, \
+                VLLMServer(speculative=True, version="0.26.0", dev_mode=True) as spec:
             engine = engine_for(base.url, spec.url)
             try:
                 fp = engine.fingerprint()

@@ -1,0 +1,166 @@
+"""The SGLang and vLLM fakes' model: the committed fixture models, run by specparity itself.
+
+Neither SGLang nor vLLM runs here (no GPU), so their fakes compute every token and logprob with the
+fixture target (``fixtures/models/target``) and standalone draft (``fixtures/models/draft``)
+through specparity's own in-process engine (:class:`specparity.engines.hf.HFEngine`): a speculative
+fake decodes with the draft (transformers' assisted generation) and reports the *real* counters of
+that loop; a baseline fake decodes greedily without a draft.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import threading
+from pathlib import Path
+from typing import Any, Sequence
+
+REPO = Path(__file__).resolve().parents[2]
+DATA = REPO / "tests" / "data"
+TARGET = REPO / "fixtures" / "models" / "target"
+DRAFT = REPO / "fixtures" / "models" / "draft"
+
+
+def recorded(path: Path) -> Any:
+    """A recorded body without its ``_source`` / ``_request`` / ``_http_status`` notes."""
+    body = json.loads(path.read_text())
+    if isinstance(body, dict):
+        body = {k: v for k, v in body.items() if not k.startswith("_")}
+    return body
+
+
+class FixtureBackend:
+    """The fixture target (+ standalone draft) through :class:`HFEngine`; one request at a time."""
+
+    def __init__(self) -> None:
+        from specparity.engines.base import EngineOptions
+        from specparity.engines.hf import DEFAULT_DRAFT_TOKENS, HFEngine
+
+        self.engine = HFEngine(EngineOptions(target=str(TARGET), draft=str(DRAFT), spec_mode="draft"))
+        self.tokenizer = self.engine.target.tokenizer
+        self.lock = threading.Lock()
+        #: The model's EOS ids (generation_config.json + tokenizer), which every server stops on.
+        self.eos_ids = tuple(self.engine.stop_token_ids())
+        self.primary_eos = self.tokenizer.eos_token_id
+        self.draft_width = DEFAULT_DRAFT_TOKENS
+        self.vocab_size = int(self.engine.target.model.config.vocab_size)
+
+    def generate(self, prompt_ids: Sequence[int], max_new_tokens: int, stop_ids: Sequence[int], k: int,
+                 speculative: bool):
+        from specparity.types import GenerationRequest
+
+        req = GenerationRequest("emulator", [int(t) for t in prompt_ids], int(max_new_tokens),
+                                tuple(int(t) for t in stop_ids), max(1, int(k)))
+        result = self.engine.generate([req], speculative=speculative)[0]
+        if result.error:
+            raise RuntimeError(result.error)
+        return result
+
+    def score(self, prompt_ids: Sequence[int], continuation_ids: Sequence[int], k: int):
+        return self.engine.score(list(prompt_ids), list(continuation_ids), max(1, int(k)))
+
+    def flip_closest_call(self, prompt_ids: Sequence[int], result: Any, max_new_tokens: int,
+                          stop_ids: Sequence[int], k: int):
+        """``result`` with one near-tie flip (the ``near_tie_flips`` hook): at the position of its
+        smallest top-1/top-2 margin whose runner-up is not a stop token, that runner-up is emitted, and
+        the rest is the target's greedy continuation of the new prefix. None when no position qualifies.
+
+        The flipped position's row is *not reported* (a server may leave rows out): with margins this
+        confident no row is honest there — one that still prefers the target's token says the server
+        emitted a token its own verify pass rejected (``diverged``), one that prefers the flip is a
+        computation far outside the noise (``drifted``)."""
+        import numpy as np
+
+        from specparity.types import TokenScores
+
+        s, ids = result.scores, list(result.output_ids)
+        n = min(len(ids), len(s))
+        if s.k < 2 or n < 2:
+            return None
+        stops = {int(t) for t in stop_ids}
+        margins = s.top_logprobs[:n, 0] - s.top_logprobs[:n, 1]
+        candidates = [i for i in range(n) if int(s.top_ids[i, 1]) not in stops and np.isfinite(margins[i])]
+        if not candidates:
+            return None
+        i = min(candidates, key=lambda j: float(margins[j]))
+        runner_up = int(s.top_ids[i, 1])
+        head = ids[:i] + [runner_up]
+        chosen, top_ids, top_lp = s.logprobs[: i + 1].copy(), s.top_ids[: i + 1].copy(), s.top_logprobs[: i + 1].copy()
+        chosen[i], top_ids[i], top_lp[i] = np.nan, -1, np.nan
+        parts = [TokenScores(np.asarray(head, np.int64), chosen, top_ids, top_lp)]
+        if max_new_tokens > len(head):
+            tail = self.generate(list(prompt_ids) + head, max_new_tokens - len(head), stop_ids, k, False)
+            head += list(tail.output_ids)
+            parts.append(tail.scores)
+        scores = TokenScores(*(np.concatenate([getattr(p, f) for p in parts])
+                               for f in ("token_ids", "logprobs", "top_ids", "top_logprobs")))
+        return dataclasses.replace(result, output_ids=head, scores=scores)
+
+    def prompt_rows(self, ids: Sequence[int], k: int) -> list[tuple[float, int, list[tuple[int, float]]] | None]:
+        """Per prompt position: None for position 0, else (logprob of the actual token, its 1-based
+        rank in the vocabulary, the top-k (id, logprob)) — what vLLM's prompt logprobs carry."""
+        import torch
+
+        model = self.engine.target.model
+        with torch.inference_mode():
+            logits = model(input_ids=torch.tensor([list(ids)], dtype=torch.long)).logits[0].float()
+        lp = torch.log_softmax(logits, dim=-1)
+        rows: list[Any] = [None]
+        kk = min(max(1, k), lp.shape[-1])
+        for i in range(1, len(ids)):
+            row = lp[i - 1]
+            actual = float(row[int(ids[i])])
+            rank = 1 + int((row > row[int(ids[i])]).sum())
+            vals, idx = torch.topk(row, kk)
+            rows.append((actual, rank, list(zip(idx.tolist(), vals.tolist()))))
+        return rows
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        return self.tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def token_text(self, token_id: int) -> str:
+        return self.tokenizer.decode([int(token_id)], skip_special_tokens=False)
+
+
+def instance_noise(scores: Any, prefix: Sequence[int], nats: float) -> Any:
+    """``scores`` (rows of the tokens after ``prefix``) as another server instance computes them: every
+    logprob moved by −``nats``, 0 or +``nats``, chosen by a hash of the row's prefix and the token (so
+    decode and scoring rows of one instance agree), rows re-sorted; rows whose top-1/top-2 margin is
+    under 3 × ``nats`` are kept, so no argmax moves (the ``instance_noise_nats`` knob)."""
+    import numpy as np
+
+    from specparity.types import TokenScores
+
+    ids = [int(t) for t in prefix]
+    logprobs, top_ids, top_lp = scores.logprobs.copy(), scores.top_ids.copy(), scores.top_logprobs.copy()
+    for i, tid in enumerate(scores.token_ids.tolist()):
+        context = hash(tuple(ids))
+        ids.append(int(tid))
+        if scores.k < 2 or not top_lp[i, 0] - top_lp[i, 1] >= 3 * nats:
+            continue
+        step = [nats * ((hash((context, int(t))) % 3) - 1) for t in top_ids[i]]
+        top_lp[i] += np.asarray(step, np.float32)
+        logprobs[i] += nats * ((hash((context, int(tid))) % 3) - 1)
+        order = np.argsort(-top_lp[i], kind="stable")
+        top_ids[i], top_lp[i] = top_ids[i][order], top_lp[i][order]
+    return TokenScores(scores.token_ids, logprobs, top_ids, top_lp)
+
+
+@functools.lru_cache(maxsize=1)
+def shared_backend() -> FixtureBackend:
+    """One backend per process: every emulator shares the loaded models (and their lock)."""
+    return FixtureBackend()
+
+
+def shortened(result: Any) -> Any:
+    """``result`` cut to half its tokens, never ending on a stop token (the ``short_limit`` fault):
+    an answer that stopped for its length before the limit the request gave."""
+    from specparity.types import TokenScores
+
+    keep = max(1, len(result.output_ids) // 2)
+    if len(result.output_ids) > 1 and keep == len(result.output_ids):
+        keep -= 1
+    s = result.scores
+    scores = TokenScores(s.token_ids[:keep], s.logprobs[:keep], s.top_ids[:keep], s.top_logprobs[:keep])
+    return dataclasses.replace(result, output_ids=list(result.output_ids)[:keep], scores=scores)
