@@ -56,6 +56,13 @@ class _HTTPServer(ThreadingHTTPServer):
     daemon_threads = True
     owner: "FakeServer"
 
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        import sys
+
+        if isinstance(sys.exc_info()[1], OSError):  # a client that went away, or a connection a fault shut
+            return
+        super().handle_error(request, client_address)
+
     def process_request_thread(self, request: Any, client_address: Any) -> None:
         self.owner._track(request, add=True)
         try:
@@ -137,6 +144,7 @@ class FakeServer:
         self._lock = threading.Lock()
         self._stopping = threading.Event()
         self._conns: set[socket.socket] = set()
+        self._busy: set[socket.socket] = set()  # connections answering a request now
         self._threads: set[threading.Thread] = set()
         self._httpd: _HTTPServer | None = None
         self._serve: threading.Thread | None = None
@@ -181,10 +189,12 @@ class FakeServer:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
-    def _stop_listening(self) -> None:
+    def _stop_listening(self, *, spare_busy: bool = False) -> None:
+        """Close the listening socket and shut every connection down (``spare_busy``: except the
+        ones answering a request now, which close once answered)."""
         with self._lock:
             httpd, self._httpd = self._httpd, None
-            conns = list(self._conns)
+            conns = [c for c in self._conns if not (spare_busy and c in self._busy)]
         if httpd is not None:
             httpd.shutdown()
             httpd.server_close()
@@ -228,6 +238,17 @@ class FakeServer:
 
     # ------------------------------------------------------------------ dispatch
     def _handle(self, h: _Handler, method: str) -> None:
+        with self._lock:
+            self._busy.add(h.connection)
+        try:
+            self._dispatch(h, method)
+        finally:
+            with self._lock:
+                self._busy.discard(h.connection)
+            if self.dead:  # answered before the crash: no more on this connection
+                h.close_connection = True
+
+    def _dispatch(self, h: _Handler, method: str) -> None:
         if self.dead:
             h.drop()  # no answer: the client sees the connection closed
             return
@@ -247,7 +268,9 @@ class FakeServer:
             fault = self._pick_fault(body)
         if fault == "die":
             self.dead = True
-            self._stop_listening()  # refuse whatever comes next, then drop this one unanswered
+            # refuse whatever comes next and drop this one unanswered; the requests that came
+            # before it (numbered up to die_after) and are being answered still get their answer
+            self._stop_listening(spare_busy=True)
             h.drop()
             return
         if fault == "hang":

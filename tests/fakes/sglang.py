@@ -190,7 +190,7 @@ class SGLangServer(FakeServer):
         for key, value in sampling.items():
             if key not in allowed:
                 if self.version == "0.5.19":
-                    return 500, "text/plain; charset=utf-8", b"Internal Server Error"
+                    return self.error_500()  # uvicorn: an uncaught TypeError
                 expected = ", ".join(f"`{k}`" for k in allowed)
                 return json_reply(400, {"error": f"unknown field `{key}`, expected one of {expected}"})
             if (self.version == "0.5.23" and key in _SGLANG_INT_KEYS and value is not None
