@@ -3,8 +3,10 @@
 Each test drives the real gate — the ``llamacpp`` engine, ``run_gate`` and ``conclude`` in-process,
 or ``pytest suites/lossless --engine llamacpp`` as a subprocess (exit codes and summary wording) —
 against :class:`fakes.LlamaCppServer`, a llama.cpp-protocol server that replays the captured answers
-(so the same run passes when nothing is wrong: the first test) and misbehaves on purpose. The last
-test SIGKILLs a real ``llama-server`` mid-run.
+(so the same run passes when nothing is wrong: the first test) and misbehaves on purpose. The same
+faults are then injected into the SGLang and vLLM fakes (:mod:`fakes`, answering from the fixture
+models) under the ``sglang`` and ``vllm`` engines. The last test SIGKILLs a real ``llama-server``
+mid-run.
 
 For every fault: the affected prompts are ``error`` and the cause names the endpoint and what
 happened; the prompts that finished stay ``exact`` in ``results.jsonl``; the journal ends with the
@@ -27,9 +29,11 @@ from typing import Any, Sequence
 import pytest
 
 import specparity.engines.llamacpp as llamacpp
-from fakes import LlamaCppServer, Rule
+from fakes import FakeServer, LlamaCppServer, Rule, SGLangServer, VLLMServer
+from fakes.backend import TARGET
 from llamacpp_fixtures import require_llamacpp
 from specparity import exitcodes
+from specparity.engines import load_engine
 from specparity.engines.base import EngineOptions
 from specparity.engines.http import DEAD_AFTER
 from specparity.engines.server import HFTokenizer
@@ -100,12 +104,13 @@ def gate(tmp_path: Path, baseline: LlamaCppServer, spec: LlamaCppServer, *, time
     return Outcome(run, decision, journal(report), report)
 
 
-def assert_failed(out: Outcome, causes: dict[str, Sequence[str]]) -> None:
-    """``causes``: prompt id -> regexes its error reason must match. Every other prompt is exact —
-    in the run and in the journal — and the journal ends with a FAIL verdict, exit code 1."""
+def assert_failed(out: Outcome, causes: dict[str, Sequence[str]], ids: Sequence[str] = IDS,
+                  max_total_s: float | None = 8) -> None:
+    """``causes``: prompt id -> regexes its error reason must match. Every other prompt of ``ids`` is
+    exact — in the run and in the journal — and the journal ends with a FAIL verdict, exit code 1."""
     written = out.written()
-    assert set(written) == set(IDS), f"journal lacks prompts: {set(IDS) - set(written)}"
-    for pid in IDS:
+    assert set(written) == set(ids), f"journal lacks prompts: {set(ids) - set(written)}"
+    for pid in ids:
         if pid in causes:
             assert out.klass(pid) == "error", (pid, out.klass(pid), out.reason(pid))
             assert written[pid]["class"] == "error" and written[pid]["reason"] == out.reason(pid)
@@ -116,11 +121,12 @@ def assert_failed(out: Outcome, causes: dict[str, Sequence[str]]) -> None:
             assert written[pid]["class"] == "exact"
     final = out.journal[-1]
     assert final["kind"] == "verdict" and final["status"] == "FAIL" and final["exit_code"] == exitcodes.GATE_FAILED
-    assert final["counts"]["error"] == len(causes) and final["counts"]["exact"] == len(IDS) - len(causes)
+    assert final["counts"]["error"] == len(causes) and final["counts"]["exact"] == len(ids) - len(causes)
     failed = [f for f in final["failures"] if "failed in the engine" in f]
     assert failed and all(pid in failed[0] for pid in causes), final["failures"]
     assert out.decision.exit_code == exitcodes.GATE_FAILED and not out.decision.passed
-    assert out.run.timings["total"] < 8, out.run.timings  # no prompt waited out a long timeout
+    if max_total_s is not None:
+        assert out.run.timings["total"] < max_total_s, out.run.timings  # no prompt waited out a long timeout
 
 
 # --------------------------------------------------------------------------- nothing wrong: a pass
@@ -360,6 +366,101 @@ def test_baseline_dead_from_the_first_request_names_the_cause_per_prompt(tmp_pat
     for pid in IDS:
         assert out.run.record(pid).verdict is not None and out.klass(pid) == "error"
         assert re.search(rf"baseline failed: .*{URL}", out.reason(pid))
+
+
+# --------------------------------------------------------------------------- SGLang and vLLM
+
+#: The SGLang and vLLM fakes decode with the fixture models: a few tokens take every path.
+FAKE_NEW = 8
+#: protocol -> (its fake, its generation path)
+PROTOCOLS = {"sglang": (SGLangServer, "/generate"), "vllm": (VLLMServer, "/v1/completions")}
+
+
+def fake_gate(tmp_path: Path, protocol: str, baseline: FakeServer, spec: FakeServer,
+              prompts: Sequence[Prompt]) -> Outcome:
+    """The real gate, in-process, with the ``sglang`` or ``vllm`` engine over two fakes (the
+    calibration prompts are the ones judged, so the speculative server first answers one scoring
+    request per prompt: the noise between the two instances)."""
+    report = tmp_path / "report"
+    engine = load_engine(protocol, EngineOptions(baseline_urls=(baseline.url,), spec_urls=(spec.url,),
+                                                 request_timeout=60.0, extra={"tokenizer": str(TARGET)}))
+    try:
+        run = run_gate(engine, prompts, GateConfig(max_new_tokens=FAKE_NEW, report_dir=str(report)))
+    finally:
+        engine.close()
+    return Outcome(run, conclude(run), journal(report), report)
+
+
+def fault_cases(protocol: str, path: str) -> dict[str, str]:
+    """fault -> the regex its prompt's error reason must match, on this protocol."""
+    cases = {
+        "bad_json": rf"^speculative run failed: POST {URL}{path}: malformed JSON in the response \('\{{",
+        "http_500": rf"^speculative run failed: POST {path}: HTTP 500 from {URL}: "
+                    + ("Internal Server Error$" if protocol == "sglang" else
+                       r'\{"error": \{"message": "EngineCore encountered an issue'),
+        "close_mid": rf"^speculative run failed: POST {URL}{path}: connection closed by the server mid-request$",
+        "short_limit": rf"^speculative run failed: {URL}: returned \d+ of max_new_tokens={FAKE_NEW} tokens and "
+                       "finish 'length': the server stopped short without saying why$",
+    }
+    if protocol == "sglang":
+        cases["bad_prob_ids"] = (rf"^speculative run failed: {URL}: unexpected response shape \(ValueError: "
+                                 r"output_token_logprobs\[\d+\] names token \d+, the stream has \d+\)$")
+        cases["accepted_gt_drafted"] = (rf"^speculative run failed: {URL}: meta_info spec counters inconsistent: "
+                                        r"spec_num_correct_drafts (\d+), spec_num_proposed_drafts (\d+)")
+        cases["no_timings"] = (rf"^speculative run failed: {URL}: the server declares speculative_algorithm=STANDALONE "
+                               r"but its \d+-token answer carries no spec_\* keys in meta_info: cannot tell whether "
+                               "speculation ran$")
+    else:
+        cases["bad_prob_ids"] = (rf"^speculative run failed: {URL}: choices\[0\]\.token_ids \[[\d, ]+\] disagree with "
+                                 r"logprobs\.tokens \[[\d, ]+\]$")
+        cases["accepted_gt_drafted"] = (rf"^speculative run failed: {URL}: metrics\.speculative_decoding: "
+                                        r"num_accepted_draft_tokens (\d+) > num_draft_tokens (\d+)$")
+    return cases
+
+
+@pytest.mark.parametrize("protocol", sorted(PROTOCOLS))
+def test_faults_on_sglang_and_vllm(protocol, tmp_path, tokenizer, default_prompts):
+    """Every fault the adapter must catch, one per prompt, on the speculative server's generation of
+    that prompt (a truncated body, an HTTP 500, a connection dropped mid-answer, an answer stopped
+    short, a logprob row for another token, more drafts accepted than drafted, and on SGLang the
+    spec counters missing): each of those prompts is ``error`` with a cause naming the endpoint, the
+    first prompt stays ``exact``, the journal keeps every prompt and ends FAIL, exit code 1."""
+    fake, path = PROTOCOLS[protocol]
+    cases = fault_cases(protocol, path)
+    prompts = default_prompts[: 1 + len(cases)]
+    assert len(prompts) == 1 + len(cases), "the default prompt file has too few prompts for one fault each"
+    victims = dict(zip((p.id for p in prompts[1:]), cases))
+    rules = [Rule(fault, prompt=tokenizer.encode_prompt(p.prompt, p.messages_as_dicts()), n_predict=FAKE_NEW)
+             for p, fault in zip(prompts[1:], cases)]
+    counters = {"per_request_metrics": True} if protocol == "vllm" else {}  # the answer's own spec counters
+    with fake() as base, fake(speculative=True, rules=rules, **counters) as spec:
+        out = fake_gate(tmp_path, protocol, base, spec, prompts)
+    assert sorted(s.fault for s in spec.seen if s.fault) == sorted(cases), spec.seen  # each hit once
+    assert_failed(out, {pid: [cases[fault]] for pid, fault in victims.items()}, ids=[p.id for p in prompts],
+                  max_total_s=None)
+    accepted = next(pid for pid, fault in victims.items() if fault == "accepted_gt_drafted")
+    more, fewer = re.search(cases["accepted_gt_drafted"], out.reason(accepted)).groups()
+    assert int(more) > int(fewer)
+
+
+@pytest.mark.parametrize("protocol", sorted(PROTOCOLS))
+def test_sglang_and_vllm_server_dies_mid_run(protocol, tmp_path, default_prompts):
+    """The speculative server crashes after answering the calibration scoring and one generation:
+    that prompt stays ``exact`` in the journal, the others are ``error`` with the endpoint and the
+    dropped or refused connection, FAIL with exit code 1, and no request waits on the dead server."""
+    fake, path = PROTOCOLS[protocol]
+    prompts = default_prompts[:3]
+    with fake() as base, fake(speculative=True, die_after=len(prompts) + 1) as spec:
+        out = fake_gate(tmp_path, protocol, base, spec, prompts)
+        assert spec.dead
+    answered = [s for s in spec.seen if s.fault is None]
+    assert [s.n_predict for s in answered].count(FAKE_NEW) == 1, spec.seen  # the scoring requests, one generation
+    written = out.written()
+    exact = [pid for pid, v in written.items() if v["class"] == "exact"]
+    assert len(exact) == 1 and len(written) == len(prompts), written
+    causes = {pid: [rf"^speculative run failed: POST {URL}{path}: connection (closed by the server mid-request|"
+                    "refused)$"] for pid in written if pid not in exact}
+    assert_failed(out, causes, ids=[p.id for p in prompts], max_total_s=None)
 
 
 # --------------------------------------------------------------------------- a real llama-server, killed

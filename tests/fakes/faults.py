@@ -40,13 +40,15 @@ class Rule:
     ``requests``: 1-based numbers of this server's generation requests (llama.cpp ``/completion``,
     SGLang ``/generate``, vLLM ``/v1/completions``; scoring requests are generation requests too);
     ``prompt``: token ids a request's prompt starts with (so the prompt's scoring requests match
-    too); ``from_request``: every request from that number on.
+    too); ``from_request``: every request from that number on; ``n_predict``: requests asking for
+    that many tokens (with ``prompt``: the prompt's generation, not its one-token scoring requests).
     """
 
     fault: str
     requests: Iterable[int] | None = None
     prompt: Sequence[int] | None = None
     from_request: int | None = None
+    n_predict: int | None = None
 
     def __post_init__(self) -> None:
         if self.fault not in FAULTS:
@@ -54,12 +56,14 @@ class Rule:
         self.requests = None if self.requests is None else frozenset(int(n) for n in self.requests)
         self.prompt = None if self.prompt is None else tuple(int(t) for t in self.prompt)
 
-    def matches(self, n: int, prompt: Sequence[int]) -> bool:
+    def matches(self, n: int, prompt: Sequence[int], n_predict: int = -1) -> bool:
         if self.requests is not None and n not in self.requests:
             return False
         if self.from_request is not None and n < self.from_request:
             return False
         if self.prompt is not None and tuple(prompt[: len(self.prompt)]) != self.prompt:
+            return False
+        if self.n_predict is not None and n_predict != self.n_predict:
             return False
         return True
 

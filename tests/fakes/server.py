@@ -312,7 +312,7 @@ class FakeServer:
             if self.die_after is not None and n > self.die_after:
                 fault: str | None = "die"
             else:
-                fault = next((r.fault for r in self.rules if r.matches(n, prompt)), None)
+                fault = next((r.fault for r in self.rules if r.matches(n, prompt, limit)), None)
             self.seen.append(Seen(n, len(prompt), limit, fault))
         return fault
 
