@@ -14,18 +14,17 @@ baseline's tokens (drafted tokens accepted, with llama.cpp's ``logprob: 0.0`` an
     with LlamaCppServer(speculative=True, rules=[Rule("http_500", requests={2})]) as spec:
         ... EngineOptions(spec_urls=(spec.url,), ...)
 
-Run it by hand: ``python -m fakes.llamacpp --spec --fault hang@3`` from ``tests/``.
+Run it by hand: ``python -m fakes --spec --fault hang@3`` from ``tests/``.
 """
 
 from __future__ import annotations
 
 import copy
 import json
-import time
 import zlib
 from typing import Any, Sequence
 
-from fakes.faults import FAULTS, Rule
+from fakes.faults import Rule
 from fakes.replay import DATA, EOS, ReplayModel, Vocab, ids_bytes, load, shared_vocab
 from fakes.server import FakeServer, Reply, Request
 
@@ -183,29 +182,3 @@ class LlamaCppServer(FakeServer):
             pos += a + 1  # the accepted drafts, then the target's own token
             step += 1
         return drafted, accepted, positions
-
-
-def main(argv: Sequence[str] | None = None) -> None:
-    import argparse
-
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--spec", action="store_true", help="answer as a speculative server (draft counters)")
-    ap.add_argument("--fault", action="append", default=[], metavar="FAULT[@N,M]",
-                    help=f"misbehave on these request numbers (all when no @): {', '.join(FAULTS)}")
-    ap.add_argument("--die-after", type=int, default=None)
-    ns = ap.parse_args(argv)
-    rules = []
-    for f in ns.fault:
-        name, _, nums = f.partition("@")
-        rules.append(Rule(name, requests=[int(x) for x in nums.split(",")] if nums else None))
-    with LlamaCppServer(speculative=ns.spec, rules=rules, die_after=ns.die_after) as srv:
-        print(srv.url, flush=True)
-        try:
-            while True:
-                time.sleep(3600)
-        except KeyboardInterrupt:
-            pass
-
-
-if __name__ == "__main__":
-    main()
