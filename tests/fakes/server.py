@@ -33,10 +33,6 @@ class Reply:
     payload: bytes
 
 
-#: ``route`` returns this to drop the connection without an answer.
-DROP = object()
-
-
 @dataclass
 class Request:
     """One request as received; ``fault`` is the content fault chosen for it (None: answer well)."""
@@ -214,8 +210,8 @@ class FakeServer:
                 self._threads.discard(threading.current_thread())
 
     # ------------------------------------------------------------------ the protocol (subclasses)
-    def route(self, req: Request) -> Reply | object:
-        """The answer to ``req`` (a :class:`Reply`, or :data:`DROP`)."""
+    def route(self, req: Request) -> Reply:
+        """The answer to ``req``."""
         raise NotImplementedError
 
     def prompt_of(self, body: Any) -> list[int]:
@@ -287,10 +283,6 @@ class FakeServer:
             out = self.route(Request(method, path, query, body, fault))
         except Exception as exc:  # noqa: BLE001 - a bug in the fake must show, as a 500 naming it
             out = Reply(500, "text/plain; charset=utf-8", f"fake server crashed: {type(exc).__name__}: {exc}".encode())
-        if out is DROP:
-            h.drop()
-            return
-        assert isinstance(out, Reply)
         if fault == "bad_json":
             self._send(h, Reply(out.status, out.content_type, out.payload[: len(out.payload) // 2]))
         elif fault == "close_mid":
