@@ -226,6 +226,12 @@ CASES: tuple[Case, ...] = (
 )
 
 
+#: Cases that also run as the real command, a process: a pytest suite's bad engine option (a plugin
+#: engine file, imported to read its declaration), a prompt file refused by file:line, and the console
+#: script's ``specparity lossless`` (pytest inside the CLI: only a process runs it, :func:`in_process`).
+END_TO_END = ("engine-opt-typo", "prompts-bad-json", "cli-lossless-engine")
+
+
 # --------------------------------------------------------------------------- running a case
 
 

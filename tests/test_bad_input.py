@@ -14,13 +14,8 @@ from __future__ import annotations
 
 import pytest
 
-from bad_inputs import CASES, REPO, Case, Outcome, in_process, run_in_process, run_process
+from bad_inputs import CASES, END_TO_END, REPO, Case, Outcome, in_process, run_in_process, run_process
 from specparity import exitcodes
-
-#: Run as processes as well: a pytest suite's bad engine option (a plugin engine file, imported to
-#: read its declaration), a prompt file refused by file:line, and the console script's
-#: ``specparity lossless`` (pytest inside the CLI; only a process runs it).
-END_TO_END = ("engine-opt-typo", "prompts-bad-json", "cli-lossless-engine")
 
 
 def error_line(case: Case, out: Outcome) -> str:
