@@ -1,16 +1,31 @@
 """Every bad input we know users try, with the one line it must produce.
 
-One list serves ``tests/test_bad_input.py`` (runs each for real: exit 4, one line on stderr, naming
-the option or ``file:line``) and ``tools/bad_input_table.py`` (writes the bad-input table of ``docs/ERRORS.md`` from
-the same runs). ``{tmp}`` in an argument is a scratch directory holding the files ``make`` writes.
+One list serves ``tests/test_bad_input.py`` (checks each: exit 4, one line on stderr, naming the
+option or ``file:line``) and ``tools/bad_input_table.py`` (writes the bad-input table of
+``docs/ERRORS.md`` from real runs of the same commands). ``{tmp}`` in an argument is a scratch
+directory holding the files ``make`` writes.
+
+A case runs either as the real command (:func:`run_process`) or in this process up to the point
+where the command refuses it (:func:`run_in_process`): for ``pytest …``, pytest's own option
+parsing, plugin and conftest loading and every ``pytest_configure`` hook (where specparity checks
+its options, before any collection or model load), ending where ``pytest.main`` would print
+``ERROR: <message>`` and exit with ``ExitCode.USAGE_ERROR``; for ``specparity …``, ``cli.main``
+itself. A process costs an interpreter and torch import per case; the in-process run checks the same
+line and code, and a few cases still run as processes to prove the wiring around them.
 """
 
 from __future__ import annotations
 
+import io
+import os
+import subprocess
 import sys
+from contextlib import redirect_stderr, redirect_stdout
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
+
+import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 HEADER = '{"specparity_prompts": 1, "description": "bad input"}\n'
@@ -209,3 +224,94 @@ CASES: tuple[Case, ...] = (
     Case("cli-probe-target-missing", ("probe", "--target", "/nonexistent", "--engine", "sglang==0.5.19"),
          "/nonexistent", command="specparity"),
 )
+
+
+#: Cases that also run as the real command, a process: a pytest suite's bad engine option (a plugin
+#: engine file, imported to read its declaration), a prompt file refused by file:line, and the console
+#: script's ``specparity lossless`` (pytest inside the CLI: only a process runs it, :func:`in_process`).
+END_TO_END = ("engine-opt-typo", "prompts-bad-json", "cli-lossless-engine")
+
+
+# --------------------------------------------------------------------------- running a case
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What a case ended with: the exit code and what it printed."""
+
+    code: int
+    stdout: str
+    stderr: str
+
+
+def _args(case: Case, tmp: Path) -> list[str]:
+    if case.make:
+        case.make(tmp)
+    return [a.replace("{tmp}", str(tmp)) for a in case.argv]
+
+
+def run_process(case: Case, tmp: Path) -> Outcome:
+    """The command a user types, as a process in the checkout."""
+    _args(case, tmp)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.run(case.full_argv(tmp), cwd=REPO, capture_output=True, text=True, timeout=300, env=env)
+    return Outcome(proc.returncode, proc.stdout, proc.stderr)
+
+
+def in_process(case: Case) -> bool:
+    """``specparity lossless`` is ``pytest.main`` inside ``cli.main``: a second pytest session in
+    this process would share its plugins and imported test modules, so it only runs as a process."""
+    return not (case.command == "specparity" and case.argv[:1] == ("lossless",))
+
+
+def run_in_process(case: Case, tmp: Path) -> Outcome:
+    """The case in this process (see the module docstring), from the checkout as the process would
+    be; the working directory, ``sys.path`` and the environment are put back afterwards."""
+    args = _args(case, tmp)
+    if not in_process(case):
+        raise ValueError(f"{case.id}: runs only as a process")
+    cwd, path, environ = os.getcwd(), list(sys.path), dict(os.environ)
+    os.chdir(REPO)
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    try:
+        if case.command == "pytest":
+            return _pytest_configure(["-q", "-p", "no:cacheprovider", *args])
+        from specparity import cli
+
+        out, err = io.StringIO(), io.StringIO()
+        with redirect_stdout(out), redirect_stderr(err):
+            code = cli.main(args)
+        return Outcome(code, out.getvalue(), err.getvalue())
+    finally:
+        os.chdir(cwd)
+        sys.path[:] = path
+        os.environ.clear()
+        os.environ.update(environ)
+
+
+def _pytest_configure(args: list[str]) -> Outcome:
+    """``pytest ARGS`` up to and including ``pytest_configure``, without a session.
+
+    ``_prepareconfig`` and ``Config._do_configure`` are what ``pytest.main`` calls before it
+    collects anything (pytest's own ``pytester.parseconfigure`` is these two calls, but it also
+    unloads every module imported meanwhile, torch included, which cannot be imported twice). A
+    ``UsageError`` from either is what ``pytest.main`` prints, one ``ERROR: <arg>`` line per
+    argument, and turns into ``ExitCode.USAGE_ERROR``. Options that pass make exit code 0 here: the
+    real command would go on to collect and run.
+    """
+    from _pytest.config import _prepareconfig
+
+    def refused(exc: pytest.UsageError) -> Outcome:
+        return Outcome(int(pytest.ExitCode.USAGE_ERROR), "", "".join(f"ERROR: {msg}\n" for msg in exc.args))
+
+    try:
+        config = _prepareconfig(args)
+    except pytest.UsageError as exc:
+        return refused(exc)
+    try:
+        config._do_configure()
+    except pytest.UsageError as exc:
+        return refused(exc)
+    finally:
+        config._ensure_unconfigure()
+    return Outcome(int(pytest.ExitCode.OK), "", "")

@@ -1,44 +1,56 @@
 """Bad input: one line naming the option or file:line, before any model loads, exit code 4.
 
-Each case of ``tests/bad_inputs.py`` runs as the real command a user types. "Before any model
-loads" shows as: stderr is the single error line (transformers' "Loading weights" progress, a
-traceback or a pytest collection error would add lines), and stdout has no test result. The same
-cases, with their real output, make the bad-input table in ``docs/ERRORS.md``; a case missing there fails.
+Every case of ``tests/bad_inputs.py`` is checked in this process (``bad_inputs.run_in_process``):
+``pytest …`` through pytest's own option parsing and every plugin's and conftest's
+``pytest_configure`` (where specparity refuses bad options, before collection, so before any model
+loads), ``specparity …`` through ``cli.main``. :data:`END_TO_END` cases also run as the real
+command, a process, where "before any model loads" shows as: stderr is the single error line
+(transformers' "Loading weights" progress, a traceback or a pytest collection error would add
+lines), and stdout has no test result. The same cases, with their real output, make the bad-input
+table in ``docs/ERRORS.md``; a case missing there fails.
 """
 
 from __future__ import annotations
 
-import os
-import subprocess
-
 import pytest
 
-from bad_inputs import CASES, REPO, Case
+from bad_inputs import CASES, END_TO_END, REPO, Case, Outcome, in_process, run_in_process, run_process
 from specparity import exitcodes
 
 
-def run_case(case: Case, tmp) -> subprocess.CompletedProcess[str]:
-    if case.make:
-        case.make(tmp)
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    return subprocess.run(case.full_argv(tmp), cwd=REPO, capture_output=True, text=True, timeout=300, env=env)
-
-
-def error_line(case: Case, proc: subprocess.CompletedProcess[str]) -> str:
-    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
-    assert len(lines) == 1, f"{case.id}: expected one line on stderr, got:\n{proc.stderr[-3000:]}"
+def error_line(case: Case, out: Outcome) -> str:
+    lines = [ln for ln in out.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1, f"{case.id}: expected one line on stderr, got:\n{out.stderr[-3000:]}"
     return lines[0]
 
 
-@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
-def test_bad_input_is_one_line_with_exit_code_4(case, tmp_path):
-    proc = run_case(case, tmp_path)
-    line = error_line(case, proc)
-    assert proc.returncode == exitcodes.BAD_INPUT, f"{case.id}: exit {proc.returncode}\n{proc.stdout[-2000:]}{line}"
+def check(case: Case, out: Outcome, tmp_path) -> None:
+    line = error_line(case, out)
+    assert out.code == exitcodes.BAD_INPUT, f"{case.id}: exit {out.code}\n{out.stdout[-2000:]}{line}"
     # pytest's usage-error line, or the CLI's own (`specparity lossless` is pytest underneath)
     assert line.startswith(("ERROR: specparity: ", "specparity: error: ")), line
     assert case.expect.replace("{tmp}", str(tmp_path)) in line, line
-    assert "passed" not in proc.stdout and "Traceback" not in proc.stdout + proc.stderr
+    assert "passed" not in out.stdout and "Traceback" not in out.stdout + out.stderr
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if in_process(c)], ids=[c.id for c in CASES if in_process(c)])
+def test_bad_input_is_one_line_with_exit_code_4(case, tmp_path):
+    check(case, run_in_process(case, tmp_path), tmp_path)
+
+
+@pytest.mark.parametrize("case_id", END_TO_END)
+def test_bad_input_end_to_end(case_id, tmp_path):
+    (case,) = [c for c in CASES if c.id == case_id]
+    check(case, run_process(case, tmp_path), tmp_path)
+
+
+def test_every_case_is_checked():
+    """A case that cannot run in this process must run as a process here."""
+    ids = [c.id for c in CASES]
+    assert len(set(ids)) == len(ids), "duplicate case ids"
+    assert set(END_TO_END) <= set(ids), sorted(set(END_TO_END) - set(ids))
+    only_process = [c.id for c in CASES if not in_process(c)]
+    assert set(only_process) <= set(END_TO_END), f"add {only_process} to END_TO_END"
 
 
 def test_docs_table_lists_every_case():

@@ -1,26 +1,34 @@
 """One exit-code table for every entry point (docs/ERRORS.md, :mod:`specparity.exitcodes`).
 
 Each (entry point, code) pair is either produced here, produced by a named test elsewhere (a run
-that is slow to start twice: a real Ctrl-C, a full ``ci/gate.sh`` run), or impossible for a reason
-this file states; :func:`test_every_code_of_every_entry_point_is_accounted_for` checks that the
-three together cover the whole table. Runs are tiny: one prompt, ``--calibration selected``, a few
-tokens; processes only where the entry point is a process (``pytest``, ``specparity lossless``,
-``ci/gate.sh``), the rest in-process through ``cli.main``.
+that is slow to start twice: a real Ctrl-C, a full ``ci/gate.sh`` run, the bad-input commands of
+``tests/test_bad_input.py``), produced here by ``ci/gate.sh``'s own ``specparity lossless`` (the script
+runs its lossless suite as that command and records the suite's exit code in ``gate.json``), or
+impossible for a reason this file states;
+:func:`test_every_code_of_every_entry_point_is_accounted_for` checks that these together cover the
+whole table. Runs are tiny: one prompt, ``--calibration selected``, a few tokens; processes only
+where the entry point is a process (``pytest``, ``specparity lossless``, ``ci/gate.sh``), the rest
+in-process through ``cli.main``, and the ``specparity run`` outcomes that make the journals for
+``specparity report`` are the ``specparity run`` cases themselves.
 """
 
 from __future__ import annotations
 
 import ast
+import io
 import json
 import os
 import subprocess
 import sys
+from contextlib import redirect_stderr, redirect_stdout
+from dataclasses import dataclass
 from itertools import product
 from pathlib import Path
 from typing import Callable
 
 import pytest
 
+from bad_inputs import CASES as BAD_INPUTS, END_TO_END
 from child_signals import default_sigint
 from specparity import cli, exitcodes
 from specparity.fixtures import REPO_ROOT
@@ -49,8 +57,21 @@ ELSEWHERE = {
         "tests/test_no_silent_pass.py::test_ctrl_c_in_the_speculative_phase_leaves_no_stale_verdict",
     ("specparity run", exitcodes.INTERRUPTED): "tests/test_cli.py::test_ctrl_c_exits_2_after_showing_the_partial_run",
     ("ci/gate.sh", exitcodes.PASS): "tests/test_ci_gate.py::test_lossless_pass_writes_junit_reports_and_summary",
+    # the same run: its lossless suite is `specparity lossless`, whose own exit 0 gate.json records
+    ("specparity lossless", exitcodes.PASS): "tests/test_ci_gate.py::test_lossless_pass_writes_junit_reports_and_summary",
     ("ci/gate.sh", exitcodes.GATE_FAILED): "tests/test_ci_gate.py::test_selection_that_matches_nothing_fails",
     ("ci/gate.sh", exitcodes.BAD_INPUT): "tests/test_ci_gate.py::test_no_engine_configured_is_refused",
+    # one stderr line and exit 4 from the real command (`pytest suites/lossless …`, `specparity lossless …`)
+    ("pytest suites/lossless", exitcodes.BAD_INPUT): "tests/test_bad_input.py::test_bad_input_end_to_end",
+    ("specparity lossless", exitcodes.BAD_INPUT): "tests/test_bad_input.py::test_bad_input_end_to_end",
+}
+
+#: Codes of ``specparity lossless`` produced by the ``ci/gate.sh`` case of the same code: the script
+#: runs its lossless suite as exactly that command (the one :func:`specparity_lossless` runs) and the
+#: case checks the suite's own exit code in ``gate.json`` and its output in the suite's log.
+THROUGH_GATE = {
+    ("specparity lossless", exitcodes.INTERRUPTED): ("ci/gate.sh", exitcodes.INTERRUPTED),
+    ("specparity lossless", exitcodes.ENGINE_ERROR): ("ci/gate.sh", exitcodes.ENGINE_ERROR),
 }
 
 
@@ -103,17 +124,40 @@ def specparity_lossless(*args: str | Path) -> tuple[int, str]:
                    "lossless", "-q", "-p", "no:cacheprovider", *args)
 
 
+def captured_main(*argv: str) -> tuple[int, str]:
+    """``cli.main`` with its stdout and stderr, outside a test's ``capsys`` (a module fixture)."""
+    out, err = io.StringIO(), io.StringIO()
+    with redirect_stdout(out), redirect_stderr(err):
+        code = cli.main(list(argv))
+    return code, out.getvalue() + err.getvalue()
+
+
+#: The `specparity run` cases whose reports are the journals: (exit code, extra options).
+RUNS = ((exitcodes.PASS, ()), (exitcodes.GATE_FAILED, ("--policy", "{floor}")),
+        (exitcodes.ENGINE_ERROR, ("--engine", f"{ENGINES}:no_baseline")))
+
+
+@dataclass
+class Journals:
+    """Report directories per exit code, and what each `specparity run` that made one ended with
+    and printed (the `specparity run` cases check those; `specparity report` rebuilds the journals)."""
+
+    dirs: dict[int, Path]
+    runs: dict[int, tuple[int, str]]
+
+
 @pytest.fixture(scope="module")
-def journals(tmp_path_factory, one_prompt) -> dict[int, Path]:
-    """Report directories of finished runs ending 0, 1, 2 (interrupted) and 3 (no noise measured),
-    made in-process by `specparity run`; `specparity report` rebuilds each."""
+def journals(tmp_path_factory, one_prompt) -> Journals:
+    """Report directories of finished runs ending 0, 1 (an acceptance floor), 2 (interrupted) and 3
+    (no noise measured), made in-process by `specparity run`; `specparity report` rebuilds each."""
     root = tmp_path_factory.mktemp("journals")
     out: dict[int, Path] = {}
+    runs: dict[int, tuple[int, str]] = {}
     floor = policy(root / "floor.toml", min_accept_length=99)
-    for code, extra in ((exitcodes.PASS, ()), (exitcodes.GATE_FAILED, ("--policy", str(floor))),
-                        (exitcodes.ENGINE_ERROR, ("--engine", f"{ENGINES}:no_baseline"))):
+    for code, extra in RUNS:
         report = root / str(code)
-        assert cli.main(["run", *gate_argv(one_prompt, report), "--quiet", *extra]) == code
+        extra = tuple(a.replace("{floor}", str(floor)) for a in extra)
+        runs[code] = captured_main("run", *gate_argv(one_prompt, report), *extra)
         out[code] = report
     # an interrupted run's journal: the finished run's lines up to the end of its prompts, then Ctrl-C
     interrupted = root / "2"
@@ -123,7 +167,7 @@ def journals(tmp_path_factory, one_prompt) -> dict[int, Path]:
     kept.append({"kind": "interrupted", "finished_prompts": 1})
     (interrupted / "results.jsonl").write_text("".join(json.dumps(x) + "\n" for x in kept))
     out[exitcodes.INTERRUPTED] = interrupted
-    return out
+    return Journals(out, runs)
 
 
 # --------------------------------------------------------------------------- cases
@@ -142,22 +186,16 @@ def _pytest_cannot_load(tmp_path, capsys, one_prompt, journals, monkeypatch):
             "the accelerator is gone")
 
 
-def _pytest_bad_input(tmp_path, capsys, one_prompt, journals, monkeypatch):
-    return pytest_lossless("--max-near-tie", "3"), "--max-near-tie 3: expected a number in [0, 1]"
-
-
 def _run_pass(tmp_path, capsys, one_prompt, journals, monkeypatch):
-    return main(capsys, "run", *gate_argv(one_prompt, tmp_path / "r")), "specparity lossless gate: PASS"
+    return journals.runs[exitcodes.PASS], "specparity lossless gate: PASS"
 
 
 def _run_floor(tmp_path, capsys, one_prompt, journals, monkeypatch):
-    floor = policy(tmp_path / "floor.toml", min_accept_length=99)
-    return main(capsys, "run", *gate_argv(one_prompt, tmp_path / "r"), "--policy", str(floor)), "acceptance floor"
+    return journals.runs[exitcodes.GATE_FAILED], "acceptance floor"
 
 
 def _run_no_noise(tmp_path, capsys, one_prompt, journals, monkeypatch):
-    return (main(capsys, "run", *gate_argv(one_prompt, tmp_path / "r"), "--engine", f"{ENGINES}:no_baseline"),
-            "no baseline could be decoded and scored")
+    return journals.runs[exitcodes.ENGINE_ERROR], "no baseline could be decoded and scored"
 
 
 def _run_report_write_fails(tmp_path, capsys, one_prompt, journals, monkeypatch):
@@ -181,10 +219,6 @@ def _run_paths_on_request_totals(tmp_path, capsys, one_prompt, journals, monkeyp
     return (code, text), "--require-all-paths 2: engine"
 
 
-def _lossless_pass(tmp_path, capsys, one_prompt, journals, monkeypatch):
-    return specparity_lossless(*gate_argv(one_prompt, tmp_path / "r")), "specparity lossless gate: PASS"
-
-
 def _lossless_nothing_selected(tmp_path, capsys, one_prompt, journals, monkeypatch):
     return specparity_lossless(*gate_argv(one_prompt, tmp_path / "r"), "-k", "no_such_prompt"), "nothing judged"
 
@@ -194,27 +228,12 @@ def _lossless_nothing_collected_without_the_plugin(tmp_path, capsys, one_prompt,
     return specparity_lossless("-p", "no:specparity", "-k", "no_such_prompt"), "nothing judged"
 
 
-def _lossless_interrupted(tmp_path, capsys, one_prompt, journals, monkeypatch):
-    return (specparity_lossless(*gate_argv(one_prompt, tmp_path / "r"), "--engine",
-                                f"{TESTS / 'fault_engines.py'}:interrupting", "--engine-opt", "interrupt_after=1"),
-            "specparity lossless gate: INTERRUPTED")
-
-
-def _lossless_cannot_load(tmp_path, capsys, one_prompt, journals, monkeypatch):
-    return (specparity_lossless(*gate_argv(one_prompt, tmp_path / "r"), "--engine", f"{ENGINES}:unloadable"),
-            "cannot load engine")
-
-
-def _lossless_bad_input(tmp_path, capsys, one_prompt, journals, monkeypatch):
-    return specparity_lossless("--categories", "nosuch"), "--categories: unknown nosuch"
-
-
 def _compare_pass(tmp_path, capsys, one_prompt, journals, monkeypatch):
     return main(capsys, "compare", str(GOLDEN), str(GOLDEN)), "PASS"
 
 
 def _compare_nothing_in_common(tmp_path, capsys, one_prompt, journals, monkeypatch):
-    return (main(capsys, "compare", str(GOLDEN), str(journals[exitcodes.PASS]), "--only-common"),
+    return (main(capsys, "compare", str(GOLDEN), str(journals.dirs[exitcodes.PASS]), "--only-common"),
             "nothing judged")
 
 
@@ -246,7 +265,7 @@ def _compare_bad_input(tmp_path, capsys, one_prompt, journals, monkeypatch):
 def _report(code: int) -> Callable:
     def case(tmp_path, capsys, one_prompt, journals, monkeypatch):
         status = {0: "PASS", 1: "FAIL", 2: "INTERRUPTED", 3: "FAIL"}[code]
-        return main(capsys, "report", str(journals[code]), "--out", str(tmp_path / "out")), f"gate: {status}"
+        return main(capsys, "report", str(journals.dirs[code]), "--out", str(tmp_path / "out")), f"gate: {status}"
 
     return case
 
@@ -290,18 +309,29 @@ def _probe_bad_input(tmp_path, capsys, one_prompt, journals, monkeypatch):
     return main(capsys, *PROBE, "--engine", "sglang"), "sglang"
 
 
+def gate_lossless(report: Path, code: int, fragment: str) -> None:
+    """The lossless suite under ``ci/gate.sh`` (``specparity lossless``) ended with ``code`` itself and
+    said ``fragment`` (:data:`THROUGH_GATE`)."""
+    doc = json.loads((report / "gate.json").read_text())
+    log = (report / "lossless.log").read_text()
+    assert doc["suites"]["lossless"]["exit_code"] == code, (doc, log[-3000:])
+    assert fragment in log and "Traceback" not in log, log[-3000:]
+
+
 def _gate_interrupted(tmp_path, capsys, one_prompt, journals, monkeypatch):
     """A suite interrupted under the script: its 2 is the worst code, which the script exits with."""
-    return (process("bash", REPO_ROOT / "ci" / "gate.sh", "--engine", f"{TESTS / 'fault_engines.py'}:interrupting",
-                    "--report", tmp_path / "g", "--", *gate_argv(one_prompt, tmp_path / "unused")[:-2],
-                    "--engine-opt", "interrupt_after=1", cwd=tmp_path),
-            "worst: exit 2")
+    result = process("bash", REPO_ROOT / "ci" / "gate.sh", "--engine", f"{TESTS / 'fault_engines.py'}:interrupting",
+                     "--report", tmp_path / "g", "--", *gate_argv(one_prompt, tmp_path / "unused")[:-2],
+                     "--engine-opt", "interrupt_after=1", cwd=tmp_path)
+    gate_lossless(tmp_path / "g", exitcodes.INTERRUPTED, "specparity lossless gate: INTERRUPTED")
+    return result, "worst: exit 2"
 
 
 def _gate_engine_error(tmp_path, capsys, one_prompt, journals, monkeypatch):
-    return (process("bash", REPO_ROOT / "ci" / "gate.sh", "--engine", f"{ENGINES}:unloadable", "--report",
-                    tmp_path / "g", "--", "--prompts", one_prompt, "--calibration", "selected", cwd=tmp_path),
-            "worst: exit 3")
+    result = process("bash", REPO_ROOT / "ci" / "gate.sh", "--engine", f"{ENGINES}:unloadable", "--report",
+                     tmp_path / "g", "--", "--prompts", one_prompt, "--calibration", "selected", cwd=tmp_path)
+    gate_lossless(tmp_path / "g", exitcodes.ENGINE_ERROR, "cannot load engine")
+    return result, "worst: exit 3"
 
 
 def _api(code: int) -> Callable:
@@ -330,16 +360,11 @@ CASES: dict[tuple[str, int], list[Callable]] = {
     ("pytest suites/lossless", 0): [_pytest_pass],
     ("pytest suites/lossless", 1): [_pytest_nothing_selected],
     ("pytest suites/lossless", 3): [_pytest_cannot_load],
-    ("pytest suites/lossless", 4): [_pytest_bad_input],
     ("specparity run", 0): [_run_pass],
     ("specparity run", 1): [_run_floor],
     ("specparity run", 3): [_run_no_noise, _run_report_write_fails],
     ("specparity run", 4): [_run_paths_on_request_totals],
-    ("specparity lossless", 0): [_lossless_pass],
     ("specparity lossless", 1): [_lossless_nothing_selected, _lossless_nothing_collected_without_the_plugin],
-    ("specparity lossless", 2): [_lossless_interrupted],
-    ("specparity lossless", 3): [_lossless_cannot_load],
-    ("specparity lossless", 4): [_lossless_bad_input],
     ("specparity compare", 0): [_compare_pass],
     ("specparity compare", 1): [_compare_nothing_in_common],
     ("specparity compare", 2): [_compare_interrupted],
@@ -365,9 +390,16 @@ CASES: dict[tuple[str, int], list[Callable]] = {
 
 def test_every_code_of_every_entry_point_is_accounted_for():
     table = set(product(ENTRY_POINTS, CODES))
-    here, elsewhere, impossible = set(CASES), set(ELSEWHERE), set(IMPOSSIBLE)
-    assert not (here & elsewhere) and not (here & impossible) and not (elsewhere & impossible)
-    assert here | elsewhere | impossible == table, sorted(table - here - elsewhere - impossible)
+    here, elsewhere, impossible, gate = set(CASES), set(ELSEWHERE), set(IMPOSSIBLE), set(THROUGH_GATE)
+    parts = (here, elsewhere, impossible, gate)
+    assert sum(map(len, parts)) == len(set().union(*parts)), "a pair is accounted for twice"
+    assert here | elsewhere | impossible | gate == table, sorted(table - here - elsewhere - impossible - gate)
+    assert set(THROUGH_GATE.values()) <= here and all(e == "ci/gate.sh" for e, _ in THROUGH_GATE.values())
+    # the bad-input commands that run for real include each entry point they stand for here
+    shown = [c.shown() for c in BAD_INPUTS if c.id in END_TO_END]
+    for entry, code in ELSEWHERE:
+        if code == exitcodes.BAD_INPUT and "test_bad_input.py" in ELSEWHERE[entry, code]:
+            assert any(s.startswith(entry + " ") for s in shown), (entry, shown)
     for node in ELSEWHERE.values():
         path, name = node.split("::")
         defined = {f.name for f in ast.parse((REPO_ROOT / path).read_text()).body if isinstance(f, ast.FunctionDef)}
