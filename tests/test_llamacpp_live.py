@@ -118,11 +118,14 @@ def test_a_speculative_server_serving_another_model_is_refused_before_judging(ll
     assert not [x for x in lines if x["kind"] == "prompt"]
 
 
-def test_the_same_dflash2_draft_accepts_alike_in_the_reference_and_in_llamacpp(llamacpp):
+def test_the_same_dflash2_draft_accepts_alike_in_the_reference_and_in_llamacpp(llamacpp, tmp_path):
+    """Both reference runs decode the same target: the first records its baselines as a golden,
+    the second (another draft: the baseline key leaves the draft out) reads them from it."""
     from specparity.engines.base import EngineOptions
     from specparity.engines.dflash import DFlashEngine
     from specparity.engines.llamacpp import create
     from specparity.fixtures import fixture_dir
+    from specparity.golden import load_golden
     from specparity.parity import compare_acceptance
     from specparity.prompts import load_prompts
     from specparity.records import GateConfig
@@ -131,22 +134,28 @@ def test_the_same_dflash2_draft_accepts_alike_in_the_reference_and_in_llamacpp(l
     _, gg = llamacpp
     prompts = [p for p in load_prompts(REPO_ROOT / "prompts" / "default.jsonl").prompts
                if p.category in ("code", "commonsense", "repeat", "zh_qa")]
+    golden = tmp_path / "target.golden.jsonl"
 
-    def per_category(engine):
+    def per_category(engine, config=None, **kwargs):
         try:
-            run = run_gate(engine, prompts, GateConfig(max_new_tokens=48))
+            run = run_gate(engine, prompts, config or GateConfig(max_new_tokens=48), **kwargs)
         finally:
             engine.close()
+        assert not run.fatal and not run.golden_error, run.fatal or run.golden_error
         assert all(r.verdict.klass == "exact" for r in run.records), [r.verdict.reason for r in run.records]
-        return {c: run.activity(c) for c in run.categories()}
+        return {c: run.activity(c) for c in run.categories()}, run
 
     variant = gg / "variants" / "dflash2-llamacpp"
-    ref = per_category(DFlashEngine(EngineOptions(draft=str(variant), spec_mode="dflash2", num_draft_tokens=8)))
-    llama = per_category(create(EngineOptions(preset="llamacpp-draft-dflash", draft=str(gg / "dflash2-llamacpp.gguf"))))
+    ref, _ = per_category(DFlashEngine(EngineOptions(draft=str(variant), spec_mode="dflash2", num_draft_tokens=8)),
+                          GateConfig(max_new_tokens=48, golden=str(golden), update_golden="update"))
+    llama, _ = per_category(create(EngineOptions(preset="llamacpp-draft-dflash",
+                                                 draft=str(gg / "dflash2-llamacpp.gguf"))))
     same = compare_acceptance(ref, llama)
     assert not same.failures, "\n".join(same.table("dflash", "llama.cpp"))
-    ref_other = per_category(DFlashEngine(EngineOptions(draft=str(fixture_dir("dflash2")), spec_mode="dflash2",
-                                                        num_draft_tokens=8)))
+    ref_other, run = per_category(DFlashEngine(EngineOptions(draft=str(fixture_dir("dflash2")), spec_mode="dflash2",
+                                                             num_draft_tokens=8)),
+                                  GateConfig(max_new_tokens=48, golden=str(golden)), golden=load_golden(golden))
+    assert {r.baseline_from for r in run.records} == {"golden"}
     other = compare_acceptance(ref_other, llama)
     assert other.failures and other.overall.gap > 0.1, "\n".join(other.table("dflash", "llama.cpp"))
 
