@@ -254,9 +254,10 @@ def test_llamacpp_sides_serving_different_models_are_refused_before_judging(fore
 
 
 def invariance(*args: str, report: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "pytest", "suites/invariance", "-q", "-p", "no:cacheprovider",
-                           "--engine", "llamacpp", "--report", str(report), *args], cwd=REPO_ROOT, capture_output=True,
-                          text=True, timeout=600)
+    from llamacpp_fixtures import SUITE_PYTEST
+
+    return subprocess.run([*SUITE_PYTEST, "suites/invariance", "--engine", "llamacpp", "--report", str(report), *args],
+                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
 
 
 @pytest.mark.slow

@@ -18,11 +18,10 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 
 import pytest
 
-from llamacpp_fixtures import require_llamacpp
+from llamacpp_fixtures import SUITE_PYTEST, require_llamacpp
 
 from specparity.checkpoints import load_checkpoint
 from specparity.fixtures import MANIFEST, MODELS, REPO_ROOT, fixture_dir
@@ -147,9 +146,9 @@ def test_gate_on_the_hybrid_under_speculation(hybrid_gguf, tmp_path, spec):
     # The noise is measured on the prompts that run (not on the whole suite: a teacher-forced
     # request per position of every prompt); a threshold from fewer prompts can be looser, so every
     # prompt must be exact — what the hybrid shows on llama.cpp — not merely within it.
-    cmd = [sys.executable, "-m", "pytest", "suites/lossless", "-q", "-p", "no:cacheprovider", "--engine", "llamacpp",
-           "--target", str(hybrid), "--categories", ",".join(CATEGORIES), "--max-new-tokens", "32",
-           "--calibration", "selected", "--report", str(tmp_path)]
+    cmd = [*SUITE_PYTEST, "suites/lossless", "--engine", "llamacpp", "--target", str(hybrid),
+           "--categories", ",".join(CATEGORIES), "--max-new-tokens", "32", "--calibration", "selected",
+           "--report", str(tmp_path)]
     cmd += ["--draft", str(draft)] if spec == "draft-simple" else ["--preset", "llamacpp-draft-mtp"]
     proc = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=900,
                           env={**os.environ, "HF_HUB_OFFLINE": "1"})

@@ -17,12 +17,11 @@ import json
 import re
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from llamacpp_fixtures import require_llamacpp
+from llamacpp_fixtures import SUITE_PYTEST, require_llamacpp
 from specparity import exitcodes
 from specparity.fixtures import REPO_ROOT
 
@@ -36,8 +35,7 @@ def llamacpp():
 
 
 def gate(*args: str, report: Path) -> tuple[subprocess.CompletedProcess[str], list[dict]]:
-    cmd = [sys.executable, "-m", "pytest", "suites/lossless", "-q", "-p", "no:cacheprovider", "--engine", "llamacpp",
-           "--report", str(report), *args]
+    cmd = [*SUITE_PYTEST, "suites/lossless", "--engine", "llamacpp", "--report", str(report), *args]
     proc = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=900,
                           env={**os.environ, "HF_HUB_OFFLINE": "1"})
     lines = [json.loads(x) for x in (report / "results.jsonl").read_text().splitlines()] if (report / "results.jsonl").exists() else []
@@ -165,9 +163,8 @@ def test_self_draft_and_slot_batching_invariance(llamacpp, tmp_path):
     alone vs four parallel slots. Nothing may be beyond the noise; the counts are recorded
     (docs/INVARIANCE.md), not asserted."""
     target = str(llamacpp[1] / "target.gguf")
-    cmd = [sys.executable, "-m", "pytest", "suites/invariance", "-q", "-p", "no:cacheprovider", "--engine", "llamacpp",
-           "--target", target, "--draft", target, "--engine-opt", "parallel=4", "--categories", "repeat,code,paths",
-           "--report", str(tmp_path)]
+    cmd = [*SUITE_PYTEST, "suites/invariance", "--engine", "llamacpp", "--target", target, "--draft", target,
+           "--engine-opt", "parallel=4", "--categories", "repeat,code,paths", "--report", str(tmp_path)]
     proc = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=900,
                           env={**os.environ, "HF_HUB_OFFLINE": "1"})
     out = proc.stdout + proc.stderr
