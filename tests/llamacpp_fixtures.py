@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,11 @@ from specparity.engines.llamacpp import (
 )
 
 REQUIRE_ENV = "SPECPARITY_REQUIRE_LLAMACPP"
+#: A child ``pytest`` that runs one of the project's suites (``suites/lossless``,
+#: ``suites/invariance``) against llama.cpp: no cache directory, and none of the installed plugins
+#: the suites never use (hypothesis, anyio, syrupy), whose imports cost about a second per child.
+SUITE_PYTEST = (sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:hypothesispytest",
+                "-p", "no:anyio", "-p", "no:syrupy")
 #: The GGUFs the llamacpp tests need (draft-simple's and draft-dflash's drafts).
 REQUIRED_GGUFS = ("target.gguf", "draft.gguf", "dflash2-llamacpp.gguf", "hybrid.gguf")
 

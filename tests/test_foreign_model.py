@@ -17,6 +17,7 @@ two sides that serve different models.
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -175,15 +176,20 @@ def test_one_server_on_both_sides_is_refused(engine):
 
 @pytest.fixture(scope="session")
 def foreign_ggufs(tmp_path_factory, foreign, foreign_draft, foreign_other) -> dict[str, Path]:
+    """The target and the other model converted; the draft's GGUF is a copy of the target's. The
+    draft directory holds the very files of the target (``foreign_draft`` is built alike), so its
+    conversion would differ only in ``general.name``, at the cost of another converter run."""
     from llamacpp_fixtures import require_llama_server
 
     require_llama_server()
+    assert sorted(p.name for p in foreign_draft.path.iterdir()) == sorted(p.name for p in foreign.path.iterdir())
+    assert all((foreign_draft.path / p.name).read_bytes() == p.read_bytes() for p in foreign.path.iterdir())
     out = tmp_path_factory.mktemp("gguf")
     proc = subprocess.run([sys.executable, str(REPO_ROOT / "tools" / "llamacpp" / "convert_gguf.py"),
-                           "--model", f"target={foreign.path}", "--model", f"draft={foreign_draft.path}",
-                           "--model", f"other={foreign_other.path}",
+                           "--model", f"target={foreign.path}", "--model", f"other={foreign_other.path}",
                            "--pre", GGUF_PRE, "--out", str(out)], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    shutil.copyfile(out / "target.gguf", out / "draft.gguf")
     return {name: out / f"{name}.gguf" for name in ("target", "draft", "other")}
 
 
@@ -248,9 +254,10 @@ def test_llamacpp_sides_serving_different_models_are_refused_before_judging(fore
 
 
 def invariance(*args: str, report: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "pytest", "suites/invariance", "-q", "-p", "no:cacheprovider",
-                           "--engine", "llamacpp", "--report", str(report), *args], cwd=REPO_ROOT, capture_output=True,
-                          text=True, timeout=600)
+    from llamacpp_fixtures import SUITE_PYTEST
+
+    return subprocess.run([*SUITE_PYTEST, "suites/invariance", "--engine", "llamacpp", "--report", str(report), *args],
+                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
 
 
 @pytest.mark.slow
