@@ -41,7 +41,8 @@ K = 6
 STOP = 0
 MAX_NEW = 10
 THRESHOLD = 0.25
-#: Measured noise of the run (binary fractions): the drift bound (NearTieThreshold.drift_nats) is noise.DRIFT_MULTIPLIER times it, exact in binary too.
+#: Measured noise of the run (binary fractions): the drift bound (NearTieThreshold.drift_nats),
+#: noise.DRIFT_MULTIPLIER times it, is exact in binary too.
 NOISE = NoiseStats(0.125, 0.0625, 400, 3000)
 #: Request seconds without and with speculation (every timed prompt has MAX_NEW tokens on each side).
 BASE_S, SPEC_S = 0.5, 0.25
