@@ -1,5 +1,8 @@
 """The GPU-run tooling on this CPU: tools/flat_target.py, tools/gpu_numerics.py, tools/gpu_bundle.sh.
 
+Development tooling, not the product: these tests sit outside the default test paths (pyproject's
+``testpaths``) and run with ``pytest tools/gpu/tests``.
+
 The device runs themselves happen elsewhere; here each tool is checked to do what the device run
 relies on: the flat target is a loadable model whose logits are the fixture's times the factor,
 ``gpu_numerics --quick`` produces summary rows with the keys the lead reads, and the llama.cpp
@@ -17,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]
 TOOLS = REPO / "tools"
 sys.path.insert(0, str(TOOLS))
 
