@@ -507,6 +507,9 @@ def judgement(rec: PromptRecord, run: GateRun, decision: GateDecision | None = N
                     state = "warn"
                     text += (": at the split itself the speculative computation is outside the target's noise (the "
                              "class does not use this; a near tie here may hide a loop bug)")
+                elif v.klass == "drifted":
+                    state = "fail"
+                    text += ": the speculative computation at the split is outside the target's noise"
         checks.append(Check(state, text))
     else:
         checks.append(Check("fail" if at_split else "warn",

@@ -367,10 +367,7 @@ def test_report_judgement_matches_the_verdict(case, tmp_path):
 
 
 @pytest.mark.parametrize("case", [
-    *(c for c in [*CLASSES, *VARIANTS] if c not in ("exact", "near_tie", "drifted-at-split")),
-    pytest.param("drifted-at-split", marks=pytest.mark.xfail(strict=True, reason=(
-        "report.judgement shows the speculative row beyond the drift bound at a near-tie split as 'info' "
-        "(it warns only for a near tie), so a prompt compare() classed drifted for it fails no step"))),
+    *(c for c in [*CLASSES, *VARIANTS] if c not in ("exact", "near_tie")),
 ])
 def test_every_class_but_near_tie_fails_a_step(case):
     """A prompt that is not exact or a near tie has a step of its judgement that says why (✗)."""

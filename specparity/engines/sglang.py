@@ -2,7 +2,7 @@
 
 Facts below come from the Python source of the SGLang wheels, **0.5.23** and, where it differs,
 **0.5.19** (``docs/ENGINE_APIS.md`` has the ``file:line`` of each). It was exercised against the
-SGLang protocol emulator in ``tests/emulators.py`` and the bodies in ``tests/data/sglang/``, never
+SGLang protocol emulator in ``tests/fakes/sglang.py`` and the bodies in ``tests/data/sglang/``, never
 against a live SGLang (no GPU here).
 
 * **Request.** ``POST /generate`` with ``input_ids`` (one prompt; used as-is, no BOS added),
