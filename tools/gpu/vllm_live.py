@@ -88,9 +88,11 @@ class Server:
 
 def plan(work: Path) -> list[Server]:
     """Every server the runs need. Methods the fixtures feed: ngram and ngram_gpu (no draft),
-    draft_model (fixtures/models/draft), dflash (fixtures/models/dflash1); attempts whose launch
+    draft_model (fixtures/models/draft), dflash (fixtures/models/dflash1), eagle3
+    (fixtures/models/eagle3); attempts whose launch
     outcome is itself the result: dflash with the DFlash2 draft, suffix, MTP on the GDN hybrid."""
     draft, dflash1, dflash2 = str(FIXTURES / "draft"), str(FIXTURES / "dflash1"), str(FIXTURES / "dflash2")
+    eagle3 = str(FIXTURES / "eagle3")
     hybrid = str(FIXTURES / "hybrid")
     ngram = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
     specs = {
@@ -98,6 +100,7 @@ def plan(work: Path) -> list[Server]:
         "draft_model": {"method": "draft_model", "model": draft, "num_speculative_tokens": 4},
         "dflash": {"method": "dflash", "model": dflash1, "num_speculative_tokens": 7},
         "ngram_gpu": {**ngram, "method": "ngram_gpu"},
+        "eagle3": {"method": "eagle3", "model": eagle3, "num_speculative_tokens": 4},
     }
     t = str(TARGET)
     dev = {"VLLM_SERVER_DEV_MODE": "1"}
@@ -105,16 +108,16 @@ def plan(work: Path) -> list[Server]:
     out = [Server("e-baseline", "eager", "baseline", 8100, t, env=dev)]
     out += [Server(f"e-{m}", "eager", m, 8101 + i, t, s, env=dev) for i, (m, s) in enumerate(specs.items())]
     out += [
-        Server("e-suffix", "eager", "suffix", 8105, t, {"method": "suffix", "num_speculative_tokens": 4}, dev,
+        Server("e-suffix", "eager", "suffix", 8115, t, {"method": "suffix", "num_speculative_tokens": 4}, dev,
                "attempt"),
-        Server("e-dflash2", "eager", "dflash2", 8106, t, {"method": "dflash", "model": dflash2,
+        Server("e-dflash2", "eager", "dflash2", 8116, t, {"method": "dflash", "model": dflash2,
                                                            "num_speculative_tokens": 7}, dev, "attempt"),
-        Server("e-broken", "eager", "draft_model (another model)", 8107, t,
+        Server("e-broken", "eager", "draft_model (another model)", 8117, t,
                {"method": "draft_model", "model": str(work / "other-draft"), "num_speculative_tokens": 4}, dev,
                "broken"),
-        Server("e-victim", "eager", "ngram", 8108, t, ngram, dev, "fault"),
-        Server("e-hybrid", "eager", "baseline", 8110, hybrid, None, dev, "attempt"),
-        Server("e-mtp", "eager", "mtp", 8111, hybrid, {"method": "mtp", "num_speculative_tokens": 2}, dev, "attempt"),
+        Server("e-victim", "eager", "ngram", 8118, t, ngram, dev, "fault"),
+        Server("e-hybrid", "eager", "baseline", 8120, hybrid, None, dev, "attempt"),
+        Server("e-mtp", "eager", "mtp", 8121, hybrid, {"method": "mtp", "num_speculative_tokens": 2}, dev, "attempt"),
     ]
     out.append(Server("g-baseline", "graphs", "baseline", 8200, t, env=dev))
     out += [Server(f"g-{m}", "graphs", m, 8201 + i, t, s, env=dev) for i, (m, s) in enumerate(specs.items())]
@@ -359,7 +362,8 @@ def compare(work: Path, old: str, new: str) -> dict[str, Any]:
     return row
 
 
-def pair_runs(work: Path, servers: dict[str, Server], mode: str, levels: tuple[int, ...]) -> None:
+def pair_runs(work: Path, servers: dict[str, Server], mode: str, levels: tuple[int, ...],
+              methods: set[str] | None = None) -> None:
     """Every healthy speculative server of ``mode`` against the baseline of the same model (the
     fixture target, or the hybrid for MTP), at each level, then the comparisons between levels."""
     bases = [s for s in servers.values() if s.mode == mode and s.method == "baseline" and ready(s)]
@@ -368,6 +372,8 @@ def pair_runs(work: Path, servers: dict[str, Server], mode: str, levels: tuple[i
         return
     for s in servers.values():
         if s.mode != mode or s.method == "baseline" or s.purpose not in ("matrix", "attempt"):
+            continue
+        if methods and s.method not in methods:
             continue
         base = next((b for b in bases if b.model == s.model), None)
         if base is None:
@@ -521,13 +527,25 @@ def probe_scoring(work: Path, prompts: int = 3) -> int:
     return 0
 
 
-def run_all(work: Path, levels: tuple[int, ...]) -> int:
+def run_all(work: Path, levels: tuple[int, ...], methods: set[str] | None = None) -> int:
+    """The matrix of both modes side by side; with ``methods``, only those methods' pairs (no broken-config,
+    fault or batch-invariance run)."""
     servers = load_servers(work)
     (work / "logs").mkdir(parents=True, exist_ok=True)
-    eager = threading.Thread(target=lambda: (pair_runs(work, servers, "eager", levels), broken_run(work, servers),
-                                             fault_run(work, servers)))
-    graphs = threading.Thread(target=lambda: (pair_runs(work, servers, "graphs", levels),
-                                              batch_invariant_run(work, servers)))
+
+    def eager_runs() -> None:
+        pair_runs(work, servers, "eager", levels, methods)
+        if not methods:
+            broken_run(work, servers)
+            fault_run(work, servers)
+
+    def graph_runs() -> None:
+        pair_runs(work, servers, "graphs", levels, methods)
+        if not methods:
+            batch_invariant_run(work, servers)
+
+    eager = threading.Thread(target=eager_runs)
+    graphs = threading.Thread(target=graph_runs)
     try:
         eager.start()
         graphs.start()
@@ -643,6 +661,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--concurrency", default=",".join(map(str, CONCURRENCY)))
     p.add_argument("--background", action="store_true", help="detach (setsid) and return at once")
     p.add_argument("--gate-args", default="", help="extra arguments for every gate run, as one string")
+    p.add_argument("--methods", default="", help="only these methods' pairs, comma-separated (e.g. eagle3)")
     p = sub.add_parser("wait")
     p.add_argument("--timeout", type=float, default=540.0)
     sub.add_parser("table")
@@ -667,12 +686,12 @@ def main(argv: list[str] | None = None) -> int:
             (work / "run.done").unlink(missing_ok=True)
             log = open(work / "logs" / "run.txt", "w") if (work / "logs").exists() else subprocess.DEVNULL
             subprocess.Popen([sys.executable, __file__, "--work", str(work), "run", "--concurrency", args.concurrency,
-                              "--gate-args", args.gate_args],
+                              "--gate-args", args.gate_args, "--methods", args.methods],
                              cwd=CHECKOUT, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                              start_new_session=True)
             print(f"RUN: started in the background; log {work / 'logs' / 'run.txt'}")
             return 0
-        return run_all(work, levels)
+        return run_all(work, levels, {m for m in args.methods.split(",") if m})
     if args.cmd == "wait":
         t0 = time.time()
         while not (work / "run.done").exists() and time.time() - t0 < args.timeout:
