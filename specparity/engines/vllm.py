@@ -87,6 +87,7 @@ from specparity.engines.server import (
     resolve_tokenizer_dir,
 )
 from specparity.engines.sglang import DEFAULT_CONCURRENCY
+from specparity.packages import installed_package_dir
 from specparity.types import ArtifactId, GenerationRequest, GenerationResult, SpecStats, TokenScores
 
 #: ``--max-logprobs`` default (``vllm/config/model.py:286``).
@@ -189,13 +190,10 @@ def normalise_dtype(dtype: Any) -> str | None:
 def installed_has_per_request_flag() -> bool | None:
     """Whether the vLLM importable here (the one a launch starts) has ``--per-request-spec-decode-metrics``,
     read from its ``vllm/engine/arg_utils.py`` without importing it; None when vLLM is not importable here."""
-    try:
-        spec = importlib.util.find_spec("vllm")
-    except (ImportError, ValueError):
+    pkg = installed_package_dir("vllm")
+    if pkg is None:
         return None
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    path = Path(list(spec.submodule_search_locations)[0]) / "engine" / "arg_utils.py"
+    path = pkg / "engine" / "arg_utils.py"
     try:
         return PER_REQUEST_ARG in path.read_text(encoding="utf-8", errors="replace")
     except OSError:

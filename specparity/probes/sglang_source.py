@@ -10,13 +10,13 @@ copy, and every finding carries ``file:line``.
 from __future__ import annotations
 
 import ast
-import importlib.util
 import re
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from specparity.packages import installed_package_dir
 from specparity.probes.capabilities import MambaSizing, format_version, parse_version
 
 MEM_CACHE_DIR = "sglang/srt/mem_cache/"
@@ -98,13 +98,7 @@ def open_source(path: str | Path) -> SourceTree:
 
 def installed_sglang() -> Path | None:
     """The installed ``sglang`` package directory, found without importing it."""
-    try:
-        spec = importlib.util.find_spec("sglang")
-    except (ImportError, ValueError):
-        return None
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    return Path(list(spec.submodule_search_locations)[0])
+    return installed_package_dir("sglang")
 
 
 def source_version(tree: SourceTree) -> str | None:
