@@ -11,6 +11,7 @@ renders. docs/REPORT.md describes each section.
 
 from __future__ import annotations
 
+import functools
 import html
 import json
 import math
@@ -96,7 +97,10 @@ def _rank(x: int | None) -> str:
     return "outside top-k" if x is None else str(x)
 
 
+@functools.lru_cache(maxsize=None)
 def _env() -> jinja2.Environment:
+    """One environment per process: it keeps its compiled templates (compiling them costs more than
+    rendering a whole report)."""
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(_TEMPLATES)),
         undefined=jinja2.StrictUndefined,
@@ -916,7 +920,9 @@ def _code(text: Any) -> str:
     return str(text or "").replace("```", "ˋˋˋ")
 
 
+@functools.lru_cache(maxsize=None)
 def _report_env(autoescape: bool) -> jinja2.Environment:
+    """One environment per escaping mode and process, for the compiled-template cache (see ``_env``)."""
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(_TEMPLATES)),
         undefined=jinja2.StrictUndefined,
