@@ -21,6 +21,8 @@
 # SGLang 0.5.17 captures "before layer k+1" and never reaches layer 4 of 4, so the draft receives two
 # features instead of three and the server dies on its first forward pass (docs/SERVERS.md).
 # DFlash2 (fixtures/models/dflash2) is not served: 0.5.17 has no DFlash2DraftModel.
+# standins/ (last on the servers' path) holds a deep_gemm stand-in: the draft's CUDA-graph capture imports
+# the DeepSeek sparse-attention backends, which import deep_gemm (not in the bundle); see its docstring.
 # Every server runs --attention-backend triton (the FA3 library, sgl_kernel/flash_ops, is not brought) and
 # --sampling-backend pytorch (no flashinfer JIT); SGLang's own JIT kernels (RMSNorm, SiLU-and-mul, RoPE, KV
 # store, NGRAM's corpus) compile on a server's first forward pass into SGLANG_JIT_CACHE (default WORK/tvm-ffi),
@@ -67,7 +69,7 @@ start() {
     local port="PORT_$n" args="ARGS_$n[@]"
     [ -n "${!port:-}" ] || { echo "sglang_live: unknown server $n (base ngram standalone eagle3 dflash)"; exit 4; }
     [ "$n" = eagle3 ] && eagle3_copy
-    ( export PYTHONPATH=$SGL/site-tf:$SGL/site PATH=$SGL/bin:$PATH TVM_FFI_CACHE_DIR=${SGLANG_JIT_CACHE:-$WORK/tvm-ffi}
+    ( export PYTHONPATH=$SGL/site-tf:$SGL/site:$HERE/standins PATH=$SGL/bin:$PATH TVM_FFI_CACHE_DIR=${SGLANG_JIT_CACHE:-$WORK/tvm-ffi}
       cd "$WORK" && exec setsid python3 -m sglang.launch_server "${COMMON[@]}" --port "${!port}" "${!args}" \
         >"$WORK/logs/$MODE-$n.log" 2>&1 ) &
     echo $! >"$WORK/pgid/$MODE-$n"
