@@ -32,11 +32,29 @@ from specparity.noise import (
     derive_threshold,
     measure_noise,
 )
+from specparity.logprob_channel import channel_problem
 from specparity.types import TokenScores
 
 
 class ScorerRefused(CalibrationError):
     """The teacher-forced scorer disagrees with the baseline where no noise can explain it."""
+
+
+class DegenerateLogprobs(CalibrationError):
+    """A side's logprob channel is not a model's log-distribution (:mod:`specparity.logprob_channel`)."""
+
+
+def require_sound_channels(samples: Sequence["Sample"], scorer: str) -> None:
+    """Refuse to calibrate on a degenerate channel: the baseline's decode rows, the scorer's rows, and the
+    speculative server's scoring rows where there are some."""
+    sides = [("baseline's decode logprobs", [s.decoded for s in samples]),
+             (f"teacher-forced scores ({scorer})", [s.teacher_forced for s in samples]),
+             (f"teacher-forced scores on the speculative server ({scorer})",
+              [s.spec_side for s in samples if s.spec_side is not None])]
+    for what, streams in sides:
+        problem = channel_problem(streams, what)
+        if problem:
+            raise DegenerateLogprobs(f"refusing to calibrate: {problem}")
 
 
 @dataclass
@@ -162,6 +180,7 @@ def calibrate(
     none otherwise. Raises :class:`CalibrationError` (:class:`ScorerRefused` for the scorer), or
     ``ValueError`` when no position was scored both ways."""
     samples = list(samples)
+    require_sound_channels(samples, scorer)
     check = require_fit_scorer(samples, ceiling, scorer)
     other = [Sample(s.prompt_id, s.output_ids, s.decoded, s.spec_side) for s in samples if s.spec_side is not None]
     if other:

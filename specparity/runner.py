@@ -37,6 +37,7 @@ from specparity.gate import GateDecision, decide
 from specparity.golden import Golden, GoldenError, Recorded, baseline_fields, baseline_key, describe_difference, write_golden
 from specparity.journal import JOURNAL, RESULTS_SCHEMA, Journal, baseline_record, judged_record
 from specparity.noise import CalibrationError
+from specparity.logprob_channel import stream_problem
 from specparity.prompts import Prompt
 from specparity.records import DEFAULT_MAX_NEW_TOKENS, GateConfig, GateRun, PromptRecord
 from specparity.report import DERIVED_FILES, write_reports
@@ -125,7 +126,8 @@ def rows_problem(scores: TokenScores, n: int, top_k: int, what: str) -> str | No
     Fewer alternatives than asked would make every "outside the top-k" verdict a guess. A reported
     row with a NaN or ±inf logprob is a numeric failure, never an unreported row: the comparison
     skips non-finite numbers, so such rows would otherwise pass unseen (the protocol's unreported
-    row — ``top_ids`` all −1 — stays allowed, :meth:`TokenScores.unreported_positions`)."""
+    row — ``top_ids`` all −1 — stays allowed, :meth:`TokenScores.unreported_positions`). Rows that are
+    not log-probabilities at all (:func:`specparity.logprob_channel.stream_problem`) are refused too."""
     if len(scores) != n:
         return f"the engine returned {len(scores)} rows of {what} for {n} tokens"
     if n and scores.k < top_k:
@@ -136,7 +138,7 @@ def rows_problem(scores: TokenScores, n: int, top_k: int, what: str) -> str | No
         shown = ", ".join(str(int(i)) for i in bad[:10]) + (", …" if bad.size > 10 else "")
         return (f"numeric failure: {bad.size} row(s) of {what} with a NaN or infinite logprob although the engine "
                 f"reported them (real top_ids), at position(s) {shown}")
-    return None
+    return stream_problem(scores, what)
 
 
 def _score(scorer: Scorer, req: GenerationRequest, result: GenerationResult) -> tuple[TokenScores | None, str | None]:
@@ -498,7 +500,9 @@ def _calibrate(run: GateRun, scorer: Scorer, writer: ResultsWriter, say: Callabl
             writer.write(rec.to_json())
         # nothing can be judged: a harness/engine error (exit 3), not a gate failure; the journal's
         # calibration_refused line keeps that for `specparity report`
-        run.calibration_error = "no baseline could be decoded and scored, so no noise was measured"
+        first = next((r.verdict for r in run.records if r.verdict is not None), None)
+        run.calibration_error = "no baseline could be decoded and scored, so no noise was measured" + (
+            f" (first: {first.prompt_id}: {first.reason})" if first is not None else "")
         writer.write({"kind": "calibration_refused", "error": run.calibration_error, "scorer_check": None})
         return False
     other, cross_note = _score_spec_side(run, scorer, measured)
