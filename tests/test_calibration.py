@@ -4,14 +4,13 @@ ceiling, latent drift has its own bound, and the selection does not move the thr
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
 from broken_loops import LoopEngine
 from fault_engines import RescoredEngine
+from prompt_subsets import one_per_category, write_subset
 from specparity import exitcodes
 from specparity.calibration import Sample, check_scorer
 from specparity.compare import measure_drift
@@ -126,24 +125,36 @@ def _threshold(report):
     return next(x for x in lines if x["kind"] == "threshold")
 
 
-def _pytest(tmp_path, name, *args):
+def _pytest(tmp_path, name, prompts, *args, capsys):
+    """``pytest suites/lossless`` in this process (as ``specparity lossless`` runs it: a second
+    session through ``pytest.main``), so the four runs share the imported engine stack."""
     report = tmp_path / name
-    cmd = [sys.executable, "-m", "pytest", "suites/lossless", "-q", "-p", "no:cacheprovider", "--engine", "hf",
-           "--max-new-tokens", "6", "--report", str(report), *args]
-    proc = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    code = pytest.main([str(REPO_ROOT / "suites" / "lossless"), "-q", "-p", "no:cacheprovider", "--engine", "hf",
+                        "--prompts", str(prompts), "--max-new-tokens", "6", "--report", str(report), *args])
+    out = capsys.readouterr()
+    assert code == 0, (out.out + out.err)[-3000:]
     return _threshold(report)
 
 
-def test_selection_leaves_the_threshold_unchanged(tmp_path):
-    full = _pytest(tmp_path, "full")
-    picked = _pytest(tmp_path, "k", "-k", "math-en-004 or repeat-en-003")
-    category = _pytest(tmp_path, "cat", "--categories", "code")
+def test_selection_leaves_the_threshold_unchanged(tmp_path, default_prompts, monkeypatch, capsys):
+    """A selection (-k, --categories) is a strict subset of the prompt file; the threshold is measured
+    on the whole file either way. The file: one prompt per category plus every ``code`` prompt and the
+    two picked ones, so each selection leaves prompts out."""
+    monkeypatch.chdir(REPO_ROOT)
+    picked_ids = ("math-en-004", "repeat-en-003")
+    wanted = {p.id for p in one_per_category(default_prompts)} | set(picked_ids)
+    prompts = tmp_path / "prompts.jsonl"
+    kept = write_subset(prompts, lambda pid, cat: pid in wanted or cat == "code")
+    assert set(picked_ids) <= set(kept) and len(kept) > len(picked_ids) + 1
+    full = _pytest(tmp_path, "full", prompts, capsys=capsys)
+    picked = _pytest(tmp_path, "k", prompts, "-k", " or ".join(picked_ids), capsys=capsys)
+    category = _pytest(tmp_path, "cat", prompts, "--categories", "code", capsys=capsys)
     assert picked["nats"] == full["nats"] == category["nats"]
     assert picked["noise"] == full["noise"] == category["noise"]
     assert "every prompt of the prompt files" in picked["description"]
     assert "run only for calibration" in picked["calibration"]
-    selected = _pytest(tmp_path, "sel", "-k", "math-en-004 or repeat-en-003", "--calibration", "selected")
+    selected = _pytest(tmp_path, "sel", prompts, "-k", " or ".join(picked_ids), "--calibration", "selected",
+                       capsys=capsys)
     assert "depends on which prompts were selected" in selected["calibration"]
     assert selected["noise"]["positions"] < full["noise"]["positions"]
 

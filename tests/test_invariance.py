@@ -25,6 +25,10 @@ def prompts(default_prompts):
     return [p for p in default_prompts if p.id in PROMPTS]
 
 
+#: Tokens per prompt for the self-draft runs: six verify steps or more of width 4 on each prompt.
+SELF_DRAFT_TOKENS = 24
+
+
 @pytest.fixture(scope="module")
 def self_options(hf_options):
     return dataclasses.replace(hf_options, draft=hf_options.target)
@@ -65,7 +69,7 @@ def test_report_judges_rejections_against_the_noise():
 def test_correct_self_draft_accepts_everything(self_options, prompts):
     engine = LoopEngine(self_options, None)
     try:
-        report, _ = run_self_draft(engine, prompts, GateConfig(), width=4)
+        report, _ = run_self_draft(engine, prompts, GateConfig(max_new_tokens=SELF_DRAFT_TOKENS), width=4)
     finally:
         engine.close()
     assert report.acceptance == 1.0 and not report.rejections and report.status()[0] == "ok"
@@ -74,7 +78,7 @@ def test_correct_self_draft_accepts_everything(self_options, prompts):
 def test_perturbed_verify_lowers_acceptance_and_fails(self_options, prompts):
     engine = LoopEngine(self_options, "noisy_verify")
     try:
-        report, _ = run_self_draft(engine, prompts, GateConfig(), width=4)
+        report, _ = run_self_draft(engine, prompts, GateConfig(max_new_tokens=SELF_DRAFT_TOKENS), width=4)
     finally:
         engine.close()
     assert report.acceptance is not None and report.acceptance < 0.99, report.to_json()
