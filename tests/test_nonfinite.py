@@ -25,7 +25,8 @@ PLUGIN = f"{REPO_ROOT / 'tests' / 'nonfinite_engine.py'}:create"
 
 def _scores(n: int = 5, k: int = 5) -> TokenScores:
     top_ids = np.arange(n * k).reshape(n, k)
-    top_lp = -np.tile(np.arange(k, dtype=np.float32), (n, 1))
+    row = -np.arange(k, dtype=np.float32)
+    top_lp = np.tile(row - np.log(np.exp(row).sum()), (n, 1))  # log-probabilities: the k sum to 1
     return TokenScores(top_ids[:, 0], top_lp[:, 0], top_ids, top_lp)
 
 
