@@ -31,6 +31,7 @@ import pytest
 import specparity.engines.llamacpp as llamacpp
 from fakes import FakeServer, LlamaCppServer, Rule, SGLangServer, VLLMServer
 from fakes.backend import TARGET
+from fakes.gate import pytest_in_process
 from llamacpp_fixtures import require_llamacpp
 from specparity import exitcodes
 from specparity.engines import load_engine
@@ -187,12 +188,13 @@ def test_connection_closed_mid_response(tmp_path):
     assert_failed(out, {IDS[1]: [rf"POST {URL}/completion: connection closed by the server mid-request"]})
 
 
-def test_spec_server_dies_after_two_requests_subprocess(tmp_path):
+def test_spec_server_dies_after_two_requests_pytest_run(tmp_path):
     """The N+1-th request is dropped unanswered and the server stops listening (a crash): that
-    prompt and every later one are errors; exit code 1 and summary.md say so."""
+    prompt and every later one are errors; exit code 1 and summary.md say so. (The same pytest
+    command as the subprocess tests, run in this process.)"""
     assert len(IDS) > 3, "the crash needs prompts before it and after the one it drops"
     with LlamaCppServer() as base, LlamaCppServer(speculative=True, die_after=2) as spec:
-        proc, report = gate_subprocess(tmp_path, base, spec)
+        proc, report = gate_subprocess(tmp_path, base, spec, in_process=True)
     out = proc.stdout + proc.stderr
     failed = len(IDS) - 2
     assert proc.returncode == exitcodes.GATE_FAILED, out[-3000:]
@@ -239,14 +241,20 @@ def test_refused_at_start_is_an_engine_error_subprocess(tmp_path):
 
 
 def gate_subprocess(tmp_path: Path, base: LlamaCppServer, spec: LlamaCppServer,
-                    *extra: str) -> tuple[subprocess.CompletedProcess[str], Path]:
+                    *extra: str, in_process: bool = False) -> tuple[subprocess.CompletedProcess[str], Path]:
+    """``pytest suites/lossless --engine llamacpp …`` as a subprocess (``in_process``: the same command
+    through ``pytest.main`` in this process)."""
     report = tmp_path / "report"
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "suites/lossless", "--engine", "llamacpp",
-           "--baseline-url", base.url, "--spec-url", spec.url, "--categories", "math", "--max-new-tokens", str(MAX_NEW),
-           "--report", str(report), "--request-timeout", "2", "--engine-opt", f"tokenizer={fixture_dir('target')}", *extra]
+    args = ["-q", "-p", "no:cacheprovider", "suites/lossless", "--engine", "llamacpp",
+            "--baseline-url", base.url, "--spec-url", spec.url, "--categories", "math", "--max-new-tokens", str(MAX_NEW),
+            "--report", str(report), "--request-timeout", "2", "--engine-opt", f"tokenizer={fixture_dir('target')}", *extra]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(TESTS)}
     t0 = time.monotonic()
-    proc = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=120, env=env)
+    if in_process:
+        proc = pytest_in_process(args)
+    else:
+        proc = subprocess.run([sys.executable, "-m", "pytest", *args], cwd=REPO_ROOT, capture_output=True, text=True,
+                              timeout=120, env=env)
     assert time.monotonic() - t0 < 60, "the gate waited out timeouts it should not have"
     return proc, report
 
