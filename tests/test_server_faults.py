@@ -247,7 +247,8 @@ def gate_subprocess(tmp_path: Path, base: LlamaCppServer, spec: LlamaCppServer,
     report = tmp_path / "report"
     args = ["-q", "-p", "no:cacheprovider", "suites/lossless", "--engine", "llamacpp",
             "--baseline-url", base.url, "--spec-url", spec.url, "--categories", "math", "--max-new-tokens", str(MAX_NEW),
-            "--report", str(report), "--request-timeout", "2", "--engine-opt", f"tokenizer={fixture_dir('target')}", *extra]
+            "--calibration", "selected", "--report", str(report), "--request-timeout", "2", "--engine-opt",
+            f"tokenizer={fixture_dir('target')}", *extra]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(TESTS)}
     t0 = time.monotonic()
     if in_process:
