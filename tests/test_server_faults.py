@@ -1,7 +1,7 @@
 """Faults never pass: a server that misbehaves makes its prompts ``error`` with the cause, never exact.
 
 Each test drives the real gate — the ``llamacpp`` engine, ``run_gate`` and ``conclude`` in-process,
-or ``pytest suites/lossless --engine llamacpp`` as a subprocess (exit codes and summary wording) —
+or the ``pytest suites/lossless --engine llamacpp`` command (exit codes and summary wording) —
 against :class:`fakes.LlamaCppServer`, a llama.cpp-protocol server that replays the captured answers
 (so the same run passes when nothing is wrong: the first test) and misbehaves on purpose. The same
 faults are then injected into the SGLang and vLLM fakes (:mod:`fakes`, answering from the fixture
@@ -31,6 +31,7 @@ import pytest
 import specparity.engines.llamacpp as llamacpp
 from fakes import FakeServer, LlamaCppServer, Rule, SGLangServer, VLLMServer
 from fakes.backend import TARGET
+from fakes.gate import pytest_in_process
 from llamacpp_fixtures import require_llamacpp
 from specparity import exitcodes
 from specparity.engines import load_engine
@@ -187,12 +188,13 @@ def test_connection_closed_mid_response(tmp_path):
     assert_failed(out, {IDS[1]: [rf"POST {URL}/completion: connection closed by the server mid-request"]})
 
 
-def test_spec_server_dies_after_two_requests_subprocess(tmp_path):
+def test_spec_server_dies_after_two_requests_pytest_run(tmp_path):
     """The N+1-th request is dropped unanswered and the server stops listening (a crash): that
-    prompt and every later one are errors; exit code 1 and summary.md say so."""
+    prompt and every later one are errors; exit code 1 and summary.md say so. (The same pytest
+    command as the subprocess tests, run in this process.)"""
     assert len(IDS) > 3, "the crash needs prompts before it and after the one it drops"
     with LlamaCppServer() as base, LlamaCppServer(speculative=True, die_after=2) as spec:
-        proc, report = gate_subprocess(tmp_path, base, spec)
+        proc, report = gate_pytest_run(tmp_path, base, spec)
     out = proc.stdout + proc.stderr
     failed = len(IDS) - 2
     assert proc.returncode == exitcodes.GATE_FAILED, out[-3000:]
@@ -218,11 +220,12 @@ def test_spec_server_dies_after_two_requests_subprocess(tmp_path):
         assert f"FAILED suites/lossless/test_lossless.py::test_lossless[{pid}]" in out
 
 
-def test_refused_at_start_is_an_engine_error_subprocess(tmp_path):
+def test_refused_at_start_is_an_engine_error_pytest_run(tmp_path):
     """Nothing listens on the speculative URL: the health check fails before any prompt runs —
-    exit code 3 (the engine could not run), not a verdict."""
+    exit code 3 (the engine could not run), not a verdict. (The pytest command in this process; a
+    subprocess run of it is test_real_llama_server_killed_mid_run.)"""
     with LlamaCppServer() as base, LlamaCppServer(speculative=True, refuse=True) as spec:
-        proc, report = gate_subprocess(tmp_path, base, spec)
+        proc, report = gate_pytest_run(tmp_path, base, spec)
         cause = f"spec endpoint unhealthy: GET {spec.url}/health: connection refused"
     out = proc.stdout + proc.stderr
     assert proc.returncode == exitcodes.ENGINE_ERROR, out[-3000:]
@@ -238,15 +241,17 @@ def test_refused_at_start_is_an_engine_error_subprocess(tmp_path):
     assert cause in summary and f"{len(IDS)} prompt(s) never finished: {', '.join(IDS)}" in summary
 
 
-def gate_subprocess(tmp_path: Path, base: LlamaCppServer, spec: LlamaCppServer,
+def gate_pytest_run(tmp_path: Path, base: LlamaCppServer, spec: LlamaCppServer,
                     *extra: str) -> tuple[subprocess.CompletedProcess[str], Path]:
+    """``pytest suites/lossless --engine llamacpp …`` through ``pytest.main`` in this process: its exit
+    code, terminal output and report as a subprocess would give them."""
     report = tmp_path / "report"
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "suites/lossless", "--engine", "llamacpp",
-           "--baseline-url", base.url, "--spec-url", spec.url, "--categories", "math", "--max-new-tokens", str(MAX_NEW),
-           "--report", str(report), "--request-timeout", "2", "--engine-opt", f"tokenizer={fixture_dir('target')}", *extra]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(TESTS)}
+    args = ["-q", "-p", "no:cacheprovider", "suites/lossless", "--engine", "llamacpp",
+            "--baseline-url", base.url, "--spec-url", spec.url, "--categories", "math", "--max-new-tokens", str(MAX_NEW),
+            "--calibration", "selected", "--report", str(report), "--request-timeout", "2", "--engine-opt",
+            f"tokenizer={fixture_dir('target')}", *extra]
     t0 = time.monotonic()
-    proc = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=120, env=env)
+    proc = pytest_in_process(args)
     assert time.monotonic() - t0 < 60, "the gate waited out timeouts it should not have"
     return proc, report
 
@@ -474,7 +479,8 @@ def test_real_llama_server_killed_mid_run(tmp_path):
     report = tmp_path / "report"
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "suites/lossless",
            "--engine", f"{TESTS / 'llamacpp_fixtures.py'}:killing_llamacpp", "--engine-opt", "kill_after=3",
-           "--categories", "math", "--max-new-tokens", str(MAX_NEW), "--report", str(report), "--request-timeout", "10"]
+           "--categories", "math", "--max-new-tokens", str(MAX_NEW), "--calibration", "selected", "--report", str(report),
+           "--request-timeout", "10"]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(TESTS)}
     proc = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=300, env=env)
     out = proc.stdout + proc.stderr

@@ -541,7 +541,8 @@ def test_gate_end_to_end_server_dies(servers, tmp_path):
     calibration = sum(p.category == "math" for p in load_many([REPO / "prompts" / "default.jsonl"]))
     with SGLangServer(speculative=True, die_after=calibration + 2) as dying:
         proc, records = run_lossless("sglang", base.url, dying.url, tmp_path / "report",
-                                     "--engine-opt", f"tokenizer={TARGET}", "--calibration", "selected")
+                                     "--engine-opt", f"tokenizer={TARGET}", "--calibration", "selected",
+                                     in_process=True)
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-2000:]
     prompts = [r for r in records if r["kind"] == "prompt"]
     assert len(prompts) == calibration  # the math prompts: calibrated and judged
@@ -577,7 +578,8 @@ def test_gate_declared_determinism_is_bit_exact(tmp_path):
         assert Endpoint(spec.url).get_json("/server_info")["enable_deterministic_inference"] is True
         report = tmp_path / "strict"
         proc, records = run_lossless("sglang", base.url, spec.url, report, "--target", str(TARGET),
-                                     "--near-tie-nats", NEAR_TIE_NATS, "--near-tie-ceiling", NEAR_TIE_NATS)
+                                     "--near-tie-nats", NEAR_TIE_NATS, "--near-tie-ceiling", NEAR_TIE_NATS,
+                                     in_process=True)
         out = proc.stdout + proc.stderr
         assert proc.returncode == 1, out[-4000:]
         prompts = [r for r in records if r["kind"] == "prompt"]
@@ -603,7 +605,8 @@ def test_gate_declared_determinism_is_bit_exact(tmp_path):
         spec.near_tie_flips = 1
         report = tmp_path / "allowed"
         proc, records = run_lossless("sglang", base.url, spec.url, report, "--target", str(TARGET),
-                                     "--near-tie-nats", NEAR_TIE_NATS, "--near-tie-ceiling", NEAR_TIE_NATS, "--allow-near-tie")
+                                     "--near-tie-nats", NEAR_TIE_NATS, "--near-tie-ceiling", NEAR_TIE_NATS, "--allow-near-tie",
+                                     in_process=True)
         assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
         prompts = [r for r in records if r["kind"] == "prompt"]
         assert sum(r["verdict"]["class"] == "near_tie" for r in prompts) == 1 and len(spec.flipped) == 2
@@ -620,7 +623,8 @@ def test_gate_one_sided_determinism_is_not_strict(servers, tmp_path):
     base, _ = servers
     with SGLangServer(speculative=True, declares_deterministic=True, near_tie_flips=1) as spec:
         proc, records = run_lossless("sglang", base.url, spec.url, tmp_path / "report", "--target", str(TARGET),
-                                     "--near-tie-nats", NEAR_TIE_NATS, "--near-tie-ceiling", NEAR_TIE_NATS)
+                                     "--near-tie-nats", NEAR_TIE_NATS, "--near-tie-ceiling", NEAR_TIE_NATS,
+                                     in_process=True)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
     prompts = [r for r in records if r["kind"] == "prompt"]
     assert sum(r["verdict"]["class"] == "near_tie" for r in prompts) == 1
@@ -652,7 +656,7 @@ def test_spec_server_that_declares_no_algorithm_is_speculation_inactive(tmp_path
     with SGLangServer() as base, SGLangServer() as plain:
         assert plain.server_info()["speculative_algorithm"] is None
         proc, records = run_lossless("sglang", base.url, plain.url, tmp_path / "report", "--target", str(TARGET),
-                                     "--allow-unknown-activity")
+                                     "--allow-unknown-activity", in_process=True)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 1, out[-4000:]
     prompts = [r for r in records if r["kind"] == "prompt"]

@@ -39,7 +39,8 @@ def _prompts(records: list[dict]) -> list[dict]:
 
 
 def _gate(base: SGLangServer, spec: SGLangServer, report: Path):
-    return run_lossless("sglang", base.url, spec.url, report, "--target", str(TARGET), "--calibration", "selected")
+    return run_lossless("sglang", base.url, spec.url, report, "--target", str(TARGET), "--calibration", "selected",
+                        in_process=True)
 
 
 def test_two_instances_a_few_bf16_steps_apart_are_not_drift(tmp_path):

@@ -331,7 +331,8 @@ def test_gate_end_to_end_speculation_disabled_for_logprobs(servers, tmp_path, de
     token matches, but the counters never moved — the gate fails as "speculation inactive", exit 1."""
     base, _ = servers
     with VLLMServer(speculative=True, spec_disabled_for_logprobs=True) as lazy:
-        proc, records = run_lossless("vllm", base.url, lazy.url, tmp_path / "report", "--target", str(TARGET))
+        proc, records = run_lossless("vllm", base.url, lazy.url, tmp_path / "report", "--target", str(TARGET),
+                                     in_process=True)
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-2000:]
     prompts = [r for r in records if r["kind"] == "prompt"]
     assert len(prompts) == sum(p.category == "math" for p in default_prompts)  # --categories math
@@ -402,7 +403,8 @@ def test_gate_batch_invariant_is_bit_exact(tmp_path):
     with VLLMServer(dev_mode=True, batch_invariant=True) as base, \
             VLLMServer(speculative=True, dev_mode=True, batch_invariant=True, near_tie_flips=1) as spec:
         proc, records = run_lossless("vllm", base.url, spec.url, tmp_path / "report", "--engine-opt",
-                                     f"tokenizer={TARGET}", "--near-tie-nats", "20", "--near-tie-ceiling", "20")
+                                     f"tokenizer={TARGET}", "--near-tie-nats", "20", "--near-tie-ceiling", "20",
+                                     in_process=True)
     assert proc.returncode == 1, (proc.stdout + proc.stderr)[-4000:]
     prompts = [r for r in records if r["kind"] == "prompt"]
     ties = [r["prompt"]["id"] for r in prompts if r["verdict"]["class"] == "near_tie"]

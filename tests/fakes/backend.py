@@ -9,6 +9,7 @@ that loop; a baseline fake decodes greedily without a draft.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 import json
@@ -31,7 +32,12 @@ def recorded(path: Path) -> Any:
 
 
 class FixtureBackend:
-    """The fixture target (+ standalone draft) through :class:`HFEngine`; one request at a time."""
+    """The fixture target (+ standalone draft) through :class:`HFEngine`; one request at a time.
+
+    The models are deterministic on CPU, so every forward result is kept per exact input (prompt,
+    limit, stops, k, mode): the many servers of a test session answer the same prompts again and
+    again, and a recomputation would only return the same tokens and rows. Each caller gets its own
+    deep copy, so no fault or knob can alter what another request sees."""
 
     def __init__(self) -> None:
         from specparity.engines.base import EngineOptions
@@ -45,6 +51,12 @@ class FixtureBackend:
         self.primary_eos = self.tokenizer.eos_token_id
         self.draft_width = DEFAULT_DRAFT_TOKENS
         self.vocab_size = int(self.engine.target.model.config.vocab_size)
+        self._memo: dict[tuple[Any, ...], Any] = {}
+
+    def _memoized(self, key: tuple[Any, ...], compute: Any) -> Any:
+        if key not in self._memo:
+            self._memo[key] = compute()
+        return copy.deepcopy(self._memo[key])
 
     def generate(self, prompt_ids: Sequence[int], max_new_tokens: int, stop_ids: Sequence[int], k: int,
                  speculative: bool):
@@ -52,13 +64,20 @@ class FixtureBackend:
 
         req = GenerationRequest("emulator", [int(t) for t in prompt_ids], int(max_new_tokens),
                                 tuple(int(t) for t in stop_ids), max(1, int(k)))
-        result = self.engine.generate([req], speculative=speculative)[0]
-        if result.error:
-            raise RuntimeError(result.error)
-        return result
+
+        def compute():
+            result = self.engine.generate([req], speculative=speculative)[0]
+            if result.error:
+                raise RuntimeError(result.error)
+            return result
+
+        return self._memoized(("generate", tuple(req.prompt_ids), req.max_new_tokens, req.stop_token_ids, req.top_k,
+                               bool(speculative)), compute)
 
     def score(self, prompt_ids: Sequence[int], continuation_ids: Sequence[int], k: int):
-        return self.engine.score(list(prompt_ids), list(continuation_ids), max(1, int(k)))
+        prompt, continuation, kk = [int(t) for t in prompt_ids], [int(t) for t in continuation_ids], max(1, int(k))
+        return self._memoized(("score", tuple(prompt), tuple(continuation), kk),
+                              lambda: self.engine.score(prompt, continuation, kk))
 
     def flip_closest_call(self, prompt_ids: Sequence[int], result: Any, max_new_tokens: int,
                           stop_ids: Sequence[int], k: int):
@@ -100,6 +119,10 @@ class FixtureBackend:
     def prompt_rows(self, ids: Sequence[int], k: int) -> list[tuple[float, int, list[tuple[int, float]]] | None]:
         """Per prompt position: None for position 0, else (logprob of the actual token, its 1-based
         rank in the vocabulary, the top-k (id, logprob)) — what vLLM's prompt logprobs carry."""
+        return self._memoized(("prompt_rows", tuple(int(t) for t in ids), int(k)),
+                              lambda: self._prompt_rows(ids, k))
+
+    def _prompt_rows(self, ids: Sequence[int], k: int) -> list[tuple[float, int, list[tuple[int, float]]] | None]:
         import torch
 
         model = self.engine.target.model
