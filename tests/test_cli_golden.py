@@ -15,6 +15,7 @@ from specparity import exitcodes
 from specparity.fixtures import REPO_ROOT, fixture_dir
 from specparity.golden import load_golden
 from specparity.prompts import load_many
+from small_prompts import SHORT
 
 TESTS = REPO_ROOT / "tests"
 SPECPARITY = str(Path(sys.executable).with_name("specparity"))
@@ -39,37 +40,47 @@ def test_committed_golden_matches_prompts_and_fixtures():
     assert g.fields["target"]["sha256"] == artifact(fixture_dir("target"), "").sha256
 
 
+def main(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
+    """``specparity ARGS`` in this process (the console script calls the same ``main``): its exit code
+    and what it printed on stdout."""
+    from specparity import cli as cli_main
+
+    code = cli_main.main(list(args))
+    return code, capsys.readouterr().out
+
+
 @pytest.mark.slow
-def test_record_compare_report(tmp_path, default_prompts):
+def test_record_compare_report(tmp_path, capsys, default_prompts):
+    # the console script end to end once (recording); the other commands in-process, on 12 tokens a prompt
     golden = tmp_path / "g.jsonl"
-    rec = cli("record", "--golden", str(golden), *SELECT, "--report", "", "--json")
+    rec = cli("record", "--golden", str(golden), *SELECT, *SHORT, "--report", "", "--json")
     assert rec.returncode == exitcodes.PASS, rec.stderr[-2000:]
     out = json.loads(rec.stdout)
     assert out["status"] == "PASS" and out["threshold"]["nats"] > 0
-    assert len(load_golden(golden).entries) == sum(p.category == "math" for p in default_prompts)
+    math = sum(p.category == "math" for p in default_prompts)
+    assert len(load_golden(golden).entries) == math
 
-    again = cli("record", "--golden", str(golden), "--dtype", "bfloat16", *SELECT, "--report", "")
-    assert again.returncode == exitcodes.GATE_FAILED and "--update-golden=force" in again.stdout
+    code, again = main(capsys, "record", "--golden", str(golden), "--dtype", "bfloat16", *SELECT, *SHORT, "--report", "")
+    assert code == exitcodes.GATE_FAILED and "--update-golden=force" in again
 
     report = tmp_path / "spec"
-    run = cli("run", "--engine", f"{TESTS / 'broken_loops.py'}:create", "--engine-opt", "bug=short_crop", *SELECT,
-              "--report", str(report), "--json")
-    assert run.returncode == exitcodes.GATE_FAILED
+    code, _ = main(capsys, "run", "--engine", f"{TESTS / 'broken_loops.py'}:create", "--engine-opt", "bug=short_crop",
+                   *SELECT, *SHORT, "--report", str(report), "--json")
+    assert code == exitcodes.GATE_FAILED
 
-    judged = cli("compare", str(golden), str(report), "--json")
-    assert judged.returncode == exitcodes.GATE_FAILED, judged.stderr[-2000:]
-    data = json.loads(judged.stdout)
+    code, judged = main(capsys, "compare", str(golden), str(report), "--json")
+    assert code == exitcodes.GATE_FAILED, judged[-2000:]
+    data = json.loads(judged)
     assert data["counts"]["diverged"] >= 1
     assert {p["prompt_id"] for p in data["prompts"]} == {p.id for p in load_many([REPO_ROOT / "prompts" / "default.jsonl"])
                                                         if p.category == "math"}
-    same = cli("compare", str(golden), str(golden))
-    math = sum(p.category == "math" for p in default_prompts)
-    assert same.returncode == exitcodes.PASS and f"exact {math}," in same.stdout
+    code, same = main(capsys, "compare", str(golden), str(golden))
+    assert code == exitcodes.PASS and f"exact {math}," in same
 
     (report / "summary.md").unlink()
     (report / "report.html").unlink(missing_ok=True)
-    rebuilt = cli("report", str(report))
-    assert rebuilt.returncode == exitcodes.GATE_FAILED and "FAIL" in rebuilt.stdout
+    code, rebuilt = main(capsys, "report", str(report))
+    assert code == exitcodes.GATE_FAILED and "FAIL" in rebuilt
     assert (report / "summary.md").is_file() and (report / "report.html").is_file()
 
 

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +27,7 @@ from specparity.golden import (
 from specparity.journal import read_journal
 from specparity.prompts import Prompt
 from specparity.types import ArtifactId, Fingerprint, GenerationResult, SpecStats, TokenScores
+from small_prompts import SHORT, write_subset
 
 TESTS = REPO_ROOT / "tests"
 LOOPS = f"{TESTS / 'broken_loops.py'}:create"
@@ -150,77 +153,122 @@ def test_keep_merges_prompts_not_recorded_now(tmp_path):
 
 
 # --------------------------------------------------------------------------- end to end (real engines)
+#
+# On a few prompts of the default suite with a short token budget (tests/small_prompts.py): each
+# step takes the same path through the gate as on the whole suite. The pytest gate runs as its own
+# process where the test is about it (recording a golden, judging a broken loop against one); the
+# other steps call `specparity run` in-process, which takes the same options through the same runner.
 
 
 def gate(*args: str) -> subprocess.CompletedProcess[str]:
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "suites/lossless", "--categories", "math",
-           *args]
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "suites/lossless", *args]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(TESTS)}
     return subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=600, env=env)
+
+
+def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
+    """``specparity run ARGS`` in this process: its exit code and what it printed on stdout."""
+    from specparity import cli
+
+    code = cli.main(["run", *args])
+    return code, capsys.readouterr().out
 
 
 def kinds(report: Path) -> list[str]:
     return [json.loads(x)["kind"] for x in (report / "results.jsonl").read_text().splitlines()]
 
 
-@pytest.mark.slow
-def test_record_then_compare_spec_runs(tmp_path, default_prompts):
-    golden = tmp_path / "golden" / "dflash.jsonl"
-    missing = gate("--golden", str(golden), "--report", str(tmp_path / "r0"))
-    assert missing.returncode == exitcodes.GATE_FAILED
-    assert "no golden recorded there (a missing golden is a failure, never a pass)" in missing.stdout
+@dataclass(frozen=True)
+class GoldenRun:
+    """A golden recorded by the pytest gate for the math prompts of a small prompt file that holds
+    other categories too (recorded for calibration only)."""
 
-    rec = gate("--golden", str(golden), "--update-golden", "--report", str(tmp_path / "r1"))
+    prompts_file: Path
+    prompts: list[Prompt]
+    golden: Path
+    options: tuple[str, ...]
+
+
+@pytest.fixture(scope="module")
+def golden_run(tmp_path_factory) -> GoldenRun:
+    root = tmp_path_factory.mktemp("golden-run")
+    prompts_file = root / "prompts.jsonl"
+    prompts = write_subset(prompts_file, {"math": 2, "code": 1})
+    options = ("--prompts", str(prompts_file), "--categories", "math", *SHORT)
+    golden = root / "golden" / "dflash.jsonl"
+    rec = gate(*options, "--golden", str(golden), "--update-golden", "--report", str(root / "r1"))
     assert rec.returncode == exitcodes.PASS, rec.stdout[-3000:]
+    assert "recorded" in rec.stdout and "from this run's baselines" in rec.stdout
+    return GoldenRun(prompts_file, prompts, golden, options)
+
+
+@pytest.mark.slow
+def test_record_then_compare_spec_runs(tmp_path, capsys, golden_run):
+    options = golden_run.options
+    code, out = run(capsys, *options, "--golden", str(tmp_path / "none" / "g.jsonl"), "--report", str(tmp_path / "r0"))
+    assert code == exitcodes.GATE_FAILED
+    assert "no golden recorded there (a missing golden is a failure, never a pass)" in out
+
+    golden = tmp_path / "dflash.jsonl"  # the steps below rewrite it: a copy of the recorded one
+    shutil.copyfile(golden_run.golden, golden)
     g = load_golden(golden)
-    assert len(g.entries) == len(default_prompts), "the whole calibration set is recorded (the noise is measured on it)"
+    math = sum(p.category == "math" for p in golden_run.prompts)
+    assert 0 < math < len(golden_run.prompts), "the prompt file holds prompts outside the selection"
+    assert sorted(g.entries) == sorted(p.id for p in golden_run.prompts), \
+        "the whole calibration set is recorded (the noise is measured on it)"
 
     # another speculative config against the same golden: no baseline decodes, same classes
-    other = gate("--golden", str(golden), "--num-draft-tokens", "4", "--report", str(tmp_path / "r2"))
-    assert other.returncode == exitcodes.PASS, other.stdout[-3000:]
+    code, out = run(capsys, *options, "--golden", str(golden), "--num-draft-tokens", "4", "--report", str(tmp_path / "r2"))
+    assert code == exitcodes.PASS, out[-3000:]
     assert "baseline" not in kinds(tmp_path / "r2") and "calibration" not in kinds(tmp_path / "r2")
-    math = sum(p.category == "math" for p in default_prompts)
-    assert f"exact {math}," in other.stdout and "golden: baselines read from" in other.stdout
+    assert f"exact {math}," in out and "golden: baselines read from" in out
 
     # a dtype change is another baseline: refused in spec mode, never overwritten without force
-    bf16 = gate("--golden", str(golden), "--dtype", "bfloat16", "--report", str(tmp_path / "r3"))
-    assert bf16.returncode == exitcodes.GATE_FAILED
-    assert "recorded under another engine fingerprint (dtype 'float32' → 'bfloat16')" in bf16.stdout
+    code, out = run(capsys, *options, "--golden", str(golden), "--dtype", "bfloat16", "--report", str(tmp_path / "r3"))
+    assert code == exitcodes.GATE_FAILED
+    assert "recorded under another engine fingerprint (dtype 'float32' → 'bfloat16')" in out
     before = golden.read_bytes()
-    over = gate("--golden", str(golden), "--dtype", "bfloat16", "--update-golden", "--report", str(tmp_path / "r4"))
-    assert over.returncode == exitcodes.GATE_FAILED and "pass --update-golden=force" in over.stdout
+    code, out = run(capsys, *options, "--golden", str(golden), "--dtype", "bfloat16", "--update-golden",
+                    "--report", str(tmp_path / "r4"))
+    assert code == exitcodes.GATE_FAILED and "pass --update-golden=force" in out
     assert golden.read_bytes() == before
 
     # an engine upgrade (here: fp32 → bf16) judged against the golden with the same classes
-    upgrade = gate("--golden", str(golden), "--dtype", "bfloat16", "--golden-mode", "baseline",
-                   "--report", str(tmp_path / "r5"))
-    assert upgrade.returncode == exitcodes.PASS, upgrade.stdout[-3000:]
+    code, out = run(capsys, *options, "--golden", str(golden), "--dtype", "bfloat16", "--golden-mode", "baseline",
+                    "--report", str(tmp_path / "r5"))
+    assert code == exitcodes.PASS, out[-3000:]
     journal = read_journal(tmp_path / "r5")
-    assert all(line["baseline_from"] == "golden" for line in journal.judged.values())
-    assert "golden: new baselines (no speculation) judged against" in upgrade.stdout
+    assert journal.judged and all(line["baseline_from"] == "golden" for line in journal.judged.values())
+    assert "golden: new baselines (no speculation) judged against" in out
 
-    forced = gate("--golden", str(golden), "--dtype", "bfloat16", "--update-golden=force", "--report", str(tmp_path / "r6"))
-    assert forced.returncode == exitcodes.PASS
+    code, out = run(capsys, *options, "--golden", str(golden), "--dtype", "bfloat16", "--update-golden=force",
+                    "--report", str(tmp_path / "r6"))
+    assert code == exitcodes.PASS, out[-3000:]
     assert load_golden(golden).fields["dtype"] == "bfloat16"
 
 
 @pytest.mark.slow
-def test_broken_loop_against_golden_diverges(tmp_path):
+def test_broken_loop_against_golden_diverges(tmp_path, capsys):
     golden = tmp_path / "loop.jsonl"
-    common = ("--engine", LOOPS, "--golden", str(golden), "--calibration", "selected")
-    assert gate(*common, "--update-golden", "--report", str(tmp_path / "r1")).returncode == exitcodes.PASS
+    common = ("--categories", "math", *SHORT, "--engine", LOOPS, "--golden", str(golden), "--calibration", "selected")
+    assert run(capsys, *common, "--update-golden", "--report", str(tmp_path / "r1"))[0] == exitcodes.PASS
     broken = gate(*common, "--engine-opt", "bug=short_crop", "--report", str(tmp_path / "r2"))
     assert broken.returncode == exitcodes.GATE_FAILED
     assert "diverged" in broken.stdout and "baseline" not in kinds(tmp_path / "r2")
 
 
 @pytest.mark.slow
-def test_prompt_missing_from_golden_is_an_error(tmp_path):
-    golden = tmp_path / "g.jsonl"
-    assert gate("--golden", str(golden), "--update-golden", "--calibration", "selected",
-                "--report", str(tmp_path / "r1")).returncode == exitcodes.PASS
-    # math is in the golden, code is not: the code prompts are errors, the math prompts are judged
-    more = gate("--golden", str(golden), "--categories", "math,code", "--calibration", "selected",
-                "--report", str(tmp_path / "r2"))
-    assert more.returncode == exitcodes.GATE_FAILED, more.stdout[-3000:]
-    assert "no golden for this prompt" in more.stdout
+def test_prompt_missing_from_golden_is_an_error(tmp_path, capsys, golden_run):
+    # one more code prompt than the golden holds: that prompt is an error, the others are judged
+    more = write_subset(tmp_path / "more.jsonl", {"math": 2, "code": 2})
+    recorded_ids = set(load_golden(golden_run.golden).entries)
+    absent = {p.id for p in more} - recorded_ids
+    assert absent and absent < {p.id for p in more}
+    code, out = run(capsys, "--prompts", str(tmp_path / "more.jsonl"), "--categories", "math,code", *SHORT,
+                    "--calibration", "selected", "--golden", str(golden_run.golden), "--report", str(tmp_path / "r2"),
+                    "--json")
+    assert code == exitcodes.GATE_FAILED, out[-3000:]
+    verdicts = {p["id"]: p for p in json.loads(out)["prompts"]}
+    assert set(verdicts) == {p.id for p in more}
+    assert {pid for pid, v in verdicts.items() if v["class"] == "error"} == absent
+    assert all("no golden for this prompt" in verdicts[pid]["reason"] for pid in absent)

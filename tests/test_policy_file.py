@@ -13,6 +13,10 @@ from specparity import exitcodes
 from specparity.fixtures import REPO_ROOT
 from specparity.options import BadInput, build_setup
 from specparity.policy import PolicyError, load_policy, merge
+from small_prompts import SHORT
+
+#: The gate runs below: the math prompts on a short token budget, calibrated on themselves.
+SELECT = ("--categories", "math", "--calibration", "selected", *SHORT)
 
 
 def write(tmp_path, text: str):
@@ -58,17 +62,21 @@ def test_mistakes_name_file_line_and_key(tmp_path, text, expected):
 
 
 def gate(*args: str) -> subprocess.CompletedProcess[str]:
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "suites/lossless", "--categories", "math",
-           "--calibration", "selected", *args]
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "suites/lossless", *SELECT, *args]
     return subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=600,
                           env={**os.environ, "HF_HUB_OFFLINE": "1"})
 
 
 @pytest.mark.slow
-def test_acceptance_floor_fails_the_run(tmp_path):
+def test_acceptance_floor_fails_the_run(tmp_path, capsys):
+    from specparity import cli
+
     floor = write(tmp_path, "[gate]\nmin_accept_length = 99\n")
     failed = gate("--policy", str(floor), "--report", str(tmp_path / "r"))
     assert failed.returncode == exitcodes.GATE_FAILED
     assert "acceptance floor: mean accept length" in failed.stdout and "min_accept_length 99" in failed.stdout
-    ok = gate("--policy", str(write(tmp_path, "[gate]\nmin_accept_length = 1.0\n")), "--report", str(tmp_path / "r2"))
-    assert ok.returncode == exitcodes.PASS, ok.stdout[-2000:]
+    # the same prompts under a floor they clear: `specparity run` in-process (the same options and runner)
+    code = cli.main(["run", *SELECT, "--policy", str(write(tmp_path, "[gate]\nmin_accept_length = 1.0\n")),
+                     "--report", str(tmp_path / "r2")])
+    out = capsys.readouterr().out
+    assert code == exitcodes.PASS, out[-2000:]
