@@ -1,6 +1,8 @@
 """Smaller prompt files cut from ``prompts/default.jsonl`` for tests that exercise a mechanism
-(selection, calibration, batching) rather than measure the whole suite: the same prompts, header
-and format, so a subprocess run reads them exactly as it reads the default file."""
+(selection, calibration, goldens, resume, policies) rather than measure the whole suite: the same
+prompts, header and format, so a run reads them exactly as it reads the default file, and the fixture
+models behave on them as in a full run. Callers derive every count from the prompts returned, never
+from the size of the default suite."""
 
 from __future__ import annotations
 
@@ -9,9 +11,12 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from specparity.fixtures import REPO_ROOT
-from specparity.prompts import Prompt
+from specparity.prompts import Prompt, load_prompts
 
 DEFAULT_PROMPTS = REPO_ROOT / "prompts" / "default.jsonl"
+#: A short token budget (the suite's prompts ask for up to 48): still several draft blocks a prompt,
+#: so speculation accepts drafts and a loop that corrupts its KV cache shows it on the math prompts.
+SHORT = ("--max-new-tokens", "12")
 
 
 def one_per_category(prompts: Iterable[Prompt]) -> list[Prompt]:
@@ -37,3 +42,18 @@ def write_subset(path: Path, keep: Callable[[str, str], bool], source: Path = DE
             kept.append(row["id"])
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return kept
+
+
+def first_of_categories(path: Path, per_category: dict[str, int]) -> list[Prompt]:
+    """Write the first ``per_category[c]`` prompts of each category ``c`` of the default suite to
+    ``path``; returns the prompts as the gate will load them."""
+    taken: dict[str, int] = {}
+
+    def keep(_id: str, category: str) -> bool:
+        taken[category] = taken.get(category, 0) + 1
+        return taken[category] <= per_category.get(category, 0)
+
+    write_subset(path, keep)
+    short = {c: n for c, n in per_category.items() if taken.get(c, 0) < n}
+    assert not short, f"the default suite has fewer prompts than asked for in {short}"
+    return load_prompts(path).prompts

@@ -15,7 +15,7 @@ from specparity import exitcodes
 from specparity.fixtures import REPO_ROOT, fixture_dir
 from specparity.golden import load_golden
 from specparity.prompts import load_many
-from small_prompts import SHORT
+from prompt_subsets import SHORT
 
 TESTS = REPO_ROOT / "tests"
 SPECPARITY = str(Path(sys.executable).with_name("specparity"))

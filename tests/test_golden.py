@@ -27,7 +27,7 @@ from specparity.golden import (
 from specparity.journal import read_journal
 from specparity.prompts import Prompt
 from specparity.types import ArtifactId, Fingerprint, GenerationResult, SpecStats, TokenScores
-from small_prompts import SHORT, write_subset
+from prompt_subsets import SHORT, first_of_categories
 
 TESTS = REPO_ROOT / "tests"
 LOOPS = f"{TESTS / 'broken_loops.py'}:create"
@@ -154,7 +154,7 @@ def test_keep_merges_prompts_not_recorded_now(tmp_path):
 
 # --------------------------------------------------------------------------- end to end (real engines)
 #
-# On a few prompts of the default suite with a short token budget (tests/small_prompts.py): each
+# On a few prompts of the default suite with a short token budget (tests/prompt_subsets.py): each
 # step takes the same path through the gate as on the whole suite. The pytest gate runs as its own
 # process where the test is about it (recording a golden, judging a broken loop against one); the
 # other steps call `specparity run` in-process, which takes the same options through the same runner.
@@ -193,7 +193,7 @@ class GoldenRun:
 def golden_run(tmp_path_factory) -> GoldenRun:
     root = tmp_path_factory.mktemp("golden-run")
     prompts_file = root / "prompts.jsonl"
-    prompts = write_subset(prompts_file, {"math": 2, "code": 1})
+    prompts = first_of_categories(prompts_file, {"math": 2, "code": 1})
     options = ("--prompts", str(prompts_file), "--categories", "math", *SHORT)
     golden = root / "golden" / "dflash.jsonl"
     rec = gate(*options, "--golden", str(golden), "--update-golden", "--report", str(root / "r1"))
@@ -260,7 +260,7 @@ def test_broken_loop_against_golden_diverges(tmp_path, capsys):
 @pytest.mark.slow
 def test_prompt_missing_from_golden_is_an_error(tmp_path, capsys, golden_run):
     # one more code prompt than the golden holds: that prompt is an error, the others are judged
-    more = write_subset(tmp_path / "more.jsonl", {"math": 2, "code": 2})
+    more = first_of_categories(tmp_path / "more.jsonl", {"math": 2, "code": 2})
     recorded_ids = set(load_golden(golden_run.golden).entries)
     absent = {p.id for p in more} - recorded_ids
     assert absent and absent < {p.id for p in more}

@@ -13,7 +13,7 @@ from specparity import exitcodes
 from specparity.fixtures import REPO_ROOT
 from specparity.options import BadInput, build_setup
 from specparity.policy import PolicyError, load_policy, merge
-from small_prompts import SHORT
+from prompt_subsets import SHORT
 
 #: The gate runs below: the math prompts on a short token budget, calibrated on themselves.
 SELECT = ("--categories", "math", "--calibration", "selected", *SHORT)

@@ -23,12 +23,12 @@ from specparity import exitcodes
 from specparity.fixtures import REPO_ROOT
 from specparity.gate import decide
 from specparity.journal import load_run, read_journal
-from small_prompts import SHORT, write_subset
+from prompt_subsets import SHORT, first_of_categories
 
 TESTS = REPO_ROOT / "tests"
 DYING = f"{TESTS / 'fault_engines.py'}:dying"
 INTERRUPTING = f"{TESTS / 'fault_engines.py'}:interrupting"
-#: A few math and code prompts of the default suite (tests/small_prompts.py), more than either
+#: A few math and code prompts of the default suite (tests/prompt_subsets.py), more than either
 #: engine's kill or interrupt leaves judged, so that every run below stops half-way.
 SUBSET = {"math": 3, "code": 2}
 
@@ -47,7 +47,7 @@ class Prompts:
 @pytest.fixture(scope="module")
 def prompts(tmp_path_factory) -> Prompts:
     path = tmp_path_factory.mktemp("prompts") / "prompts.jsonl"
-    return Prompts(path, {p.id for p in write_subset(path, SUBSET)})
+    return Prompts(path, {p.id for p in first_of_categories(path, SUBSET)})
 
 
 def gate(report: Path, prompts: Prompts, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
