@@ -6,6 +6,7 @@ from the size of the default suite."""
 
 from __future__ import annotations
 
+import inspect
 import json
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -27,9 +28,11 @@ def one_per_category(prompts: Iterable[Prompt]) -> list[Prompt]:
     return list(seen.values())
 
 
-def write_subset(path: Path, keep: Callable[[str, str], bool], source: Path = DEFAULT_PROMPTS) -> list[str]:
+def write_subset(path: Path, keep: Callable[..., bool], source: Path = DEFAULT_PROMPTS) -> list[str]:
     """Write the header and the prompt lines of ``source`` for which ``keep(id, category)`` holds
-    to ``path``; returns the kept ids in file order."""
+    to ``path`` (a ``keep`` of three parameters also gets the line's JSON object); returns the kept ids
+    in file order."""
+    wants_row = len(inspect.signature(keep).parameters) == 3
     kept, lines = [], []
     for line in source.read_text(encoding="utf-8").splitlines():
         if not line.strip():
@@ -37,7 +40,7 @@ def write_subset(path: Path, keep: Callable[[str, str], bool], source: Path = DE
         row = json.loads(line)
         if "id" not in row:  # the header line
             lines.append(line)
-        elif keep(row["id"], row.get("category")):
+        elif keep(row["id"], row.get("category"), row) if wants_row else keep(row["id"], row.get("category")):
             lines.append(line)
             kept.append(row["id"])
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
@@ -56,4 +59,26 @@ def first_of_categories(path: Path, per_category: dict[str, int]) -> list[Prompt
     write_subset(path, keep)
     short = {c: n for c, n in per_category.items() if taken.get(c, 0) < n}
     assert not short, f"the default suite has fewer prompts than asked for in {short}"
+    return load_prompts(path).prompts
+
+
+def first_of_each(path: Path, categories: tuple[str, ...], per_category: int = 1) -> list[Prompt]:
+    """The first ``per_category`` prompts of each of ``categories``, in file order."""
+    return first_of_categories(path, {c: per_category for c in categories})
+
+
+def rows_where(path: Path, keep: Callable[[dict], bool], limit: int | None = None) -> list[Prompt]:
+    """The first ``limit`` prompts whose JSON line ``keep`` accepts (tags, fields), written to ``path``."""
+    taken = 0
+
+    def take(_id: str, _category: str, row: dict) -> bool:
+        nonlocal taken
+        if (limit is None or taken < limit) and keep(row):
+            taken += 1
+            return True
+        return False
+
+    kept = write_subset(path, take)
+    if not kept:
+        raise ValueError(f"no prompt of {DEFAULT_PROMPTS} is kept")
     return load_prompts(path).prompts

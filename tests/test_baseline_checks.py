@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 
 import numpy as np
 import pytest
 
+from llamacpp_fixtures import SUITE_PYTEST
 from misconfigured_engines import AbortsOne, ForeignStopSet, NotGreedy
+from prompt_subsets import rows_where
 from specparity import exitcodes
 from specparity.baseline_checks import greedy_refusal, stop_rule_refusal
 from specparity.compare import FINISH_REASONS, finish_problem
@@ -85,10 +86,11 @@ def test_an_empty_finished_stream_breaks_the_protocol(finish):
 def test_the_command_exits_3_naming_the_stop_set(tmp_path, default_prompts):
     """The user-facing command: a misconfigured stop set is exit 3 (nothing judged) with the stop set
     named, never exit 1 with prompts "diverged"."""
-    category = next(p.category for p in default_prompts if "stops-early" in p.tags)
-    cmd = [sys.executable, "-m", "pytest", "suites/lossless", "-q", "-p", "no:cacheprovider",
+    prompts = tmp_path / "stops-early.jsonl"
+    rows_where(prompts, lambda row: "stops-early" in row.get("tags", []), limit=1)
+    cmd = [*SUITE_PYTEST, "suites/lossless",
            "--engine", f"{REPO_ROOT / 'tests' / 'misconfigured_engines.py'}:create", "--engine-opt", "mistake=stop_set",
-           "--categories", category, "--calibration", "selected", "--report", str(tmp_path / "r")]
+           "--prompts", str(prompts), "--calibration", "selected", "--report", str(tmp_path / "r")]
     proc = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
     out = proc.stdout + proc.stderr
     assert proc.returncode == exitcodes.ENGINE_ERROR, out[-3000:]

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 
 import pytest
 
 from broken_dflash import BENIGN, BUGS, MODELS_DIR, DFlashLoopEngine, model_options
+from llamacpp_fixtures import SUITE_PYTEST
 from specparity.fixtures import REPO_ROOT
 from specparity.gate import decide
 from specparity.records import GateConfig
@@ -135,10 +135,11 @@ def test_pytest_exits_nonzero_with_a_reason(tmp_path):
         + [json.dumps({"id": pid, "category": "raw", "lang": "en", "prompt": text}) for pid, text in RAW.items()]
     ) + "\n")
     cmd = [
-        sys.executable, "-m", "pytest", "suites/lossless", "-q", "-p", "no:cacheprovider",
+        *SUITE_PYTEST, "suites/lossless",
         "--engine", f"{REPO_ROOT / 'tests' / 'broken_dflash.py'}:create", "--engine-opt", "bug=accept_past_mismatch",
         "--target", str(MODELS_DIR / "target"), "--draft", str(MODELS_DIR / "dflash2"),
-        "--prompts", str(prompts), "--max-new-tokens", str(MAX_NEW), "--report", str(tmp_path / "r"),
+        "--prompts", str(prompts), "--calibration", "selected", "--max-new-tokens", str(MAX_NEW),
+        "--report", str(tmp_path / "r"),
     ]
     proc = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
     out = proc.stdout + proc.stderr

@@ -1,7 +1,8 @@
 """``ci/gate.sh``, the pre-merge gate, run for real: JUnit XML per suite, ``gate.json``, the policy
 file, the worst exit code.
 
-The lossless runs use the embedded engine on a few prompts (``--calibration selected``); the probes
+The lossless runs use the embedded engine on a few prompts (two of ``prompts/default.jsonl``'s code
+prompts in a file of their own, ``--calibration selected``); the probes
 run on the fixtures against ``llamacpp==11434``, whose ``dflash2-format`` probe fails on the DFlash2
 fixture draft (it reads the target's last layer, docs/findings.md F9) — a real predicted failure.
 """
@@ -18,13 +19,17 @@ from pathlib import Path
 
 import pytest
 
+from llamacpp_fixtures import SUITE_PYTEST
+from prompt_subsets import first_of_each
 from specparity import exitcodes
 from specparity.fixtures import REPO_ROOT
 
 GATE = REPO_ROOT / "ci" / "gate.sh"
 POLICY = REPO_ROOT / "ci" / "policy.toml"
 MODELS = REPO_ROOT / "fixtures" / "models"
-FAST = ("--categories", "code", "--calibration", "selected", "--max-new-tokens", "16")
+#: The plugins the lossless suite never uses stay unloaded in its pytest (SUITE_PYTEST's ``-p no:…``).
+NO_PLUGINS = SUITE_PYTEST[SUITE_PYTEST.index("no:cacheprovider") + 1:]
+FAST_TAIL = ("--calibration", "selected", "--max-new-tokens", "16", *NO_PLUGINS)
 #: The script has no default engine: the lossless suite runs the reference decoder on the fixtures.
 ENGINE = ("--engine", "dflash")
 #: The probes that answer "unknown" for llama.cpp on the fixtures (it runs a GGUF conversion; no FP8 data).
@@ -63,6 +68,19 @@ def out(proc: subprocess.CompletedProcess[str]) -> str:
     return (proc.stdout + proc.stderr)[-4000:]
 
 
+@pytest.fixture(scope="module")
+def few(tmp_path_factory) -> tuple[Path, int]:
+    """A prompt file of two code prompts, and how many prompts it holds."""
+    path = tmp_path_factory.mktemp("prompts") / "code.jsonl"
+    return path, len(first_of_each(path, ("code",), per_category=2))
+
+
+@pytest.fixture(scope="module")
+def fast(few) -> tuple[str, ...]:
+    """Lossless-suite arguments (after ``--``) for a quick real run on the ``few`` prompts."""
+    return ("--prompts", str(few[0]), *FAST_TAIL)
+
+
 def test_policy_file_is_the_documented_one():
     from specparity.policy import load_policy
 
@@ -88,12 +106,13 @@ def test_dry_run_shows_each_suites_command(tmp_path):
     assert f"--junitxml {report}/junit/probes.xml" in probes
 
 
-def test_lossless_pass_writes_junit_reports_and_summary(tmp_path):
-    proc = gate(*ENGINE, "--report", "r", "--", *FAST, cwd=tmp_path)
+def test_lossless_pass_writes_junit_reports_and_summary(tmp_path, fast, few):
+    proc = gate(*ENGINE, "--report", "r", "--", *fast, cwd=tmp_path)
     assert proc.returncode == exitcodes.PASS, out(proc)
     report = tmp_path / "r"
     counts, cases = junit(report / "junit" / "lossless.xml")
-    assert counts == {"tests": 6, "failures": 0, "errors": 0, "skipped": 0}  # five code prompts + the policy
+    tests = few[1] + 1  # each prompt + the policy
+    assert counts == {"tests": tests, "failures": 0, "errors": 0, "skipped": 0}
     assert sorted(c.get("name") for c in cases)[0] == "test_gate_policy"
     assert (report / "lossless" / "results.jsonl").is_file() and (report / "lossless" / "summary.md").is_file()
     assert "specparity lossless gate: PASS" in (report / "lossless.log").read_text()
@@ -101,15 +120,15 @@ def test_lossless_pass_writes_junit_reports_and_summary(tmp_path):
     assert doc["exit_code"] == 0 and doc["policy"] == str(POLICY)  # ci/policy.toml beside the script by default
     assert doc["suites"]["lossless"] == {"exit_code": 0, "junit": str(report / "junit" / "lossless.xml"),
                                          "log": str(report / "lossless.log"), **counts}
-    assert "lossless    exit 0 (pass): 6 tests, 0 failed" in proc.stdout
+    assert f"lossless    exit 0 (pass): {tests} tests, 0 failed" in proc.stdout
 
 
-def test_acceptance_floor_of_the_policy_fails_the_gate(tmp_path):
+def test_acceptance_floor_of_the_policy_fails_the_gate(tmp_path, fast, few):
     policy = write_policy(tmp_path / "floor.toml", min_accept_length=99)
-    proc = gate(*ENGINE, "--policy", policy, "--report", "r", "--", *FAST, cwd=tmp_path)
+    proc = gate(*ENGINE, "--policy", policy, "--report", "r", "--", *fast, cwd=tmp_path)
     assert proc.returncode == exitcodes.GATE_FAILED, out(proc)
     counts, cases = junit(tmp_path / "r" / "junit" / "lossless.xml")
-    assert counts["tests"] == 6 and counts["failures"] == 1
+    assert counts["tests"] == few[1] + 1 and counts["failures"] == 1
     assert failed(cases) == ["test_gate_policy"]
     (policy_case,) = [c for c in cases if c.get("name") == "test_gate_policy"]
     assert "acceptance floor" in policy_case.find("failure").get("message")
@@ -119,11 +138,14 @@ def test_acceptance_floor_of_the_policy_fails_the_gate(tmp_path):
 @pytest.mark.slow
 def test_near_ties_pass_or_fail_by_policy(tmp_path):
     """bf16 flips on prompts/near_tie.jsonl, judged with a 30-nat threshold: near ties within the budget
-    pass; the same run fails under a policy that lists near_tie in fail_on (bit-exact)."""
-    args = ("--", "--prompts", REPO_ROOT / "prompts" / "near_tie.jsonl", "--dtype", "bfloat16", "--calibration",
-            "selected", "--near-tie-nats", "30", "--near-tie-ceiling", "30")
-    allow = gate(*ENGINE, "--policy", write_policy(tmp_path / "allow.toml", max_near_tie=1.0), "--report", "allow", *args,
-                 cwd=tmp_path)
+    pass; the same flips fail under a policy that lists near_tie in fail_on (bit-exact). The strict run
+    decodes the prompts that flipped and one that did not (each prompt decodes on its own, so its
+    flips do not depend on the others), not the whole file again."""
+    near_tie = REPO_ROOT / "prompts" / "near_tie.jsonl"
+    tail = ("--dtype", "bfloat16", "--calibration", "selected", "--near-tie-nats", "30", "--near-tie-ceiling", "30",
+            *NO_PLUGINS)
+    allow = gate(*ENGINE, "--policy", write_policy(tmp_path / "allow.toml", max_near_tie=1.0), "--report", "allow",
+                 "--", "--prompts", near_tie, *tail, cwd=tmp_path)
     assert allow.returncode == exitcodes.PASS, out(allow)
     verdicts = [json.loads(line) for line in (tmp_path / "allow" / "lossless" / "results.jsonl").read_text().splitlines()]
     ties = sorted(v["verdict"]["prompt_id"] for v in verdicts if v.get("kind") == "prompt" and v["verdict"]["class"] == "near_tie")
@@ -131,8 +153,13 @@ def test_near_ties_pass_or_fail_by_policy(tmp_path):
     counts, _ = junit(tmp_path / "allow" / "junit" / "lossless.xml")
     assert counts["failures"] == 0
 
+    classes = {v["verdict"]["prompt_id"]: v["verdict"]["class"] for v in verdicts if v.get("kind") == "prompt"}
+    keep = set(ties) | {next((p for p, c in classes.items() if c == "exact"), ties[0])}
+    header, *rows = [line for line in near_tie.read_text().splitlines() if line.strip()]
+    again = tmp_path / "again.jsonl"
+    again.write_text("\n".join([header, *(r for r in rows if json.loads(r)["id"] in keep)]) + "\n")
     strict = gate(*ENGINE, "--policy", write_policy(tmp_path / "strict.toml", fail_on=["diverged", "error", "drifted", "near_tie"]),
-                  "--report", "strict", *args, cwd=tmp_path)
+                  "--report", "strict", "--", "--prompts", again, *tail, cwd=tmp_path)
     assert strict.returncode == exitcodes.GATE_FAILED, out(strict)
     counts, cases = junit(tmp_path / "strict" / "junit" / "lossless.xml")
     assert counts["failures"] == len(ties) + 1
@@ -194,10 +221,10 @@ def test_unknown_probe_is_not_green_without_the_policys_allowance(tmp_path):
     assert 'add "lm-head" to allow_unknown' in failure.text
 
 
-def test_no_engine_configured_is_refused(tmp_path):
+def test_no_engine_configured_is_refused(tmp_path, fast):
     """Without --engine / SPECPARITY_ENGINE the script refuses (it never gates the fixture models by
     accident), in one line saying what to set, before any suite runs."""
-    proc = gate("--report", "r", "--", *FAST, cwd=tmp_path, SPECPARITY_ENGINE="")
+    proc = gate("--report", "r", "--", *fast, cwd=tmp_path, SPECPARITY_ENGINE="")
     assert proc.returncode == exitcodes.BAD_INPUT, out(proc)
     (line,) = proc.stderr.strip().splitlines()
     assert line.startswith("ci/gate.sh: suite lossless: no engine configured; set SPECPARITY_ENGINE"), line
@@ -225,10 +252,10 @@ def test_bad_input_exits_4(tmp_path, args, code, fragment):
     assert fragment in proc.stdout + proc.stderr
 
 
-def test_bad_policy_key_is_bad_input_of_the_suite(tmp_path):
+def test_bad_policy_key_is_bad_input_of_the_suite(tmp_path, fast):
     policy = tmp_path / "typo.toml"
     policy.write_text("[gate]\nmax_near_ties = 0.1\n")
-    proc = gate(*ENGINE, "--policy", policy, "--report", "r", "--", *FAST, cwd=tmp_path)
+    proc = gate(*ENGINE, "--policy", policy, "--report", "r", "--", *fast, cwd=tmp_path)
     assert proc.returncode == exitcodes.BAD_INPUT, out(proc)
     assert f"{policy}:2: max_near_ties: unknown key" in proc.stdout + proc.stderr
     assert summary(tmp_path / "r")["suites"]["lossless"]["exit_code"] == 4

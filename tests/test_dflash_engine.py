@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
-import sys
 from dataclasses import replace
 from types import SimpleNamespace
 
@@ -14,6 +13,8 @@ import pytest
 import torch
 
 from broken_dflash import MODELS_DIR, model_options
+from llamacpp_fixtures import SUITE_PYTEST
+from prompt_subsets import first_of_each
 from specparity.engines.base import Engine
 from specparity.engines.dflash import DFlashEngine, DFlashLoadError
 from specparity.fixtures import REPO_ROOT
@@ -157,10 +158,13 @@ def test_refuses_a_checkpoint_with_missing_or_renamed_tensors(tmp_path):
 def test_pytest_lossless_suite_runs_on_dflash(tmp_path):
     """The user-facing command: `pytest suites/lossless --engine dflash` passes and reports the
     accept length per category."""
+    prompts = tmp_path / "repeat-code.jsonl"
+    first_of_each(prompts, ("repeat", "code"))
     cmd = [
-        sys.executable, "-m", "pytest", "suites/lossless", "-q", "-p", "no:cacheprovider", "--engine", "dflash",
+        *SUITE_PYTEST, "suites/lossless", "--engine", "dflash",
         "--target", str(MODELS_DIR / "target"), "--draft", str(MODELS_DIR / "dflash2"),
-        "--categories", "repeat,code", "--max-new-tokens", str(MAX_NEW), "--report", str(tmp_path / "r"),
+        "--prompts", str(prompts), "--calibration", "selected", "--max-new-tokens", str(MAX_NEW),
+        "--report", str(tmp_path / "r"),
     ]
     proc = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
     out = proc.stdout + proc.stderr

@@ -8,11 +8,11 @@ here, so a bug that lives on any of those paths has the chance to show.
 from __future__ import annotations
 
 import subprocess
-import sys
 
 import pytest
 
 from broken_loops import BUGS, LoopEngine
+from llamacpp_fixtures import SUITE_PYTEST
 from specparity.compare import OWN_ROW_REJECTED
 from specparity.engines.base import EngineOptions
 from specparity.fixtures import REPO_ROOT
@@ -140,9 +140,10 @@ def test_pytest_exits_nonzero_with_a_reason(tmp_path):
     """The user-facing command: `pytest suites/lossless` under a broken loop exits non-zero and
     says which prompt diverged and why."""
     cmd = [
-        sys.executable, "-m", "pytest", "suites/lossless", "-q", "-p", "no:cacheprovider",
+        *SUITE_PYTEST, "suites/lossless",
         "--engine", f"{REPO_ROOT / 'tests' / 'broken_loops.py'}:create", "--engine-opt", "bug=drop_bonus",
-        "--categories", "repeat", "--max-new-tokens", str(MAX_NEW), "--report", str(tmp_path / "r"),
+        "--categories", "repeat", "--calibration", "selected", "--max-new-tokens", str(MAX_NEW),
+        "--report", str(tmp_path / "r"),
     ]
     proc = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
     out = proc.stdout + proc.stderr

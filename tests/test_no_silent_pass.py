@@ -18,12 +18,17 @@ from pathlib import Path
 import pytest
 
 import probe_artifacts as pa
+from bad_inputs import CASES, run_in_process
 from child_signals import default_sigint
+from llamacpp_fixtures import SUITE_PYTEST
+from prompt_subsets import first_of_each
 from specparity import exitcodes
 from specparity.fixtures import REPO_ROOT
 
 TESTS = REPO_ROOT / "tests"
 BROKEN_LOOPS = f"{TESTS / 'broken_loops.py'}:create"
+#: The noise is measured on the prompts that run: how the gate ends is the point here, not the threshold.
+SELECTED = ("--calibration", "selected")
 
 
 def run(*args: str, cwd: Path = REPO_ROOT, timeout: int = 600) -> subprocess.CompletedProcess[str]:
@@ -33,20 +38,23 @@ def run(*args: str, cwd: Path = REPO_ROOT, timeout: int = 600) -> subprocess.Com
 
 
 def pytest_cmd(*args: str) -> list[str]:
-    return [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args]
+    return [*SUITE_PYTEST, *args]
 
 
 def journal(report: Path) -> list[dict]:
     return [json.loads(line) for line in (report / "results.jsonl").read_text().splitlines()]
 
 
-def test_deselected_policy_test_still_fails_the_run(tmp_path, default_prompts):
+def test_deselected_policy_test_still_fails_the_run(tmp_path):
     """`-k math` deselects test_gate_policy; "speculation inactive" must still exit 1."""
+    prompts = first_of_each(tmp_path / "prompts.jsonl", ("math", "code"))
     proc = run(*pytest_cmd("suites/lossless", "-k", "math", "--engine", BROKEN_LOOPS, "--engine-opt", "bug=inactive",
-                           "--max-new-tokens", "16", "--report", str(tmp_path / "r")))
+                           "--prompts", str(tmp_path / "prompts.jsonl"), *SELECTED, "--max-new-tokens", "16",
+                           "--report", str(tmp_path / "r")))
     out = proc.stdout + proc.stderr
-    math = sum(p.category == "math" for p in default_prompts)
-    assert re.search(rf"\b{math} passed, \d+ deselected", out) and "failed" not in out.splitlines()[-1], out[-2000:]
+    math = sum(p.category == "math" for p in prompts)
+    deselected = len(prompts) - math + 1  # the other prompts and test_gate_policy
+    assert re.search(rf"\b{math} passed, {deselected} deselected", out) and "failed" not in out.splitlines()[-1], out[-2000:]
     assert "specparity lossless gate: FAIL" in out and "speculation inactive" in out, out[-2000:]
     assert proc.returncode == exitcodes.GATE_FAILED, out[-2000:]
     final = journal(tmp_path / "r")[-1]
@@ -56,7 +64,7 @@ def test_deselected_policy_test_still_fails_the_run(tmp_path, default_prompts):
 
 def test_node_id_selection_still_fails_the_run(tmp_path):
     proc = run(*pytest_cmd("suites/lossless/test_lossless.py::test_lossless[repeat-en-001]", "--engine", BROKEN_LOOPS,
-                           "--engine-opt", "bug=inactive", "--max-new-tokens", "16", "--report", str(tmp_path / "r")))
+                           "--engine-opt", "bug=inactive", *SELECTED, "--max-new-tokens", "16", "--report", str(tmp_path / "r")))
     assert proc.returncode == exitcodes.GATE_FAILED, (proc.stdout + proc.stderr)[-2000:]
     assert "1 passed" in proc.stdout
 
@@ -67,7 +75,7 @@ def test_ctrl_c_in_the_speculative_phase_leaves_no_stale_verdict(tmp_path):
     (report / "summary.md").write_text("# specparity lossless gate: PASS\n\nfrom another engine\n")
     (report / "results.jsonl").write_text('{"kind": "run", "stale": true}\n')
     proc = run(*pytest_cmd("suites/lossless", "--engine", f"{TESTS / 'fault_engines.py'}:interrupting",
-                           "--engine-opt", "interrupt_after=3", "--categories", "math", "--max-new-tokens", "12",
+                           "--engine-opt", "interrupt_after=3", "--categories", "math", *SELECTED, "--max-new-tokens", "12",
                            "--report", str(report)))
     out = proc.stdout + proc.stderr
     assert proc.returncode == exitcodes.INTERRUPTED, out[-2000:]
@@ -83,7 +91,7 @@ def test_ctrl_c_in_the_speculative_phase_leaves_no_stale_verdict(tmp_path):
 
 
 def test_run_journal_ends_with_the_verdict(tmp_path, default_prompts):
-    proc = run(*pytest_cmd("suites/lossless", "--categories", "math", "--max-new-tokens", "12",
+    proc = run(*pytest_cmd("suites/lossless", "--categories", "math", *SELECTED, "--max-new-tokens", "12",
                            "--report", str(tmp_path / "r")))
     assert proc.returncode == 0, proc.stdout[-2000:]
     final = journal(tmp_path / "r")[-1]
@@ -93,42 +101,45 @@ def test_run_journal_ends_with_the_verdict(tmp_path, default_prompts):
 
 
 @pytest.mark.slow
-def test_xdist_runs_the_gate_once(tmp_path, default_prompts):
+def test_xdist_runs_the_gate_once(tmp_path):
     """`-n 2`: one gate run on one worker, one summary, one valid journal, the verdict decides the
     exit status; the harness tests beside it are spread over both workers."""
     report = tmp_path / "r"
-    proc = run(*pytest_cmd("-n", "2", "suites/lossless", "tests/test_compare.py", "--categories", "math",
+    file = tmp_path / "prompts.jsonl"
+    prompts = first_of_each(file, ("math",), per_category=2)
+    proc = run(*pytest_cmd("-n", "2", "suites/lossless", "tests/test_policy.py", "--prompts", str(file), *SELECTED,
                            "--max-new-tokens", "12", "--report", str(report)))
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-3000:]
     assert out.count("specparity lossless gate: PASS") == 1, out[-3000:]
     lines = journal(report)  # every line parses: one writer
     kinds = [x["kind"] for x in lines]
-    math = sum(p.category == "math" for p in default_prompts)
-    assert kinds.count("run") == 1 and kinds.count("prompt") == math and kinds[-1] == "verdict"
-    broken = run(*pytest_cmd("-n", "2", "suites/lossless", "--categories", "math", "--max-new-tokens", "12",
-                             "--engine", BROKEN_LOOPS, "--engine-opt", "bug=inactive", "-k", "math-en-001",
+    assert kinds.count("run") == 1 and kinds.count("prompt") == len(prompts) and kinds[-1] == "verdict"
+    broken = run(*pytest_cmd("-n", "2", "suites/lossless", "--prompts", str(file), *SELECTED, "--max-new-tokens", "12",
+                             "--engine", BROKEN_LOOPS, "--engine-opt", "bug=inactive", "-k", prompts[0].id,
                              "--report", str(tmp_path / "b")))
     assert broken.returncode == exitcodes.GATE_FAILED, (broken.stdout + broken.stderr)[-3000:]
     assert "speculation inactive" in broken.stdout
 
 
-def test_xdist_each_is_refused():
-    proc = run(*pytest_cmd("-n", "2", "--dist", "each", "suites/lossless", "--collect-only"))
-    assert proc.returncode == exitcodes.BAD_INPUT
+def test_xdist_each_is_refused(tmp_path):
+    """The whole line, remedy included (tests/test_bad_input.py checks its fragment, exit code and
+    that it is one line), in this process up to the refusal, as tests/bad_inputs.py runs its cases."""
+    (case,) = [c for c in CASES if c.id == "xdist-each"]
+    proc = run_in_process(case, tmp_path)
+    assert proc.code == exitcodes.BAD_INPUT
     assert proc.stderr.strip() == ("ERROR: specparity: --dist each would run the whole gate on every worker; "
                                    "use -n N with --dist load, loadfile or loadscope")
 
 
 def test_specparity_lossless_passes_option_values_through():
-    """`specparity lossless --engine hf --categories math` (no `=`) reaches pytest intact."""
+    """`specparity lossless --engine hf --categories math` (no `=`) reaches pytest intact (a bad
+    --engine value through the same command is the cli-lossless-engine case of tests/bad_inputs.py)."""
     exe = Path(sys.executable).with_name("specparity")
-    proc = run(str(exe), "lossless", "--engine", "hf", "--categories", "math", "--collect-only", "-q",
-               "-p", "no:cacheprovider", cwd=Path("/"))
+    proc = run(str(exe), "lossless", "--engine", "hf", "--categories", "math", "--collect-only", *SUITE_PYTEST[3:],
+               cwd=Path("/"))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "test_lossless[math-en-001]" in proc.stdout and "test_lossless[code-en-001]" not in proc.stdout
-    bad = run(str(exe), "lossless", "--engine", "nosuch")
-    assert bad.returncode == exitcodes.BAD_INPUT and "--engine 'nosuch'" in bad.stderr
 
 
 @pytest.fixture(scope="module")

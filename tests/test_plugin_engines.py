@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from llamacpp_fixtures import SUITE_PYTEST
 from specparity import exitcodes
 from specparity.engines import build_engine, check_options, resolve_factory
 from specparity.engines.base import EngineInfo, EngineOptions
@@ -123,13 +124,13 @@ def gate(*args: str, timeout: int = 600) -> subprocess.CompletedProcess[str]:
     """``python -m pytest suites/lossless …`` from the repository root: no PYTHONPATH, no --target."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env["HF_HUB_OFFLINE"] = "1"
-    return subprocess.run([sys.executable, "-m", "pytest", "suites/lossless", "-q", "-p", "no:cacheprovider", *args],
+    return subprocess.run([*SUITE_PYTEST, "suites/lossless", *args],
                           cwd=REPO_ROOT, capture_output=True, text=True, timeout=timeout, env=env)
 
 
 def test_plugin_outside_the_repo_passes_the_gate_with_no_extra_flags(plugin, tmp_path):
     report = tmp_path / "r"
-    proc = gate("--engine", f"{plugin / 'mine.py'}:create", "--categories", "repeat", "--max-new-tokens", "24",
+    proc = gate("--engine", f"{plugin / 'mine.py'}:create", "--categories", "repeat", "--calibration", "selected", "--max-new-tokens", "24",
                 "--report", str(report))
     out = proc.stdout + proc.stderr
     assert proc.returncode == exitcodes.PASS, out[-3000:]

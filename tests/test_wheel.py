@@ -22,8 +22,11 @@ from pathlib import Path
 
 import pytest
 
+from llamacpp_fixtures import SUITE_PYTEST
+from prompt_subsets import first_of_each
 from specparity import exitcodes
 from specparity.fixtures import REPO_ROOT
+from specparity.prompts import load_prompts
 
 pytestmark = pytest.mark.slow
 
@@ -31,7 +34,10 @@ pytestmark = pytest.mark.slow
 SOURCES = ("pyproject.toml", "setup.py", "MANIFEST.in", "README.md", "prompts", "specparity")
 MODELS = REPO_ROOT / "fixtures" / "models"
 TARGET, DFLASH2_DRAFT, HF_DRAFT = MODELS / "target", MODELS / "dflash2", MODELS / "draft"
-FAST = ("--categories", "code", "--calibration", "selected", "--max-new-tokens", "16")
+#: Two code prompts (a file of their own in the team's repository, see ``installed``), noise measured on them.
+FAST = ("--prompts", "code.jsonl", "--calibration", "selected", "--max-new-tokens", "16")
+#: The installed plugins the lossless suite never uses stay unloaded in its pytest.
+NO_PLUGINS = SUITE_PYTEST[SUITE_PYTEST.index("no:cacheprovider") + 1:]
 
 
 def _setuptools_version() -> tuple[int, ...]:
@@ -97,6 +103,7 @@ def installed(tmp_path_factory) -> Installed:
     # checkout's editable finder (__editable__*.pth) does not come along.
     (site / "_current_env.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     _check(inst.run(inst.python, "-m", "pip", "install", "-q", "--no-deps", "--ignore-installed", "--no-index", wheel))
+    first_of_each(inst.repo / "code.jsonl", ("code",), per_category=2)
     return inst
 
 
@@ -126,25 +133,25 @@ def test_missing_target_is_one_line_naming_target(installed):
     assert proc.stderr.count("\n") == 1 and "--target" in proc.stderr, proc.stderr
 
 
-def test_lossless_under_pytest_from_the_installed_package(installed, default_prompts):
+def test_lossless_under_pytest_from_the_installed_package(installed):
     junit = installed.repo / "lossless.xml"
     proc = _check(installed.run("specparity", "lossless", "--target", TARGET, "--draft", DFLASH2_DRAFT, *FAST,
-                                "--report", "out-lossless", "--junitxml", junit, "-p", "no:cacheprovider"))
+                                "--report", "out-lossless", "--junitxml", junit, "-p", "no:cacheprovider", *NO_PLUGINS))
     assert "specparity lossless gate: PASS" in proc.stdout, proc.stdout[-2000:]
     assert f"rootdir: {installed.repo}" in proc.stdout
     cases = ET.parse(junit).getroot().iter("testcase")
     names = sorted(c.get("name") for c in cases)
-    code = sum(p.category == "code" for p in default_prompts)
-    assert names[0] == "test_gate_policy" and len(names) == 1 + code  # the policy test and one per code prompt
+    code = len(load_prompts(installed.repo / "code.jsonl").prompts)
+    assert names[0] == "test_gate_policy" and len(names) == 1 + code  # the policy test and one per prompt
     assert (installed.repo / "out-lossless" / "results.jsonl").is_file()
 
 
-def test_plain_pytest_loads_the_plugin_through_its_entry_point(installed, default_prompts):
+def test_plain_pytest_loads_the_plugin_through_its_entry_point(installed):
     # Autoloaded by the pytest11 entry point; `-p specparity` names it (needed only without autoloading).
     proc = _check(installed.run(installed.python, "-m", "pytest", "-p", "specparity", "--pyargs", "specparity.suite",
                                 "--target", TARGET, "--draft", DFLASH2_DRAFT, *FAST, "--report", "out-pytest", "-q",
-                                "-p", "no:cacheprovider"))
-    passed = 1 + sum(p.category == "code" for p in default_prompts)  # the policy test and one per code prompt
+                                "-p", "no:cacheprovider", *NO_PLUGINS))
+    passed = 1 + len(load_prompts(installed.repo / "code.jsonl").prompts)  # the policy test and one per prompt
     assert "specparity lossless gate: PASS" in proc.stdout and f"{passed} passed" in proc.stdout, proc.stdout[-2000:]
     # -p no:specparity turns it off: its options are then unknown to pytest
     helps = [installed.run(installed.python, "-m", "pytest", *extra, "--help").stdout
