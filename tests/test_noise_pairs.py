@@ -21,13 +21,14 @@ def _rows(n: int, top: list[float], moved: list[float]) -> tuple[TokenScores, To
     k = len(top)
     ids = np.tile(np.arange(k), (n, 1))
     a = np.tile(np.asarray(top, np.float32), (n, 1))
+    a[:, 2:] -= 0.001 * np.arange(n, dtype=np.float32)[:, None]  # rows differ, as a model's do
     b = a + np.asarray(moved, np.float32)
     return TokenScores(ids[:, 0], a[:, 0], ids, a), TokenScores(ids[:, 0], b[:, 0], ids, b)
 
 
 # token 0 chosen; token 1 is 0.5 nats behind (can flip) and moves by 0.05; tokens 2-4 are 12-16
 # nats behind and move by up to 0.4
-TOP = [-0.1, -0.6, -12.0, -14.0, -16.0]
+TOP = [-0.5, -1.0, -12.0, -14.0, -16.0]  # log-probabilities: they sum to less than 1
 MOVED = [0.0, 0.05, 0.4, -0.3, 0.2]
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -119,9 +120,11 @@ class ReplayModel:
             h = zlib.crc32(ids_bytes(context))
             tok = self.ordinary[h % len(self.ordinary)]
             alts = [(tok, -0.0456)]
-        # pad to k alternatives below the last one, deterministically
+        # pad to k alternatives below the last one, deterministically, within the probability mass the
+        # row leaves (a row's alternatives never sum to more than 1: halving steps stay under the rest)
         have = {a for a, _ in alts}
-        lp = min(x for _, x in alts) - 1.5
+        rest = max(1e-6, 1.0 - sum(math.exp(x) for _, x in alts))
+        lp = min(min(x for _, x in alts) - 1.5, math.log(rest / 2))
         start = zlib.crc32(ids_bytes(context[-4:])) % len(self.ordinary)
         j = 0
         while len(alts) < k and j < len(self.ordinary):
@@ -130,7 +133,7 @@ class ReplayModel:
             if cand not in have:
                 alts.append((cand, round(lp, 6)))
                 have.add(cand)
-                lp -= 0.5
+                lp -= 0.7  # a factor e^-0.7 < 1/2 per step
         return alts[:k]
 
     def greedy(self, prompt: Sequence[int], n_predict: int, k: int) -> tuple[list[int], list[list[tuple[int, float]]], str]:
