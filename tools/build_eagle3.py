@@ -51,7 +51,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 import time
@@ -109,8 +108,9 @@ class Eagle3Head(nn.Module):
     training-time-test unroll can attend to the keys of earlier steps."""
 
     def __init__(self, hidden: int, heads: int, kv_heads: int, head_dim: int, inter: int, eps: float,
-                 theta: float, n_aux: int):
+                 theta: float, n_aux: int, embed: torch.Tensor):
         super().__init__()
+        self.embed = embed  # the target's embedding, also its (tied) lm_head: a plain tensor, never trained
         self.h, self.nh, self.nkv, self.hd, self.theta = hidden, heads, kv_heads, head_dim, theta
         self.fc = nn.Linear(n_aux * hidden, hidden, bias=False)
         self.hidden_norm = RMSNorm(hidden, eps)
@@ -206,15 +206,11 @@ def unrolled_loss(head: Eagle3Head, feats, greedy, emb, valid, steps: int) -> tu
         normed, pre = head.finish(hidden, q, torch.cat(keys, 2), torch.cat(vals, 2), mask)
         m = ok.clone()
         m[:, : p - 1] = False
-        ce = F.cross_entropy(normed[m] @ emb_weight(head).T, lab[m])
+        ce = F.cross_entropy(normed[m] @ head.embed.T, lab[m])
         total = total + ce * (0.8 ** (p - 1))
         per.append(round(float(ce.detach()), 4))
         hidden = torch.cat([pre[:, :1] * 0, pre[:, :-1]], 1)  # step p+1 at slot s continues from slot s-1
     return total, per
-
-
-def emb_weight(head: Eagle3Head) -> torch.Tensor:
-    return head._target_embed  # type: ignore[attr-defined]
 
 
 def load_target(device: str = "cpu"):
@@ -231,9 +227,9 @@ def make_head(target) -> Eagle3Head:
     c = target.config
     head = Eagle3Head(ARCH["hidden_size"], ARCH["num_attention_heads"], ARCH["num_key_value_heads"],
                       ARCH["head_dim"], ARCH["intermediate_size"], c.rms_norm_eps,
-                      float(c.rope_parameters["rope_theta"]), len(AUX_LAYER_IDS)).to(target.device)
-    head._target_embed = target.get_input_embeddings().weight.detach()  # tied: the lm_head too (not trained)
-    return head
+                      float(c.rope_parameters["rope_theta"]), len(AUX_LAYER_IDS),
+                      target.get_input_embeddings().weight.detach())
+    return head.to(target.device)
 
 
 def train(head: Eagle3Head, target, rows: torch.Tensor, cfg: dict, pad_id: int) -> dict:
@@ -272,7 +268,7 @@ class Drafter:
 
     @torch.no_grad()
     def __init__(self, head: Eagle3Head, target, seq: list[int]):
-        self.head, self.ew = head, emb_weight(head)
+        self.head, self.ew = head, head.embed
         x = torch.tensor([seq], device=target.device)
         feats, _, _ = target_features(target, x)
         n = len(seq) - 1
@@ -368,6 +364,10 @@ def save(head: Eagle3Head, target, out: Path, info: dict) -> None:
     sd = {k: v.detach().to("cpu", torch.bfloat16).contiguous() for k, v in head.state_dict_hf().items()}
     save_file(sd, str(out / "model.safetensors"), metadata={"format": "pt"})
     (out / "config.json").write_text(json.dumps(hf_config(target), indent=2) + "\n")
+    write_info(out, info)
+
+
+def write_info(out: Path, info: dict) -> None:
     (out / "build_info.json").write_text(json.dumps(info, indent=1, ensure_ascii=False, default=str) + "\n")
 
 
@@ -377,18 +377,6 @@ def load_head(target, path: Path) -> Eagle3Head:
     head = make_head(target)
     head.load_hf(load_file(str(path / "model.safetensors"), device=str(target.device)))
     return head
-
-
-def update_manifest(out: Path) -> Path:
-    import hashlib
-
-    man = FIXTURES / "MANIFEST.sha256"
-    prefix = f"models/{out.name}/"
-    keep = [ln for ln in man.read_text().splitlines() if ln and not ln.split("  ", 1)[1].startswith(prefix)]
-    new = [f"{hashlib.sha256(p.read_bytes()).hexdigest()}  {prefix}{p.name}" for p in sorted(out.iterdir())
-           if p.is_file()]
-    man.write_text("\n".join(keep + new) + "\n")
-    return man
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -436,9 +424,9 @@ def main(argv: list[str] | None = None) -> int:
     save(head, target, out, info)  # the head first: the measurement below only adds to build_info.json
     info["accept"] = suite_accept(head, target, cfg["k"], cfg["prompts"])
     log(f"train {info['train']} accept (k={cfg['k']}) {info['accept']}")
-    save(head, target, out, info)
+    write_info(out, info)
     if args.manifest:
-        log(f"manifest {update_manifest(out)}")
+        log(f"manifest {bf.update_manifest(out)}")
     return 0
 
 

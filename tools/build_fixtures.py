@@ -680,6 +680,18 @@ def save_dflash(draft, out: Path) -> None:
     cfg.save_pretrained(str(out))
 
 
+def update_manifest(out: Path) -> Path:
+    """Replace (or append) the ``models/<out.name>/`` lines of fixtures/MANIFEST.sha256 for a fixture built on
+    its own (tools/build_hybrid_fixture.py, tools/build_eagle3.py); other lines untouched."""
+    man = REPO / "fixtures" / "MANIFEST.sha256"
+    prefix = f"models/{out.name}/"
+    keep = [ln for ln in man.read_text().splitlines() if ln.strip() and not ln.split(None, 1)[1].startswith(prefix)]
+    new = [f"{hashlib.sha256(p.read_bytes()).hexdigest()}  models/{p.relative_to(out.parent).as_posix()}"
+           for p in sorted(out.rglob("*")) if p.is_file()]
+    man.write_text("\n".join(keep + new) + "\n")
+    return man
+
+
 def write_manifest(root: Path) -> Path:
     lines = []
     for p in sorted(root.rglob("*")):

@@ -57,7 +57,6 @@ them if absent); the other lines are left as they are.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import math
 import os
@@ -408,17 +407,6 @@ def save(model, mtp: MTPHead, out: Path) -> None:
         shutil.copy2(TARGET_DIR / f, out / f)
 
 
-def update_manifest(out: Path) -> Path:
-    """Replace (or append) the ``models/<out.name>/`` lines of fixtures/MANIFEST.sha256; other lines untouched."""
-    man = FIXTURES / "MANIFEST.sha256"
-    prefix = f"models/{out.name}/"
-    keep = [ln for ln in man.read_text().splitlines() if ln.strip() and not ln.split(None, 1)[1].startswith(prefix)]
-    new = [f"{hashlib.sha256(p.read_bytes()).hexdigest()}  models/{p.relative_to(out.parent).as_posix()}"
-           for p in sorted(out.rglob("*")) if p.is_file()]
-    man.write_text("\n".join(keep + new) + "\n")
-    return man
-
-
 # ---------------------------------------------------------------------------------------------
 # Main
 # ---------------------------------------------------------------------------------------------
@@ -557,7 +545,7 @@ def main(argv: list[str] | None = None) -> int:
                      if p.is_file() and p.name != "build_info.json"}
     (out / "build_info.json").write_text(json.dumps(info, indent=1, ensure_ascii=False, default=str) + "\n")
     if args.manifest:
-        log(f"manifest: {update_manifest(out)}")
+        log(f"manifest: {bf.update_manifest(out)}")
     log(f"done in {time.time() - T0:.0f}s: {out}")
     return 0
 
