@@ -6,7 +6,6 @@ from the size of the default suite."""
 
 from __future__ import annotations
 
-import inspect
 import json
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -28,11 +27,9 @@ def one_per_category(prompts: Iterable[Prompt]) -> list[Prompt]:
     return list(seen.values())
 
 
-def write_subset(path: Path, keep: Callable[..., bool], source: Path = DEFAULT_PROMPTS) -> list[str]:
-    """Write the header and the prompt lines of ``source`` for which ``keep(id, category)`` holds
-    to ``path`` (a ``keep`` of three parameters also gets the line's JSON object); returns the kept ids
-    in file order."""
-    wants_row = len(inspect.signature(keep).parameters) == 3
+def write_subset(path: Path, keep: Callable[[dict], bool], source: Path = DEFAULT_PROMPTS) -> list[str]:
+    """Write the header and the prompt lines of ``source`` whose JSON object ``keep`` accepts to
+    ``path``; returns the kept ids in file order."""
     kept, lines = [], []
     for line in source.read_text(encoding="utf-8").splitlines():
         if not line.strip():
@@ -40,7 +37,7 @@ def write_subset(path: Path, keep: Callable[..., bool], source: Path = DEFAULT_P
         row = json.loads(line)
         if "id" not in row:  # the header line
             lines.append(line)
-        elif keep(row["id"], row.get("category"), row) if wants_row else keep(row["id"], row.get("category")):
+        elif keep(row):
             lines.append(line)
             kept.append(row["id"])
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
@@ -52,7 +49,8 @@ def first_of_categories(path: Path, per_category: dict[str, int]) -> list[Prompt
     ``path``; returns the prompts as the gate will load them."""
     taken: dict[str, int] = {}
 
-    def keep(_id: str, category: str) -> bool:
+    def keep(row: dict) -> bool:
+        category = row["category"]
         taken[category] = taken.get(category, 0) + 1
         return taken[category] <= per_category.get(category, 0)
 
@@ -71,7 +69,7 @@ def rows_where(path: Path, keep: Callable[[dict], bool], limit: int | None = Non
     """The first ``limit`` prompts whose JSON line ``keep`` accepts (tags, fields), written to ``path``."""
     taken = 0
 
-    def take(_id: str, _category: str, row: dict) -> bool:
+    def take(row: dict) -> bool:
         nonlocal taken
         if (limit is None or taken < limit) and keep(row):
             taken += 1

@@ -144,7 +144,7 @@ def test_selection_leaves_the_threshold_unchanged(tmp_path, default_prompts, mon
     picked_ids = ("math-en-004", "repeat-en-003")
     wanted = {p.id for p in one_per_category(default_prompts)} | set(picked_ids)
     prompts = tmp_path / "prompts.jsonl"
-    kept = write_subset(prompts, lambda pid, cat: pid in wanted or cat == "code")
+    kept = write_subset(prompts, lambda row: row["id"] in wanted or row["category"] == "code")
     assert set(picked_ids) <= set(kept) and len(kept) > len(picked_ids) + 1
     full = _pytest(tmp_path, "full", prompts, capsys=capsys)
     picked = _pytest(tmp_path, "k", prompts, "-k", " or ".join(picked_ids), capsys=capsys)
