@@ -19,7 +19,7 @@ from specparity.engines.base import EngineOptions
 from specparity.exitcodes import GATE_FAILED, ENGINE_ERROR
 from specparity.fixtures import REPO_ROOT
 from specparity.gate import decide
-from specparity.logprob_channel import MIN_CHANNEL_ROWS, SUM_TOLERANCE_NATS, channel_problem, stream_problem
+from specparity.logprob_channel import MIN_CHANNEL_ROWS, channel_problem, stream_problem
 from specparity.records import GateConfig
 from specparity.runner import run_gate
 from specparity.types import TokenScores

@@ -80,5 +80,5 @@ def test_an_unreported_row_is_allowed_and_counted(hf_options, default_prompts, t
     assert decision.passed and decision.counts["exact"] == len(prompts), decision.failures
     spec_rows = sum(len(r.spec.scores) for r in run.records)
     line = f"speculative 1 of {spec_rows}"
-    assert f"- Unreported rows: baseline 0 of " in (tmp_path / "summary.md").read_text()
+    assert "- Unreported rows: baseline 0 of " in (tmp_path / "summary.md").read_text()
     assert line in (tmp_path / "summary.md").read_text()
