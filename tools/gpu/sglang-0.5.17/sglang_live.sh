@@ -69,7 +69,9 @@ start() {
     local port="PORT_$n" args="ARGS_$n[@]"
     [ -n "${!port:-}" ] || { echo "sglang_live: unknown server $n (base ngram standalone eagle3 dflash)"; exit 4; }
     [ "$n" = eagle3 ] && eagle3_copy
-    ( export PYTHONPATH=$SGL/site-tf:$SGL/site:$HERE/standins PATH=$SGL/bin:$PATH TVM_FFI_CACHE_DIR=${SGLANG_JIT_CACHE:-$WORK/tvm-ffi}
+    # SGLANG_ENABLE_JIT_DEEPGEMM=false: with the deep_gemm stand-in importable SGLang would otherwise enable DeepGEMM
+    ( export PYTHONPATH=$SGL/site-tf:$SGL/site:$HERE/standins PATH=$SGL/bin:$PATH TVM_FFI_CACHE_DIR=${SGLANG_JIT_CACHE:-$WORK/tvm-ffi} \
+             SGLANG_ENABLE_JIT_DEEPGEMM=false
       cd "$WORK" && exec setsid python3 -m sglang.launch_server "${COMMON[@]}" --port "${!port}" "${!args}" \
         >"$WORK/logs/$MODE-$n.log" 2>&1 ) &
     echo $! >"$WORK/pgid/$MODE-$n"

@@ -6,7 +6,9 @@ import ``deep_gemm`` and some of its submodules at module level. The real packag
 when imported. This stand-in lets the imports succeed: every ``deep_gemm.*`` submodule resolves to a
 module like this one, and any function taken from it raises when called, so a model that really needs
 DeepGEMM fails loudly instead of computing something else. The fixture target (a dense Qwen3 with triton
-attention) never calls it. ``sglang_live.sh`` puts the folder holding this package on the servers' path.
+attention) never calls it. ``sglang_live.sh`` puts the folder holding this package on the servers' path
+and sets ``SGLANG_ENABLE_JIT_DEEPGEMM=false``: SGLang turns DeepGEMM on whenever ``import deep_gemm``
+succeeds on sm_90 (``deep_gemm_wrapper/configurer.py``) and would then call ``deep_gemm.set_pdl`` at start.
 """
 
 from __future__ import annotations
