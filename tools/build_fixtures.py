@@ -29,7 +29,7 @@ Steps (all seeds fixed; see docs/FIXTURES.md for what came out):
                objective: target hidden states of layers ``TARGET_LAYER_IDS`` over the context (positions
                < anchor) + block [anchor, <|mask|> x 7] -> the target's greedy next tokens at block
                positions 1..7 through the target's lm_head; DFlash2 also trains its candidate selector.
-6. save        bf16 safetensors + config + generation_config (+ tokenizer copies) under ``--out``,
+6. save        bf16 safetensors + config + generation_config (+ links to the one tokenizer) under ``--out``,
                ``build_info.json`` (losses, steps, timings) in ``--out``, and ``MANIFEST.sha256`` in the
                parent of ``--out`` (sha256sum format, paths ``models/...``).
 """
@@ -658,8 +658,17 @@ def save_lm(model, out: Path, tok_dir: Path) -> None:
     m = model.to("cpu").to(torch.bfloat16)
     m.generation_config = generation_config()
     m.save_pretrained(str(out))
-    for f in tok_dir.iterdir():
-        shutil.copy2(f, out / f.name)
+    link_tokenizer(tok_dir, out)
+
+
+def link_tokenizer(tok_dir: Path, out: Path) -> None:
+    """The tokenizer files in a model directory as relative links to the one copy in ``tok_dir`` (every
+    fixture shares the tokenizer; loaders and llama.cpp's converter read through the links)."""
+    for f in sorted(tok_dir.iterdir()):
+        link = out / f.name
+        if link.is_symlink() or link.exists():
+            link.unlink()
+        link.symlink_to(Path(os.path.relpath(f, out)))
 
 
 def save_dflash(draft, out: Path) -> None:

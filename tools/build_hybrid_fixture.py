@@ -38,7 +38,7 @@ docs/FIXTURES.md, "Hybrid (GDN) target"):
             final-normed hidden state, which is what llama.cpp feeds it) trained with
             KL(trunk(t+1) || mtp(t)).
 5. save     bf16 safetensors (trunk via save_pretrained + ``mtp.*``), config with ``layer_types`` and a
-            matching ``full_attention_interval``, generation_config (eos [0, 2]), tokenizer files copied
+            matching ``full_attention_interval``, generation_config (eos [0, 2]), tokenizer files linked
             from fixtures/models/target, build_info.json; then measured in fp32 on the bf16 weights:
             val CE, top-1 agreement with the target, and on prompts/default.jsonl the greedy outputs,
             their top-1/top-2 margins, and a simulated draft-simple acceptance of fixtures/models/draft
@@ -80,7 +80,6 @@ REPO = Path(__file__).resolve().parents[1]
 FIXTURES = REPO / "fixtures"
 TARGET_DIR = FIXTURES / "models" / "target"
 DRAFT_DIR = FIXTURES / "models" / "draft"
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
 
 VOCAB_SIZE = bf.VOCAB_SIZE
 SEQ_LEN = 256
@@ -403,8 +402,7 @@ def save(model, mtp: MTPHead, out: Path) -> None:
     cfg["mtp_num_hidden_layers"] = 1
     cfg["mtp_use_dedicated_embeddings"] = False
     (out / "config.json").write_text(json.dumps(dict(sorted(cfg.items())), indent=2) + "\n")
-    for f in TOKENIZER_FILES:
-        shutil.copy2(TARGET_DIR / f, out / f)
+    bf.link_tokenizer(TARGET_DIR.parent / "tokenizer", out)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -48,7 +48,7 @@ MODES = ["assisted", "lookup", "dflash2", "dflash1"]
 def sizes(root: Path) -> list[tuple[str, int, int]]:
     out = []
     for d in sorted(p for p in root.iterdir() if p.is_dir()):
-        files = [f for f in d.rglob("*") if f.is_file()]
+        files = [f for f in d.rglob("*") if f.is_file() and not f.is_symlink()]  # links to the tokenizer: 0 bytes
         out.append((d.name, len(files), sum(f.stat().st_size for f in files)))
     return out
 

@@ -71,6 +71,7 @@ checks serve the command line before any model loads); :class:`Fp8KVCache` is bu
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import types
 from dataclasses import dataclass, field
 from typing import Any, Mapping
@@ -130,9 +131,24 @@ def resolve_kv_options(kv_cache_dtype: Any, kv_scales: Any = None) -> tuple[str,
 
 
 def check_engine_options(options: Any) -> None:
-    """``EngineInfo.check`` for engines built on ``TorchTarget``: the KV-cache options, before any
-    model loads."""
+    """``EngineInfo.check`` for engines built on ``TorchTarget``: torch is installed, and the
+    KV-cache options, before any model loads."""
+    require_torch()
     resolve_kv_options(getattr(options, "kv_cache_dtype", None), (options.extra or {}).get("kv_scales"))
+
+
+def require_torch() -> None:
+    """In-process engines run the models here and need torch; the server engines do not, so torch is
+    an optional dependency (``specparity[torch]``). Without it: one line naming the fix, exit code 4,
+    instead of an import error from deep inside an engine."""
+    try:
+        spec = importlib.util.find_spec("torch")
+    except (ImportError, ValueError):  # a None entry in sys.modules: import blocked
+        spec = None
+    if spec is None:
+        raise ValueError("--engine: this engine runs the models in this process and needs torch, which is not "
+                         "installed (pip install torch==2.13.0 for the CPU wheel, or pip install 'specparity[torch]'); "
+                         "the server engines (llamacpp, sglang, vllm) need no torch")
 
 
 # ---------------------------------------------------------------------------------------------- numerics
