@@ -4,7 +4,7 @@ same dtype still diverge, and fp32 is bit-exact on the same prompts.
 prompts/near_tie.jsonl (tools/find_near_ties.py) holds out-of-distribution prompts on which the
 fixture target reaches exact ties or one-bf16-step margins. *Which* of them flip, and how many,
 depends on the kernels torch picks for the CPU (AVX-512 vs AVX2, oneDNN's ISA): measured 1 to 3
-flips per mode on one machine by switching kernels alone (docs/findings.md, F5b). So these tests
+flips per mode on one machine by switching kernels alone (docs/notes/findings.md, F5b). So these tests
 assert only what holds on every CPU — every flip that occurs is a near tie at an exact tie or one
 bf16 step with no later violation, nothing diverges, fp32 is exact — and check that under the
 other kernel sets this machine can emulate. The counts are measurements (``tools/bf16_flips.py``).

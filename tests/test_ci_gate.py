@@ -4,7 +4,7 @@ file, the worst exit code.
 The lossless runs use the embedded engine on a few prompts (two of ``prompts/default.jsonl``'s code
 prompts in a file of their own, ``--calibration selected``); the probes
 run on the fixtures against ``llamacpp==11434``, whose ``dflash2-format`` probe fails on the DFlash2
-fixture draft (it reads the target's last layer, docs/findings.md F9) — a real predicted failure.
+fixture draft (it reads the target's last layer, docs/notes/findings.md F9) — a real predicted failure.
 """
 
 from __future__ import annotations

@@ -142,7 +142,7 @@ def test_stop_token_inside_an_accepted_block(engine, suite_ids, inside_cases, da
 
 @pytest.mark.xfail(strict=True, raises=ZeroDivisionError,
                    reason="dflash 0.1.0: return_stats=True with max_new_tokens=0 divides the decode time by "
-                          "num_output_tokens == 0 (docs/findings.md F3)")
+                          "num_output_tokens == 0 (docs/notes/findings.md F3)")
 def test_zero_new_tokens_with_stats(engine):
     import dflash.model as dm
 

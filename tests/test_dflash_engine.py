@@ -173,7 +173,7 @@ def test_pytest_lossless_suite_runs_on_dflash(tmp_path):
 
 
 #: Prompts whose bf16 decode (EOS ignored, 96 tokens) flips at a near-tie under the verify pass
-#: with the committed fixtures (docs/findings.md F5); re-pick them if the fixtures are rebuilt.
+#: with the committed fixtures (docs/notes/findings.md F5); re-pick them if the fixtures are rebuilt.
 BF16_FLIP_PROMPTS = ("math-en-001", "math-en-004", "list-en-001", "repeat-en-005")
 BF16_STEP = 0.0625  # one bf16 step of a logit around 8..16
 

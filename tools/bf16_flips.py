@@ -3,7 +3,7 @@
 Which prompts flip (and how many) depends on the kernels torch selects for the CPU: AVX-512 vs
 AVX2 (``ATEN_CPU_CAPABILITY``) and oneDNN's ISA (``ONEDNN_MAX_CPU_ISA``). So the tests assert only
 what holds on every CPU (every flip is a near tie at an exact tie or one bf16 step, nothing
-diverges, fp32 is exact) and this tool records the rest, for ``docs/findings.md``.
+diverges, fp32 is exact) and this tool records the rest, for ``docs/notes/findings.md``.
 
     python tools/bf16_flips.py                          # this CPU's default kernels, a table
     ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 python tools/bf16_flips.py --json

@@ -11,7 +11,7 @@ first, with the learning-rate schedule following the same progress; on the H200 
 budget: the same recipe, not bit-identical (the recorded schedule followed wall-clock progress, and
 CUDA attention backward is not deterministic).
 
-Steps (all seeds fixed; see docs/FIXTURES.md for what came out):
+Steps (all seeds fixed; see docs/notes/fixtures-build.md for what came out):
 
 1. corpus      tools/corpus.py, streams "train" / "val" / "distill"; documents whose user turn equals a
                prompt of prompts/default.jsonl (or that start with one of its raw prompts) are skipped,

@@ -17,7 +17,7 @@ so the fixture carries a real, trained one (``mtp_num_hidden_layers: 1``, tensor
 ignores them on load, llama.cpp loads them for ``--spec-type draft-mtp``).
 
 Recipe (all seeds fixed; numbers of the recorded build in ``fixtures/models/hybrid/build_info.json`` and
-docs/FIXTURES.md, "Hybrid (GDN) target"):
+docs/notes/fixtures-build.md, "Hybrid (GDN) target: how it was built and measured"):
 
 1. corpus   tools/corpus.py stream "train" (the target's own training stream, the held-out prompt suite
             dropped exactly as tools/build_fixtures.py does), packed into rows of 256 tokens without

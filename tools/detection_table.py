@@ -7,7 +7,7 @@ class, prompts caught (any class but ``exact`` and ``near_tie``) and whether the
 
 It only calls ``run_gate`` and reads verdict classes, so it also runs against an older checkout
 (``--repo``: prepend that tree to ``sys.path``) to give the "before" column of
-``docs/findings.md``::
+``docs/notes/findings.md``::
 
     python tools/detection_table.py                       # this checkout
     git worktree add /tmp/before <rev>

@@ -4,7 +4,7 @@
     python tools/measure_fixtures.py                       # everything, prints markdown
     python tools/measure_fixtures.py --json reports/fixtures.json
 
-What it measures (docs/FIXTURES.md holds the recorded output):
+What it measures (docs/FIXTURES.md and docs/notes/fixtures-build.md hold the recorded output):
 
 * sizes of every fixture directory / file;
 * the target's cross-entropy on held-out corpus documents (tools/corpus.py stream "val");
