@@ -49,7 +49,7 @@ DTYPE_BITS: dict[str, int] = {
 }
 DENSE_FLOAT_DTYPES = frozenset({"F16", "BF16", "F32"})
 FP8_DTYPES = frozenset({"F8_E4M3", "F8_E5M2"})
-#: Tensor-name suffixes that sit next to a quantized ``weight`` (REFERENCE §6).
+#: Tensor-name suffixes that sit next to a quantized ``weight`` (FP8 and other quantized checkpoints).
 QUANT_SIBLINGS = (
     "weight_scale",
     "weight_scale_inv",

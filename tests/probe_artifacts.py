@@ -265,7 +265,7 @@ def dflash2_draft(
     ignore_style: str = "bare",
     codebook_rank: int = RANK,
 ) -> Path:
-    """A DFlash2 draft as the 2026-10 exports lay it out (REFERENCE §5, field report 000 manifest).
+    """A DFlash2 draft as the 2026-10 exports lay it out (the published DFlash2 export layout).
 
     ``stored``: FP8 scale layout written next to o_proj/gate/up/down: ``block128`` (F32
     ``weight_scale_inv`` [ceil(out/128), ceil(in/128)]), ``block64``, ``per_tensor`` (scalar

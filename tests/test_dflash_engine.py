@@ -132,7 +132,7 @@ def test_refuses_a_draft_of_the_other_kind():
 
 
 def test_refuses_a_dflash2_config_without_architectures(tmp_path):
-    """REFERENCE §1 trap (c): such a checkpoint would silently run as DFlash v1 elsewhere."""
+    """Such a checkpoint would silently run as DFlash v1 elsewhere."""
     d = _copy_draft(tmp_path)
     cfg = json.loads((d / "config.json").read_text())
     cfg.pop("architectures")
@@ -143,7 +143,7 @@ def test_refuses_a_dflash2_config_without_architectures(tmp_path):
 
 def test_refuses_a_checkpoint_with_missing_or_renamed_tensors(tmp_path):
     """A tensor the checkpoint lacks keeps torch.empty garbage (base_kernel); one under an unknown
-    name is dropped. Both would load "successfully" and accept nothing (REFERENCE §1 trap b)."""
+    name is dropped. Both would load "successfully" and accept nothing."""
     from safetensors.torch import load_file, save_file
 
     d = _copy_draft(tmp_path)

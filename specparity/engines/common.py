@@ -94,7 +94,7 @@ def torch_dtype(name: str):
 
 def set_threads(threads: int | None) -> None:
     """Pin torch's intra-op threads: on a 2-core machine one thread is ~50x faster for tiny models
-    when anything else is running (REFERENCE.md §5b)."""
+    when anything else is running (docs/PERFORMANCE.md)."""
     if threads:
         import torch
 

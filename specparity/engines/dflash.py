@@ -45,7 +45,7 @@ from specparity.types import ArtifactId, GenerationRequest, StepRecord
 
 #: spec mode -> (draft class name in config.json ``architectures``, fixture directory)
 SPEC_MODES = {"dflash2": ("DFlash2DraftModel", "dflash2"), "dflash1": ("DFlashDraftModel", "dflash1")}
-#: ``dflash_config`` keys a DFlash2 draft must carry; without them it silently runs as v1 (REFERENCE §1 trap c).
+#: ``dflash_config`` keys a DFlash2 draft must carry; without them it silently runs as v1.
 DFLASH2_KEYS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
 
 
@@ -253,7 +253,7 @@ class DFlashLoop:
         )
         # A tensor the checkpoint lacks keeps its init (``base_kernel`` is torch.empty); a tensor it
         # has under a name no parameter matches is dropped. Either loads "successfully" and then
-        # accepts almost nothing (REFERENCE §1 trap b, §6): refuse both.
+        # accepts almost nothing (docs/DFLASH.md): refuse both.
         for key in ("missing_keys", "unexpected_keys", "mismatched_keys"):
             bad = sorted(info.get(key) or [])
             if bad:
