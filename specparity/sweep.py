@@ -369,7 +369,7 @@ def sweep_markdown(sweep: SweepResult) -> str:
            "(`specparity compare --old-side spec`): a prompt whose output differs is a batch flip.", "",
            "| level | in flight | gate | " + " | ".join(CLASSES) + " | accepted/proposed | verify steps | accept length "
            f"| threshold (nats) | vs level {lowest}: batch_flip_near_tie | batch_flip | batch_drift | compared |",
-           "|" + "---|" * (10 + len(CLASSES))]
+           "|" + "---|" * (11 + len(CLASSES))]
     for r in sweep.results:
         fc = r.flip_counts()
         vs = (["-"] * 4 if r.level == lowest else ["n/a"] * 3 + [f"not compared: {r.flip_error}"] if r.flip_error
