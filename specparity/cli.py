@@ -332,7 +332,7 @@ def add_run_command(sub: Any) -> None:
 def _run_sweep(args: argparse.Namespace) -> int:
     from specparity.option_table import gate_dests
     from specparity.options import build_setup
-    from specparity.sweep import check_engine, check_sweep_options, parse_levels, run_sweep, terminal_lines, write_sweep
+    from specparity.sweep import check_engine, check_sweep_options, parse_levels, run_sweep, write_sweep
 
     for key, value in (("HF_HUB_OFFLINE", "1"), ("TRANSFORMERS_OFFLINE", "1"), ("TOKENIZERS_PARALLELISM", "false"),
                        ("HF_HUB_DISABLE_PROGRESS_BARS", "1")):
@@ -343,8 +343,20 @@ def _run_sweep(args: argparse.Namespace) -> int:
     setup = build_setup(raw, check_report=True)
     check_engine(setup, levels)
     say = None if (args.json or args.quiet) else (lambda msg: print(msg, file=sys.stderr, flush=True))
-    sweep = run_sweep(setup, levels, say=say)
-    paths = write_sweep(sweep)
+    try:
+        sweep = run_sweep(setup, levels, say=say)
+    except KeyboardInterrupt as exc:  # runner.GateInterrupted: the partial sweep, written, is shown
+        partial = getattr(exc, "sweep", None)
+        if partial is not None:
+            _print_sweep(args, partial, write_sweep(partial))
+        raise
+    _print_sweep(args, sweep, write_sweep(sweep))
+    return sweep.exit_code
+
+
+def _print_sweep(args: argparse.Namespace, sweep: Any, paths: Sequence[Path]) -> None:
+    from specparity.sweep import terminal_lines
+
     if args.json:
         print(json.dumps(sweep.to_json(), indent=1, default=str))
     else:
@@ -354,7 +366,6 @@ def _run_sweep(args: argparse.Namespace) -> int:
         else:
             lines += [f"report: {p}" for p in paths]
         print("\n".join(lines))
-    return sweep.exit_code
 
 
 def add_sweep_command(sub: Any) -> None:

@@ -145,6 +145,9 @@ class SweepResult:
     drift_policy: str = "fail"
     results: list[LevelResult] = field(default_factory=list)
     interrupted: bool = False
+    #: Why the sweep stopped before its last level (None: it did not): a level that could not run at
+    #: all (exit 3: the engine or its servers failed) leaves nothing for a later level on the same servers.
+    stopped: str | None = None
 
     @property
     def complete(self) -> bool:
@@ -185,7 +188,7 @@ class SweepResult:
 
     def to_json(self) -> dict[str, Any]:
         return {"schema": SWEEP_SCHEMA, "status": self.status, "exit_code": self.exit_code,
-                "levels": list(self.levels), "complete": self.complete, "report": self.report_dir,
+                "levels": list(self.levels), "complete": self.complete, "stopped": self.stopped, "report": self.report_dir,
                 "failures": self.failures(), "results": [r.to_json() for r in self.results]}
 
 
@@ -263,13 +266,20 @@ def run_sweep(setup: GateSetup, levels: Sequence[int], *, say: Callable[[str], N
                 sweep.interrupted = True
                 sweep.results.append(_level_result(level, stopped.run, _conclude(stopped.run, out), out))
                 write_sweep(sweep)
+                stopped.sweep = sweep  # type: ignore[attr-defined] - for the face to show the partial sweep
                 raise
             result = _level_result(level, run, _conclude(run, out), out)
             if level != sweep.levels[0]:
                 batch_flips(sweep.levels[0], level_dir(root, sweep.levels[0]), result, setup)
             sweep.results.append(result)
+            if result.exit_code == exitcodes.ENGINE_ERROR and level != sweep.levels[-1]:
+                rest = ", ".join(str(n) for n in sweep.levels if n > level)
+                sweep.stopped = (f"level {level} could not run (the engine or its servers failed: {level_dir(root, level)}"
+                                 f"/summary.md says why), so level(s) {rest} were not run on the same servers")
             write_sweep(sweep)
             tell(level_line(result, sweep.levels[0]))
+            if sweep.stopped:
+                break
     finally:
         engine.close()
     return sweep
@@ -346,13 +356,20 @@ def level_line(r: LevelResult, lowest: int) -> str:
     return line
 
 
+def _progress(sweep: SweepResult) -> str:
+    if sweep.interrupted and sweep.results:
+        return f" (interrupted in level {sweep.results[-1].level})"
+    return "" if sweep.complete else f" ({len(sweep.results)} of {len(sweep.levels)} run)"
+
+
 def terminal_lines(sweep: SweepResult) -> list[str]:
     lowest = sweep.levels[0]
-    lines = [f"specparity sweep: {sweep.status} — levels {', '.join(map(str, sweep.levels))}"
-             + ("" if sweep.complete else f" ({len(sweep.results)} of {len(sweep.levels)} run)")]
+    lines = [f"specparity sweep: {sweep.status} — levels {', '.join(map(str, sweep.levels))}" + _progress(sweep)]
     lines += [level_line(r, lowest) for r in sweep.results]
     lines += [f"FAIL: level {r.level}: {f}" for r in sweep.results for f in r.failures]
     lines += [f"FAIL: {f}" for f in sweep.failures()]
+    if sweep.stopped:
+        lines.append(f"stopped: {sweep.stopped}")
     return lines
 
 
@@ -361,9 +378,7 @@ def sweep_markdown(sweep: SweepResult) -> str:
 
     lowest = sweep.levels[0]
     out = [f"# specparity sweep — {sweep.status}", "",
-           f"Levels (requests in flight per phase): {', '.join(map(str, sweep.levels))}"
-           + ("" if sweep.complete else f" — {len(sweep.results)} of {len(sweep.levels)} run"
-              + (" (interrupted)" if sweep.interrupted else "")) + ".",
+           f"Levels (requests in flight per phase): {', '.join(map(str, sweep.levels))}{_progress(sweep)}.",
            f"Each level is a full gate run with its own journal and reports (`{LEVEL_DIR.format(level='N')}/`); "
            f"each level's speculative output is judged against level {lowest}'s with the gate's classes "
            "(`specparity compare --old-side spec`): a prompt whose output differs is a batch flip.", "",
@@ -387,6 +402,8 @@ def sweep_markdown(sweep: SweepResult) -> str:
     fails = [f"level {r.level}: {f}" for r in sweep.results for f in r.failures] + sweep.failures()
     if fails:
         out += ["", "## Failures", ""] + [f"- {f}" for f in fails]
+    if sweep.stopped:
+        out += ["", f"Stopped: {sweep.stopped}."]
     out += ["", "Per level: " + ", ".join(f"[{LEVEL_DIR.format(level=r.level)}/summary.md]"
                                         f"({LEVEL_DIR.format(level=r.level)}/summary.md)" for r in sweep.results), ""]
     return "\n".join(out)

@@ -219,3 +219,46 @@ def test_llamacpp_two_slots_sweep_passes_with_drafting_active(capsys, tmp_path, 
         assert 0 < r["accepted"] <= r["proposed"], r
     top = doc["results"][1]
     assert top["compared"] == len(chosen) and top["flips"] == [], top
+
+
+# --------------------------------------------------------------------------- exit codes 2 and 3
+
+
+def test_a_server_that_refuses_connections_is_an_engine_error_and_stops_the_sweep(capsys, tmp_path, prompts):
+    with SGLangServer() as base, SGLangServer(speculative=True, refuse=True) as spec:
+        code, out, err = sweep(capsys, "--levels", "1,2,4", *_gate_args(base, spec, prompts[0], tmp_path))
+    assert code == exitcodes.ENGINE_ERROR, out + err
+    doc = load_sweep(tmp_path)
+    assert [r["level"] for r in doc["results"]] == [1] and doc["results"][0]["status"] == "ERROR"
+    assert not doc["complete"] and "level(s) 2, 4 were not run" in doc["stopped"]
+    assert "connection refused" in out and "stopped: level 1 could not run" in out
+    assert not (tmp_path / LEVEL_DIR.format(level=2)).exists()
+
+
+def test_ctrl_c_in_a_level_keeps_the_finished_levels_and_exits_2(capsys, tmp_path, prompts, monkeypatch):
+    """Ctrl-C during level 2's speculative phase: level 1 stays, level 2 is concluded as interrupted,
+    sweep.json says INTERRUPTED, the command exits 2."""
+    import specparity.runner as runner
+
+    real = runner.run_gate
+
+    def interrupting(msg: str) -> None:
+        if msg.rpartition(": ")[2] == "exact":  # the first speculative verdict
+            raise KeyboardInterrupt
+
+    def run_gate(engine, prompts_, config, **kw):
+        if config.concurrency == 2:
+            kw["progress"] = interrupting
+        return real(engine, prompts_, config, **kw)
+
+    monkeypatch.setattr(runner, "run_gate", run_gate)
+    base, spec = _servers()
+    with base, spec:
+        code, out, err = sweep(capsys, "--levels", "1,2", *_gate_args(base, spec, prompts[0], tmp_path))
+    assert code == exitcodes.INTERRUPTED, out + err
+    assert out.startswith("specparity sweep: INTERRUPTED — levels 1, 2 (interrupted in level 2)"), out
+    doc = load_sweep(tmp_path)
+    assert doc["status"] == "INTERRUPTED" and not doc["complete"]
+    assert [r["status"] for r in doc["results"]] == ["PASS", "INTERRUPTED"]
+    assert any(x["kind"] == "interrupted" for x in journal(tmp_path, 2))
+    assert any(x["kind"] == "verdict" and x["status"] == "PASS" for x in journal(tmp_path, 1))
