@@ -386,6 +386,9 @@ def add_sweep_command(sub: Any) -> None:
                    help="requests in flight per phase at each level: two or more distinct positive integers, e.g. 1,4,16")
     add_gate_options(lambda name, description: p.add_argument_group(name, description).add_argument)
     p.set_defaults(report=SWEEP_REPORT)
+    for action in p._actions:  # the shared --report help names the gate's default, not the sweep's
+        if action.dest == "report":
+            action.help = f"report directory (default {SWEEP_REPORT}): sweep.md, sweep.json and one cN directory per level"
     out = p.add_argument_group("output")
     out.add_argument("--json", action="store_true", help="print sweep.json on stdout instead of the summary")
     out.add_argument("-q", "--quiet", action="store_true", help="print only the verdict line and the failures")
