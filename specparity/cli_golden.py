@@ -110,7 +110,7 @@ class Side:
     aggregate: Any = None
 
 
-def load_side(path: str, which: str, side: str) -> Side:
+def _load_side(path: str, which: str, side: str) -> Side:
     """One side of a comparison from a golden or a journal (``side``: its ``spec`` or ``baseline``
     stream); ``which`` names it in a refusal (:class:`~specparity.options.BadInput`)."""
     from specparity.calibration import Sample
@@ -183,8 +183,8 @@ def _run_compare(args: argparse.Namespace) -> int:
 
     if args.near_tie_nats is not None and args.near_tie_nats > args.near_tie_ceiling:
         raise BadInput(near_tie_above_ceiling(args.near_tie_nats, args.near_tie_ceiling))
-    old = load_side(args.old, "OLD", args.old_side)
-    new = load_side(args.new, "NEW", args.new_side)
+    old = _load_side(args.old, "OLD", args.old_side)
+    new = _load_side(args.new, "NEW", args.new_side)
     if args.report:
         check_report_dir("--report", args.report)
     if not old.streams or not (new.streams or new.errors):

@@ -209,12 +209,12 @@ def _level_result(level: int, run: Any, decision: Any, out: Path) -> LevelResult
 def batch_flips(lowest: int, low_dir: Path, result: LevelResult, setup: GateSetup) -> None:
     """``result``'s speculative output judged against the lowest level's (``specparity compare
     --old-side spec``), its flips recorded on ``result``."""
-    from specparity.cli_golden import load_side, judge_sides
+    from specparity.cli_golden import _load_side, judge_sides
 
     config = setup.config
     try:
-        old = load_side(str(low_dir), f"level {lowest}", "spec")
-        new = load_side(result.report_dir, f"level {result.level}", "spec")
+        old = _load_side(str(low_dir), f"level {lowest}", "spec")
+        new = _load_side(result.report_dir, f"level {result.level}", "spec")
     except BadInput as exc:
         result.flip_error = str(exc)
         return
