@@ -128,6 +128,8 @@ RUN_JSON_SCHEMA = 1
 #: The package holding the gate's test module (``specparity lossless`` runs pytest on it; a directory, so
 #: node ids outside the rootdir read ``test_lossless.py::test_lossless[<id>]``).
 SUITE_DIR = Path(__file__).resolve().parent / "suite"
+#: ``specparity sweep``'s default report directory (each level in a cN subdirectory).
+SWEEP_REPORT = "reports/sweep"
 
 
 # --------------------------------------------------------------------------- specparity run
@@ -324,6 +326,75 @@ def add_run_command(sub: Any) -> None:
     p.set_defaults(func=_run_gate)
 
 
+# --------------------------------------------------------------------------- specparity sweep
+
+
+def _run_sweep(args: argparse.Namespace) -> int:
+    from specparity.option_table import gate_dests
+    from specparity.options import build_setup
+    from specparity.sweep import check_engine, check_sweep_options, parse_levels, run_sweep, write_sweep
+
+    for key, value in (("HF_HUB_OFFLINE", "1"), ("TRANSFORMERS_OFFLINE", "1"), ("TOKENIZERS_PARALLELISM", "false"),
+                       ("HF_HUB_DISABLE_PROGRESS_BARS", "1")):
+        os.environ.setdefault(key, value)
+    levels = parse_levels(args.levels)
+    raw = {dest: getattr(args, dest) for dest in gate_dests()}
+    check_sweep_options(raw)
+    setup = build_setup(raw, check_report=True)
+    check_engine(setup, levels)
+    say = None if (args.json or args.quiet) else (lambda msg: print(msg, file=sys.stderr, flush=True))
+    try:
+        sweep = run_sweep(setup, levels, say=say)
+    except KeyboardInterrupt as exc:  # runner.GateInterrupted: the partial sweep, written, is shown
+        partial = getattr(exc, "sweep", None)
+        if partial is not None:
+            _print_sweep(args, partial, write_sweep(partial))
+        raise
+    _print_sweep(args, sweep, write_sweep(sweep))
+    return sweep.exit_code
+
+
+def _print_sweep(args: argparse.Namespace, sweep: Any, paths: Sequence[Path]) -> None:
+    from specparity.sweep import terminal_lines
+
+    if args.json:
+        print(json.dumps(sweep.to_json(), indent=1, default=str))
+    else:
+        lines = terminal_lines(sweep)
+        if args.quiet:
+            lines = lines[:1] + [line for line in lines if line.startswith("FAIL: ")]
+        else:
+            lines += [f"report: {p}" for p in paths]
+        print("\n".join(lines))
+
+
+def add_sweep_command(sub: Any) -> None:
+    from specparity.option_table import add_gate_options
+
+    p = sub.add_parser(
+        "sweep",
+        help="run the gate at several concurrency levels on the same servers and report batch-dependent flips",
+        description="Run the lossless gate at each --levels concurrency (lowest first) against one engine built "
+        "once, each level journalled in REPORT/cN, then judge each level's speculative output against the lowest "
+        "level's (as `specparity compare --old-side spec`): per level the gate's classes and acceptance, and the "
+        "batch flips (batch_flip_near_tie passes, batch_flip fails). Writes REPORT/sweep.md and sweep.json. "
+        "The other options are those of `specparity run`.",
+        epilog=EXIT_CODES_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--levels", required=True, metavar="N,M,...",
+                   help="requests in flight per phase at each level: two or more distinct positive integers, e.g. 1,4,16")
+    add_gate_options(lambda name, description: p.add_argument_group(name, description).add_argument)
+    p.set_defaults(report=SWEEP_REPORT)
+    for action in p._actions:  # the shared --report help names the gate's default, not the sweep's
+        if action.dest == "report":
+            action.help = f"report directory (default {SWEEP_REPORT}): sweep.md, sweep.json and one cN directory per level"
+    out = p.add_argument_group("output")
+    out.add_argument("--json", action="store_true", help="print sweep.json on stdout instead of the summary")
+    out.add_argument("-q", "--quiet", action="store_true", help="print only the verdict line and the failures")
+    p.set_defaults(func=_run_sweep)
+
+
 # --------------------------------------------------------------------------- specparity lossless
 
 
@@ -364,8 +435,8 @@ def _golden_commands() -> tuple[Callable[[Any], None], ...]:
     return GOLDEN
 
 
-COMMANDS: tuple[Callable[[Any], None], ...] = (add_run_command, *_golden_commands(), add_lossless_command,
-                                                add_probe_command)
+COMMANDS: tuple[Callable[[Any], None], ...] = (add_run_command, add_sweep_command, *_golden_commands(),
+                                                add_lossless_command, add_probe_command)
 
 
 def build_parser() -> argparse.ArgumentParser:

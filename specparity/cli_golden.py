@@ -111,6 +111,8 @@ class Side:
 
 
 def _load_side(path: str, which: str, side: str) -> Side:
+    """One side of a comparison from a golden or a journal (``side``: its ``spec`` or ``baseline``
+    stream); ``which`` names it in a refusal (:class:`~specparity.options.BadInput`)."""
     from specparity.calibration import Sample
     from specparity.golden import HEADER_KEY, GoldenError, load_golden
     from specparity.journal import JOURNAL, JournalError, load_run
@@ -176,12 +178,7 @@ def _decoder(fingerprint: Any) -> Callable[[Any], str]:
 
 
 def _run_compare(args: argparse.Namespace) -> int:
-    from specparity.calibration import calibrate
-    from specparity.compare import Verdict, compare
-    from specparity.gate import decide
-    from specparity.noise import CalibrationError
     from specparity.options import BadInput, check_report_dir
-    from specparity.records import GateConfig, GatePolicy, GateRun, PromptRecord
     from specparity.report import terminal_lines
 
     if args.near_tie_nats is not None and args.near_tie_nats > args.near_tie_ceiling:
@@ -192,12 +189,40 @@ def _run_compare(args: argparse.Namespace) -> int:
         check_report_dir("--report", args.report)
     if not old.streams or not (new.streams or new.errors):
         raise BadInput(f"{'OLD' if not old.streams else 'NEW'}: no usable prompt in {old.label if not old.streams else new.label}")
+    run, decision = judge_sides(old, new, args.old, near_tie_nats=args.near_tie_nats,
+                                near_tie_ceiling=args.near_tie_ceiling, max_near_tie=args.max_near_tie,
+                                drift_policy=args.drift_policy, only_common=args.only_common,
+                                report_dir=args.report or None)
+    if args.report:
+        _write_reports(run, decision, args.report)
+    if args.json:
+        print(json.dumps({**decision.to_json(), "prompts": [r.verdict.to_json() for r in run.records]}, indent=2))
+    else:
+        print("\n".join(terminal_lines(run, decision)))
+    return decision.exit_code
+
+
+def judge_sides(old: Side, new: Side, old_path: str, *, near_tie_nats: float | None = None,
+                near_tie_ceiling: float = DEFAULT_CEILING_NATS, max_near_tie: float = 0.25,
+                drift_policy: str = "fail", only_common: bool = False, report_dir: str | None = None) -> tuple[Any, Any]:
+    """NEW's streams judged against OLD's with the gate's classes: (the run, its decision).
+
+    The one comparison of two recorded runs, for ``specparity compare`` and for the concurrency sweep
+    (:mod:`specparity.sweep`: each level's speculative output against the lowest level's). The
+    threshold comes from both sides' measured noise; ``report_dir`` only goes into the run's config
+    (the caller writes the reports)."""
+    from specparity.calibration import calibrate
+    from specparity.compare import Verdict, compare
+    from specparity.gate import decide
+    from specparity.noise import CalibrationError
+    from specparity.records import GateConfig, GatePolicy, GateRun, PromptRecord
+
     mode = "spec" if new.speculative else "baseline"
     # the activity rule applies when NEW's journal carries speculation counters (per request or run-wide)
     counted = new.aggregate is not None or any(s[1].spec.available for s in new.streams.values())
-    config = GateConfig(report_dir=args.report or None, golden=args.old, golden_mode=mode,
-                        near_tie_nats=args.near_tie_nats,
-                        policy=GatePolicy(max_near_tie=args.max_near_tie, drift=args.drift_policy,
+    config = GateConfig(report_dir=report_dir, golden=old_path, golden_mode=mode,
+                        near_tie_nats=near_tie_nats,
+                        policy=GatePolicy(max_near_tie=max_near_tie, drift=drift_policy,
                                           allow_unknown_activity=not counted))
     run = GateRun(fingerprint=new.fingerprint, config=config, records=[], scorer=f"recorded: {old.label}")
     run.aggregate = new.aggregate
@@ -205,8 +230,8 @@ def _run_compare(args: argparse.Namespace) -> int:
     # the noise of both engines: a new engine's own decode-vs-scoring noise widens what is a near tie
     samples = old.samples + new.samples
     try:
-        _check, run.threshold = calibrate(samples, scorer=old.label, override=args.near_tie_nats,
-                                          ceiling=args.near_tie_ceiling,
+        _check, run.threshold = calibrate(samples, scorer=old.label, override=near_tie_nats,
+                                          ceiling=near_tie_ceiling,
                                           label=f"the recorded baselines of OLD ({len(old.samples)}) and NEW "
                                                 f"({len(new.samples)})")
     except (CalibrationError, ValueError) as exc:
@@ -214,8 +239,8 @@ def _run_compare(args: argparse.Namespace) -> int:
     decode = _decoder(old.fingerprint)
     stops = set(old.stop_ids) | set(new.stop_ids)
     in_new = set(new.streams) | set(new.errors)
-    wanted = [pid for pid in old.streams if pid in in_new] if args.only_common else list(old.streams)
-    if args.only_common and len(wanted) < len(old.streams):
+    wanted = [pid for pid in old.streams if pid in in_new] if only_common else list(old.streams)
+    if only_common and len(wanted) < len(old.streams):
         run.golden_notes.append(f"--only-common: {len(old.streams) - len(wanted)} prompt(s) of OLD not in NEW were left out")
     for pid in wanted:
         prompt, ref, ref_tf, limit = old.streams[pid]
@@ -242,13 +267,7 @@ def _run_compare(args: argparse.Namespace) -> int:
     if only_new:
         run.golden_notes.append(f"{len(only_new)} prompt(s) only in NEW, not judged: {', '.join(only_new)}")
     decision = decide(run)
-    if args.report:
-        _write_reports(run, decision, args.report)
-    if args.json:
-        print(json.dumps({**decision.to_json(), "prompts": [r.verdict.to_json() for r in run.records]}, indent=2))
-    else:
-        print("\n".join(terminal_lines(run, decision)))
-    return decision.exit_code
+    return run, decision
 
 
 def _write_reports(run: Any, decision: Any, out: str, flag: str = "--report") -> None:

@@ -19,12 +19,17 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--fault", action="append", default=[], metavar="FAULT[@N,M]",
                     help=f"misbehave on these generation requests (all when no @): {', '.join(FAULTS)}")
     ap.add_argument("--die-after", type=int, default=None)
+    ap.add_argument("--batch-flip-above", type=int, default=None, metavar="N",
+                    help="sglang: flip answers decoded while more than N requests are in flight (batch_flip_above)")
     ns = ap.parse_args(argv)
     rules = []
     for f in ns.fault:
         name, _, nums = f.partition("@")
         rules.append(Rule(name, requests=[int(x) for x in nums.split(",")] if nums else None))
-    with SERVERS[ns.protocol](speculative=ns.spec, rules=rules, die_after=ns.die_after) as srv:
+    knobs = {} if ns.batch_flip_above is None else {"batch_flip_above": ns.batch_flip_above}
+    if knobs and ns.protocol != "sglang":
+        ap.error("--batch-flip-above: only the sglang fake has it")
+    with SERVERS[ns.protocol](speculative=ns.spec, rules=rules, die_after=ns.die_after, **knobs) as srv:
         print(srv.url, flush=True)
         try:
             while True:

@@ -145,6 +145,9 @@ class FakeServer:
         self._httpd: _HTTPServer | None = None
         self._serve: threading.Thread | None = None
         self._sock: socket.socket | None = None
+        #: generation requests received and not yet answered (what a real server would batch together)
+        self._in_flight = 0
+        self._in_flight_changed = threading.Condition()
 
     @property
     def url(self) -> str:
@@ -260,8 +263,30 @@ class FakeServer:
                 return
         self.requests.append((method, path, body))
         fault = None
-        if method in ("POST", "PUT") and path in self.generation_paths:
+        generation = method in ("POST", "PUT") and path in self.generation_paths
+        if generation:
             fault = self._pick_fault(body)
+            self._count_in_flight(+1)
+        try:
+            self._answer(h, method, path, query, body, fault)
+        finally:
+            if generation:
+                self._count_in_flight(-1)
+
+    def _count_in_flight(self, step: int) -> None:
+        with self._in_flight_changed:
+            self._in_flight += step
+            self._in_flight_changed.notify_all()
+
+    def batched(self, above: int, window_s: float) -> bool:
+        """Whether more than ``above`` generation requests (this one included) are in flight, waiting up
+        to ``window_s`` for them to arrive — a scheduler collecting a batch: requests sent together
+        (a client with that many in flight) are batched, one at a time never is."""
+        with self._in_flight_changed:
+            self._in_flight_changed.wait_for(lambda: self._in_flight > above or self._stopping.is_set(), window_s)
+            return self._in_flight > above
+
+    def _answer(self, h: _Handler, method: str, path: str, query: str, body: Any, fault: str | None) -> None:
         if fault == "die":
             self.dead = True
             # refuse whatever comes next and drop this one unanswered; the requests that came

@@ -18,6 +18,12 @@ Knobs besides the faults of :class:`~fakes.server.FakeServer`:
   ``near_tie`` once its threshold covers that margin (the fixture target is confident: margins of
   5–18 nats, so a test widens ``--near-tie-nats``). The answer's ``spec_*`` counters stay those of
   the unflipped speculative decode.
+* ``batch_flip_above=N`` (baseline or speculative): an answer of two or more tokens decoded while more
+  than N generation requests are in flight (the server waits up to ``batch_window_s`` for them to
+  arrive, as a scheduler collects a batch) is flipped at its closest call, as ``near_tie_flips`` does
+  — a kernel whose result depends on the batch size. Given to both servers, every level's gate sees
+  identical streams (both sides flip alike) and only a comparison across concurrency levels
+  (``specparity sweep``) sees the flip. ``batch_flipped`` lists the request ids flipped.
 * ``instance_noise_nats=x``: this instance's logits differ from another's by −x, 0 or +x per
   (prefix, token), the same in its decode rows and in its scoring rows — what two server instances
   of one model do (:func:`~fakes.backend.instance_noise`). The argmax never moves.
@@ -72,7 +78,8 @@ class SGLangServer(FakeServer):
 
     def __init__(self, *, speculative: bool = False, version: str = "0.5.23", declares_deterministic: bool = False,
                  drop_spec_fields: bool = False, near_tie_flips: int = 0, backend: FixtureBackend | None = None,
-                 instance_noise_nats: float = 0.0, rules: Sequence[Rule] = (), die_after: int | None = None,
+                 instance_noise_nats: float = 0.0, batch_flip_above: int | None = None, batch_window_s: float = 0.3,
+                 rules: Sequence[Rule] = (), die_after: int | None = None,
                  refuse: bool = False, hang_s: float = 30.0, trickle_s: float = 0.1):
         super().__init__(rules=rules, die_after=die_after, refuse=refuse, hang_s=hang_s, trickle_s=trickle_s)
         self.backend = backend or shared_backend()
@@ -89,6 +96,11 @@ class SGLangServer(FakeServer):
         self.near_tie_flips = near_tie_flips
         #: Answers flipped so far (their request ids), for the test to check.
         self.flipped: list[str] = []
+        #: The ``batch_flip_above`` hook: flip answers decoded with more than this many requests in flight.
+        self.batch_flip_above = batch_flip_above
+        self.batch_window_s = batch_window_s
+        #: Answers flipped because they were batched (their request ids).
+        self.batch_flipped: list[str] = []
         #: STANDALONE draft of width w: speculative_num_draft_tokens = w + 1 (anchor + drafts).
         self.num_draft_tokens = self.backend.draft_width + 1
         self.lifetime_verify = 0
@@ -261,8 +273,15 @@ class SGLangServer(FakeServer):
                                                         "use a smaller logprob_start_len."}})
         stops = list(dict.fromkeys([*(sampling.get("stop_token_ids") or []), *self.backend.eos_ids]))
         t0 = time.perf_counter()
+        batched = (self.batch_flip_above is not None and max_new >= 2
+                   and self.batched(self.batch_flip_above, self.batch_window_s))
         with self.backend.lock:
             result = self.backend.generate(prompt, max_new, stops, top_n, self.speculative)
+            if batched:
+                flipped = self.backend.flip_closest_call(prompt, result, max_new, stops, top_n)
+                if flipped is not None:
+                    result = flipped
+                    self.batch_flipped.append(rid)
             if self.near_tie_flips > 0:
                 flipped = self.backend.flip_closest_call(prompt, result, max_new, stops, top_n)
                 if flipped is not None:
