@@ -188,3 +188,40 @@ def decide(run: GateRun, policy: GatePolicy | None = None) -> GateDecision:
         run.fatal is not None and not any(r.verdict is not None or r.baseline is not None for r in run.records))
     return GateDecision(not failures, failures, warnings, counts_out, interrupted=run.interrupted,
                         engine_error=engine_error)
+
+
+def judge_acceptance(comparison: Any, *, max_drop: float | None = None, tolerance: float | None = None) -> Any:
+    """Apply the acceptance rule to a :class:`specparity.acceptance.Comparison` (marks its rows,
+    fills ``rule`` and ``failures``; returns it). One of:
+
+    * ``max_drop`` (``specparity compare``, ``max_accept_drop``): a row fails when NEW's value is
+      more than ``max_drop`` below OLD's **and** the whole interval of the difference lies below 0 —
+      a drop larger than allowed that the prompts' spread does not explain;
+    * ``tolerance`` (``specparity parity``): a row fails when the two runs differ by more than
+      ``tolerance`` in either direction **and** the interval of the difference excludes 0.
+
+    Applied to every category and to ``all``, on the prompts not flagged as artefacts (with them
+    when every prompt is flagged). A row without an interval (fewer than 2 prompts) never fails.
+    Acceptance not recorded on a side fails nothing: ``comparison.not_recorded`` says so."""
+    c = comparison
+    if max_drop is not None:
+        c.rule = (f"FAIL when NEW is more than max_accept_drop {max_drop:g} below OLD and the whole interval of "
+                  f"the difference lies below 0 (per category and overall, without the flagged prompts)")
+    else:
+        c.rule = (f"FAIL when the runs differ by more than the tolerance {tolerance:g} and the interval of the "
+                  f"difference excludes 0 (per category and overall, without the flagged prompts)")
+    if c.not_recorded:
+        return c
+    for row in c.decided_on:
+        if row.delta is None or row.low is None:
+            continue
+        if max_drop is not None:
+            row.failed = -row.delta > max_drop and row.high < 0
+            what = f"dropped by {-row.delta:.3f} > max_accept_drop {max_drop:g}"
+        else:
+            row.failed = abs(row.delta) > tolerance and (row.low > 0 or row.high < 0)
+            what = f"differs by {abs(row.delta):.3f} > tolerance {tolerance:g}"
+        if row.failed:
+            c.failures.append(f"acceptance {row.category}: {row.old:.3f} → {row.new:.3f} {what} "
+                              f"(interval of the difference [{row.low:+.3f}, {row.high:+.3f}], {row.prompts} prompts)")
+    return c
