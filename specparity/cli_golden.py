@@ -296,7 +296,10 @@ def _compare_rules(args: argparse.Namespace) -> dict[str, Any]:
     from specparity.options import BadInput
     from specparity.policy import PolicyError, load_policy, merge
 
-    raw = {"max_near_tie": args.max_near_tie, "drift_policy": args.drift_policy, "max_accept_drop": args.max_accept_drop}
+    drop = args.max_accept_drop
+    if drop is not None:
+        drop = _number("--max-accept-drop", drop, 0.0, sys.float_info.max, "a number >= 0 (tokens per verify step)")
+    raw = {"max_near_tie": args.max_near_tie, "drift_policy": args.drift_policy, "max_accept_drop": drop}
     if args.policy:
         try:
             raw = merge(raw, load_policy(args.policy))
@@ -312,14 +315,16 @@ def _compare_rules(args: argparse.Namespace) -> dict[str, Any]:
     return raw
 
 
-def _accept_drop(value: str) -> float:
-    """``--max-accept-drop``: tokens per verify step, a finite number >= 0."""
+def _number(flag: str, value: str, low: float, high: float, expected: str) -> float:
+    """A numeric option in [low, high], or one line of bad input (exit 4) naming it."""
+    from specparity.options import BadInput
+
     try:
         x = float(value)
     except ValueError:
-        x = -1.0
-    if not 0 <= x < float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a number >= 0 (tokens per verify step), got {value!r}")
+        x = float("nan")
+    if not low <= x <= high:
+        raise BadInput(f"{flag}: expected {expected}, got {value!r}")
     return x
 
 
@@ -376,7 +381,7 @@ def add_compare_command(sub: Any) -> None:
     p.add_argument("--max-near-tie", type=float, default=None,
                    help="allowed fraction of near-tie prompts (default 0.25, or the policy file's)")
     p.add_argument("--drift-policy", choices=("fail", "warn"), default=None, help="default fail, or the policy file's")
-    p.add_argument("--max-accept-drop", type=_accept_drop, default=None, metavar="TOKENS",
+    p.add_argument("--max-accept-drop", default=None, metavar="TOKENS",
                    help="largest drop of the mean accept length from OLD to NEW before the comparison fails "
                    "(default 0.25, or the policy file's max_accept_drop; the drop must also lie beyond the "
                    "bootstrap interval: docs/ACCEPTANCE.md)")
@@ -392,28 +397,18 @@ def add_compare_command(sub: Any) -> None:
 # --------------------------------------------------------------------------- parity
 
 
-def _tolerance(value: str) -> float:
-    """``--tolerance``: an absolute difference of acceptance rates, in [0, 1]."""
-    try:
-        x = float(value)
-    except ValueError:
-        x = -1.0
-    if not 0 <= x <= 1:
-        raise argparse.ArgumentTypeError(f"expected a difference of acceptance rates in [0, 1], got {value!r}")
-    return x
-
-
 def _run_parity(args: argparse.Namespace) -> int:
     from specparity.acceptance import lines
     from specparity.options import BadInput
     from specparity.parity import parity
 
+    tolerance = _number("--tolerance", args.tolerance, 0.0, 1.0, "a difference of acceptance rates in [0, 1]")
     a = _load_side(args.run_a, "RUN_A", "spec")
     b = _load_side(args.run_b, "RUN_B", "spec")
     for which, path, side in (("RUN_A", args.run_a, a), ("RUN_B", args.run_b, b)):
         if side.acceptance.missing:
             raise BadInput(f"{which} {path}: no acceptance to compare: {side.acceptance.missing}")
-    result = parity(a.acceptance, b.acceptance, tolerance=args.tolerance)
+    result = parity(a.acceptance, b.acceptance, tolerance=tolerance)
     if result.not_recorded:
         raise BadInput(f"RUN_B {args.run_b}: no prompt with acceptance in common with RUN_A {args.run_a} "
                        f"(expected two runs of the same prompts)")
@@ -424,7 +419,7 @@ def _run_parity(args: argparse.Namespace) -> int:
     else:
         rows = result.decided_on
         head = (f"specparity parity: {status} — acceptance {rows[-1].old:.3f} (A) vs {rows[-1].new:.3f} (B) over "
-                f"{rows[-1].prompts} prompt(s), tolerance {args.tolerance:g}")
+                f"{rows[-1].prompts} prompt(s), tolerance {tolerance:g}")
         print("\n".join([head, *[f"FAIL: {f}" for f in result.failures], "", *lines(result, "A", "B")]))
     return code
 
@@ -439,7 +434,7 @@ def add_parity_command(sub: Any) -> None:
                        "more than --tolerance and the interval excludes 0. docs/ACCEPTANCE.md.")
     p.add_argument("run_a", metavar="RUN_A", help="results.jsonl or report directory of the first engine's run")
     p.add_argument("run_b", metavar="RUN_B", help="results.jsonl or report directory of the second engine's run")
-    p.add_argument("--tolerance", type=_tolerance, default=DEFAULT_TOLERANCE,
+    p.add_argument("--tolerance", default=str(DEFAULT_TOLERANCE),
                    help="largest difference of acceptance rates (absolute, default %(default)s)")
     p.add_argument("--json", action="store_true", help="print the comparison as JSON")
     p.set_defaults(func=_run_parity)

@@ -196,7 +196,9 @@ def test_policy_file_and_flag_set_the_allowed_drop(runs, capsys, tmp_path):
     policy.write_text("[gate]\nmax_near_tie = 0.25\nmax_accept_drop = -1\n", encoding="utf-8")
     code, err = refused(capsys, "compare", old, worse, "--policy", str(policy))
     assert code == exitcodes.BAD_INPUT and f"{policy}:3: max_accept_drop: expected a number >= 0" in err
-    assert main(capsys, "compare", old, worse, "--max-accept-drop", "-1")[0] == exitcodes.BAD_INPUT
+    code, err = refused(capsys, "compare", old, worse, "--max-accept-drop", "-1")
+    assert code == exitcodes.BAD_INPUT and err.strip() == \
+        "specparity: error: --max-accept-drop: expected a number >= 0 (tokens per verify step), got '-1'"
 
 
 def test_totals_only_journal_says_positions_unknown(runs, capsys, tmp_path):
@@ -222,7 +224,8 @@ def test_parity_command(runs, capsys):
     assert code == exitcodes.GATE_FAILED and data["status"] == "FAIL" and data["metric"] == "acceptance_rate"
     assert any(f.startswith("acceptance all:") for f in data["failures"])
     assert main(capsys, "parity", old, worse, "--tolerance", "1")[0] == exitcodes.PASS
-    assert main(capsys, "parity", old, worse, "--tolerance", "2")[0] == exitcodes.BAD_INPUT
+    code, err = refused(capsys, "parity", old, worse, "--tolerance", "2")
+    assert code == exitcodes.BAD_INPUT and err.startswith("specparity: error: --tolerance: expected a difference")
 
 
 def test_parity_refuses_a_run_without_acceptance(runs, capsys, tmp_path):
