@@ -29,6 +29,10 @@ DEFAULT_MAX_ACCEPT_DROP = 0.25
 RESAMPLES = 2000
 SEED = 0
 LEVEL = 0.95
+#: A row is judged only with at least this many prompts: a bootstrap over fewer has too few distinct
+#: resamples and understates the spread (3 prompts give 10), so a category of 3 prompts would fail
+#: on one prompt's change.
+MIN_PROMPTS = 5
 #: Metrics: what a row compares, as (numerator, denominator) of a per-prompt ratio estimate.
 ACCEPT_LENGTH = "accept_length"
 ACCEPT_RATE = "acceptance_rate"
@@ -260,6 +264,8 @@ def _table(rows: list[Row], old: str, new: str) -> list[str]:
              "|---|---:|---:|---:|---:|---|---|"]
     for r in rows:
         ci = "n/a (fewer than 2 prompts)" if r.low is None else f"[{r.low:+.3f}, {r.high:+.3f}]"
+        if r.low is not None and r.prompts < MIN_PROMPTS:
+            ci += f" (not judged: fewer than {MIN_PROMPTS} prompts)"
         d = "n/a" if r.delta is None else f"{r.delta:+.3f}"
         lines.append(f"| {r.category} | {r.prompts} | {_f(r.old)} | {_f(r.new)} | {d} | {ci} | "
                      f"{'**beyond**' if r.failed else ''} |")
@@ -278,7 +284,8 @@ def lines(c: Comparison, old: str = "OLD", new: str = "NEW") -> list[str]:
     if c.not_recorded:
         return [f"acceptance: {c.not_recorded}", *c.notes]
     out = [f"acceptance — {METRIC_WORDS[c.metric]}; {old} = {c.old_label}, {new} = {c.new_label}",
-           f"interval: {LEVEL:.0%} paired bootstrap over prompts ({RESAMPLES} resamples, seed {SEED})",
+           f"interval: {LEVEL:.0%} paired bootstrap over prompts ({RESAMPLES} resamples, seed {SEED}); rows of "
+           f"fewer than {MIN_PROMPTS} prompts are shown, not judged",
            *([f"rule: {c.rule}"] if c.rule else []), *c.notes, "", "with every prompt:", *_table(c.rows, old, new)]
     if c.flagged:
         out += ["", f"without the {len(c.flagged)} flagged prompt(s) (the rule is applied to this table):"

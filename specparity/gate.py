@@ -201,19 +201,23 @@ def judge_acceptance(comparison: Any, *, max_drop: float | None = None, toleranc
       ``tolerance`` in either direction **and** the interval of the difference excludes 0.
 
     Applied to every category and to ``all``, on the prompts not flagged as artefacts (with them
-    when every prompt is flagged). A row without an interval (fewer than 2 prompts) never fails.
+    when every prompt is flagged). A row of fewer than ``acceptance.MIN_PROMPTS`` prompts is shown,
+    never judged (its bootstrap understates the spread).
     Acceptance not recorded on a side fails nothing: ``comparison.not_recorded`` says so."""
+    from specparity.acceptance import MIN_PROMPTS
+
     c = comparison
+    where = f"per category of at least {MIN_PROMPTS} prompts and overall, without the flagged prompts"
     if max_drop is not None:
         c.rule = (f"FAIL when NEW is more than max_accept_drop {max_drop:g} below OLD and the whole interval of "
-                  f"the difference lies below 0 (per category and overall, without the flagged prompts)")
+                  f"the difference lies below 0 ({where})")
     else:
         c.rule = (f"FAIL when the runs differ by more than the tolerance {tolerance:g} and the interval of the "
-                  f"difference excludes 0 (per category and overall, without the flagged prompts)")
+                  f"difference excludes 0 ({where})")
     if c.not_recorded:
         return c
     for row in c.decided_on:
-        if row.delta is None or row.low is None:
+        if row.delta is None or row.low is None or row.prompts < MIN_PROMPTS:
             continue
         if max_drop is not None:
             row.failed = -row.delta > max_drop and row.high < 0
