@@ -286,7 +286,8 @@ def lines(c: Comparison, old: str = "OLD", new: str = "NEW") -> list[str]:
     out = [f"acceptance — {METRIC_WORDS[c.metric]}; {old} = {c.old_label}, {new} = {c.new_label}",
            f"interval: {LEVEL:.0%} paired bootstrap over prompts ({RESAMPLES} resamples, seed {SEED}); rows of "
            f"fewer than {MIN_PROMPTS} prompts are shown, not judged",
-           *([f"rule: {c.rule}"] if c.rule else []), *c.notes, "", "with every prompt:", *_table(c.rows, old, new)]
+           *([f"rule: {c.rule}"] if c.rule else []), *c.notes, "", "with every prompt:",
+           *_table(c.rows if c.flagged else c.decided_on, old, new)]
     if c.flagged:
         out += ["", f"without the {len(c.flagged)} flagged prompt(s) (the rule is applied to this table):"
                 if c.clean else f"every one of the {len(c.flagged)} prompts is flagged: the rule is applied with them",

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from specparity import exitcodes
-from specparity.acceptance import (ACCEPT_LENGTH, AcceptanceSet, PromptAcceptance, compare_runs, paired_interval,
+from specparity.acceptance import (AcceptanceSet, PromptAcceptance, compare_runs, lines, paired_interval,
                                    positions_of, wilson)
 from specparity.artefacts import recites_prompt, repetition_loop
 from specparity.fixtures import REPO_ROOT, fixture_dir
@@ -108,6 +108,8 @@ def test_noise_level_differences_do_not_fail_and_a_consistent_drop_does():
     assert not calm.failures, calm.rows
     bad = judge_acceptance(compare_runs(_set("a", old), _set("b", drop)), max_drop=0.25)
     assert [r.category for r in bad.decided_on if r.failed] == ["c", "all"], bad.failures
+    text = "\n".join(lines(bad))
+    assert "no prompt flagged" in text and text.count("**beyond**") == 2
     lenient = judge_acceptance(compare_runs(_set("a", old), _set("b", drop)), max_drop=1.0)
     assert not lenient.failures  # a drop of 0.75 tokens is within max_accept_drop 1
 
@@ -174,13 +176,13 @@ def test_the_golden_keeps_acceptance_and_an_old_golden_says_not_recorded(runs, c
     code, out = main(capsys, "compare", str(runs["golden"]), str(runs["dir"] / "worse"), "--json")
     assert code == exitcodes.GATE_FAILED and json.loads(out)["acceptance"]["failures"]
     # the same golden as a version without the field wrote it: the streams are judged, acceptance is not
-    lines = []
+    stripped = []
     for line in runs["golden"].read_text(encoding="utf-8").splitlines():
         obj = {k: v for k, v in json.loads(line).items() if k not in ("sha256", "acceptance")}
-        lines.append(json.dumps({**obj, "sha256": digest(obj)}, ensure_ascii=False))
-    assert len(lines) > 1 and "acceptance" in runs["golden"].read_text(encoding="utf-8")
+        stripped.append(json.dumps({**obj, "sha256": digest(obj)}, ensure_ascii=False))
+    assert len(stripped) > 1 and "acceptance" in runs["golden"].read_text(encoding="utf-8")
     old = tmp_path / "old-golden.jsonl"
-    old.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    old.write_text("\n".join(stripped) + "\n", encoding="utf-8")
     code, out = main(capsys, "compare", str(old), str(runs["dir"] / "worse"))
     assert code == exitcodes.PASS, out[-3000:]
     assert "acceptance: acceptance not recorded" in out
@@ -203,13 +205,13 @@ def test_policy_file_and_flag_set_the_allowed_drop(runs, capsys, tmp_path):
 
 def test_totals_only_journal_says_positions_unknown(runs, capsys, tmp_path):
     src = runs["dir"] / "slight" / "results.jsonl"
-    lines = []
+    edited = []
     for line in src.read_text(encoding="utf-8").splitlines():
         obj = json.loads(line)
         if obj["kind"] == "prompt" and obj.get("spec"):
             obj["spec"]["spec"].pop("steps", None)
-        lines.append(json.dumps(obj))
-    (tmp_path / "results.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+        edited.append(json.dumps(obj))
+    (tmp_path / "results.jsonl").write_text("\n".join(edited) + "\n", encoding="utf-8")
     code, out = main(capsys, "compare", str(runs["dir"] / "old"), str(tmp_path))
     assert code == exitcodes.PASS, out[-2000:]
     assert "positions unknown for journal" in out and "(the engine reports totals only)" in out
