@@ -140,6 +140,9 @@ def runs(tmp_path_factory):
     for name, scale in (("worse", WORSE), ("slight", SLIGHT)):
         draft = perturbed_draft(tmp / f"draft-{name}", scale)
         out[f"{name}_rc"] = cli.main([*common, "--draft", str(draft), "--report", str(tmp / name)])
+    # the same fixture draft under a second implementation: the hand-written loop of tests/broken_loops.py
+    loop = ("--engine", f"{REPO_ROOT / 'tests' / 'broken_loops.py'}:create")
+    out["loop_rc"] = cli.main([*common, *loop, "--report", str(tmp / "loop")])
     return out
 
 
@@ -228,6 +231,19 @@ def test_parity_command(runs, capsys):
     assert main(capsys, "parity", old, worse, "--tolerance", "1")[0] == exitcodes.PASS
     code, err = refused(capsys, "parity", old, worse, "--tolerance", "2")
     assert code == exitcodes.BAD_INPUT and err.startswith("specparity: error: --tolerance: expected a difference")
+
+
+def test_the_same_draft_under_two_implementations_agrees(runs, capsys):
+    """transformers' assisted generation (hf) and a hand-written draft-and-verify loop run the same
+    draft: parity passes; the hand loop against the worse draft does not."""
+    assert runs["loop_rc"] == exitcodes.PASS
+    hf, loop, worse = (str(runs["dir"] / n) for n in ("old", "loop", "worse"))
+    code, out = main(capsys, "parity", hf, loop, "--json")
+    data = json.loads(out)
+    assert code == exitcodes.PASS, data["failures"]
+    overall = data["rows"][-1]
+    assert overall["category"] == "all" and abs(overall["delta"]) <= 0.1
+    assert main(capsys, "parity", loop, worse)[0] == exitcodes.GATE_FAILED
 
 
 def test_parity_refuses_a_run_without_acceptance(runs, capsys, tmp_path):
