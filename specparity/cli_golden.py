@@ -230,8 +230,7 @@ def _run_compare(args: argparse.Namespace) -> int:
     config = GateConfig(report_dir=args.report or None, golden=args.old, golden_mode=mode,
                         near_tie_nats=args.near_tie_nats,
                         policy=GatePolicy(max_near_tie=rules["max_near_tie"], drift=rules["drift_policy"],
-                                          bit_exact=rules.get("bit_exact"), allow_unknown_activity=not counted,
-                                          max_accept_drop=rules["max_accept_drop"]))
+                                          bit_exact=rules.get("bit_exact"), allow_unknown_activity=not counted))
     run = GateRun(fingerprint=new.fingerprint, config=config, records=[], scorer=f"recorded: {old.label}")
     run.aggregate = new.aggregate
     run.golden_notes.append(f"{new.label} judged against {old.label}")

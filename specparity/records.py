@@ -34,8 +34,6 @@ class GatePolicy:
     never taken is a warning). ``drift``: what a ``drifted`` prompt does (``fail`` or ``warn``).
     ``min_accept_length``: the acceptance floor — a run whose mean accept length is below it fails
     (speculation collapsed: lossless but slower than promised); None: no floor.
-    ``max_accept_drop``: the largest drop of the mean accept length against a recorded run that
-    ``specparity compare`` accepts (:func:`specparity.gate.judge_acceptance`); None: its default.
     A policy file (``--policy``, :mod:`specparity.policy`) sets the same fields.
     """
 
@@ -45,7 +43,6 @@ class GatePolicy:
     allow_unknown_activity: bool = False
     drift: str = "fail"
     min_accept_length: float | None = None
-    max_accept_drop: float | None = None
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.max_near_tie <= 1.0:
@@ -56,8 +53,6 @@ class GatePolicy:
             raise ValueError(f"--require-all-paths: expected a count >= 1, got {self.require_paths}")
         if self.min_accept_length is not None and not self.min_accept_length >= 0:
             raise ValueError(f"min_accept_length: expected a number >= 0, got {self.min_accept_length}")
-        if self.max_accept_drop is not None and not self.max_accept_drop >= 0:
-            raise ValueError(f"max_accept_drop: expected a number >= 0, got {self.max_accept_drop}")
 
     def to_json(self) -> dict[str, Any]:
         return vars(self).copy()
