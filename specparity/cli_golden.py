@@ -294,6 +294,7 @@ def _compare_rules(args: argparse.Namespace) -> dict[str, Any]:
     from specparity.acceptance import DEFAULT_MAX_ACCEPT_DROP
     from specparity.options import BadInput
     from specparity.policy import PolicyError, load_policy, merge
+    from specparity.records import DEFAULT_MAX_NEAR_TIE
 
     drop = args.max_accept_drop
     if drop is not None:
@@ -307,7 +308,7 @@ def _compare_rules(args: argparse.Namespace) -> dict[str, Any]:
     if raw["max_accept_drop"] is None:
         raw["max_accept_drop"] = DEFAULT_MAX_ACCEPT_DROP
     if raw["max_near_tie"] is None:
-        raw["max_near_tie"] = 0.25
+        raw["max_near_tie"] = DEFAULT_MAX_NEAR_TIE
     raw["drift_policy"] = raw["drift_policy"] or "fail"
     if not 0 <= raw["max_near_tie"] <= 1:
         raise BadInput(f"--max-near-tie: expected a fraction in [0, 1], got {raw['max_near_tie']}")
