@@ -364,6 +364,9 @@ def _write_reports(run: Any, decision: Any, out: str, flag: str = "--report") ->
 
 
 def add_compare_command(sub: Any) -> None:
+    from specparity.acceptance import DEFAULT_MAX_ACCEPT_DROP
+    from specparity.records import DEFAULT_MAX_NEAR_TIE
+
     p = sub.add_parser("compare", help="judge two recorded runs (goldens or journals) with the gate's classes",
                        description="OLD gives the reference (a golden's or a journal's baseline), NEW the stream "
                        "judged (a golden's baseline, a journal's speculative output, or with --new-side baseline its "
@@ -379,11 +382,11 @@ def add_compare_command(sub: Any) -> None:
     p.add_argument("--near-tie-ceiling", type=float, default=DEFAULT_CEILING_NATS,
                    help="largest near-tie threshold accepted, measured or set (default %(default)s nats)")
     p.add_argument("--max-near-tie", type=float, default=None,
-                   help="allowed fraction of near-tie prompts (default 0.25, or the policy file's)")
+                   help=f"allowed fraction of near-tie prompts (default {DEFAULT_MAX_NEAR_TIE:g}, or the policy file's)")
     p.add_argument("--drift-policy", choices=("fail", "warn"), default=None, help="default fail, or the policy file's")
     p.add_argument("--max-accept-drop", default=None, metavar="TOKENS",
                    help="largest drop of the mean accept length from OLD to NEW before the comparison fails "
-                   "(default 0.25, or the policy file's max_accept_drop; the drop must also lie beyond the "
+                   f"(default {DEFAULT_MAX_ACCEPT_DROP:g}, or the policy file's max_accept_drop; the drop must also lie beyond the "
                    "bootstrap interval: docs/ACCEPTANCE.md)")
     p.add_argument("--policy", default=None, metavar="FILE",
                    help="policy file (TOML): max_accept_drop, max_near_tie and fail_on apply to compare")
