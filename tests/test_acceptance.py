@@ -157,9 +157,12 @@ def test_a_worse_draft_passes_the_gate_and_fails_compare(runs, capsys):
     assert overall["category"] == "all" and overall["failed"] and overall["high"] < 0
     assert any(f.startswith("acceptance all:") for f in data["failures"])
     assert data["acceptance"]["positions"], "the hf engine reports per-step records"
-    code, text = main(capsys, "compare", str(runs["dir"] / "old"), str(runs["dir"] / "worse"))
+    report = runs["dir"] / "compare-report"
+    code, text = main(capsys, "compare", str(runs["dir"] / "old"), str(runs["dir"] / "worse"), "--report", str(report))
     assert code == exitcodes.GATE_FAILED and "rule: FAIL when NEW is more than max_accept_drop 0.25" in text
     assert "per draft position" in text and "**beyond**" in text
+    assert "**beyond**" in (report / "acceptance.md").read_text(encoding="utf-8")
+    assert "FAIL: acceptance all:" in text and "acceptance all:" in (report / "summary.md").read_text(encoding="utf-8")
 
 
 def test_a_slight_perturbation_within_the_spread_passes(runs, capsys):
