@@ -8,7 +8,11 @@
   golden's baseline, a journal's speculative output; ``--new-side baseline`` takes its baseline:
   an engine upgrade between two journals; ``--old-side spec`` makes OLD's speculative output the
   reference: does a prompt's output depend on what else was in flight). The threshold comes from
-  both sides' measured noise.
+  both sides' measured noise. It also compares the two runs' acceptance (the speculative runs'
+  counters, per category and per draft position, with a paired bootstrap interval) and fails when
+  it dropped beyond ``--max-accept-drop`` (``max_accept_drop`` in ``--policy``; docs/ACCEPTANCE.md).
+* ``parity RUN_A RUN_B``: the same draft under two implementations (two journals): their
+  acceptance rates per category, with the same interval, must agree within ``--tolerance``.
 * ``report DIR``: rebuild every report of a run from its journal alone (after a crash, or with a
   newer specparity), and print the verdict.
 
@@ -108,6 +112,9 @@ class Side:
     errors: dict[str, str] = field(default_factory=dict)
     #: The journal's run-wide aggregate counters (an engine that reports only those), for the activity rule.
     aggregate: Any = None
+    #: The speculative run's acceptance per prompt (:class:`specparity.acceptance.AcceptanceSet`),
+    #: whatever stream is judged: a golden's recorded ``acceptance``, a journal's speculative run.
+    acceptance: Any = None
 
 
 def _load_side(path: str, which: str, side: str) -> Side:
@@ -132,8 +139,12 @@ def _load_side(path: str, which: str, side: str) -> Side:
 
             streams = {pid: (e.prompt, e.baseline, e.tf, e.max_new_tokens) for pid, e in g.entries.items()}
             samples = [Sample(pid, e.baseline.output_ids, e.baseline.scores, e.tf) for pid, e in g.entries.items()]
+            accepted = _acceptance(f"golden {journal}", [(e.prompt, e.spec, e.prompt_ids, e.baseline.output_ids)
+                                                          for e in g.entries.values() if e.spec is not None],
+                                   "the golden has no acceptance (recorded before it was kept, or by specparity "
+                                   "record, which does not speculate)")
             return Side(f"golden {journal}", Fingerprint.from_json(g.header["fingerprint"]), streams, samples, False,
-                        tuple(g.header.get("stop_token_ids", ())))
+                        tuple(g.header.get("stop_token_ids", ())), acceptance=accepted)
         run = load_run(journal)
     except (GoldenError, JournalError) as exc:
         raise BadInput(f"{which}: {exc}") from None
@@ -152,8 +163,28 @@ def _load_side(path: str, which: str, side: str) -> Side:
         else:  # the prompt errored in that run: it stays an error, never silently dropped
             errors[r.prompt.id] = _errored(r, side)
     stops = next((r.request.stop_token_ids for r in run.records if r.request), ())
+    spec_runs = [(r.prompt, r.spec.spec, r.request.prompt_ids if r.request else None,
+                  r.baseline.output_ids if r.baseline is not None and not r.baseline.error else r.spec.output_ids)
+                 for r in run.records if r.spec is not None and not r.spec.error]
+    why = ("the journal's speculative run reported no per-request counters"
+           + (" (run-wide counters only: no per-prompt spread to compare)" if run.aggregate is not None else "")
+           if spec_runs else "the journal holds no speculative run (baselines only)")
     return Side(f"journal {journal} ({side})", run.fingerprint, streams, samples, side == "spec", tuple(stops),
-                errors, run.aggregate if side == "spec" else None)
+                errors, run.aggregate if side == "spec" else None, _acceptance(f"journal {journal}", spec_runs, why))
+
+
+def _acceptance(label: str, spec_runs: list[tuple[Any, Any, Any, Any]], why: str) -> Any:
+    """The :class:`~specparity.acceptance.AcceptanceSet` of (prompt, counters, prompt ids, output ids)."""
+    from specparity.acceptance import AcceptanceSet, prompt_acceptance
+
+    out = AcceptanceSet(label)
+    for prompt, stats, prompt_ids, output_ids in spec_runs:
+        pa = prompt_acceptance(prompt.id, prompt.category, stats, prompt_ids, output_ids)
+        if pa is not None:
+            out.prompts[prompt.id] = pa
+    if not out.prompts:
+        out.missing = why
+    return out
 
 
 def _errored(rec: Any, side: str) -> str:
@@ -183,6 +214,7 @@ def _run_compare(args: argparse.Namespace) -> int:
 
     if args.near_tie_nats is not None and args.near_tie_nats > args.near_tie_ceiling:
         raise BadInput(near_tie_above_ceiling(args.near_tie_nats, args.near_tie_ceiling))
+    rules = _compare_rules(args)
     old = _load_side(args.old, "OLD", args.old_side)
     new = _load_side(args.new, "NEW", args.new_side)
     if args.report:
@@ -190,21 +222,27 @@ def _run_compare(args: argparse.Namespace) -> int:
     if not old.streams or not (new.streams or new.errors):
         raise BadInput(f"{'OLD' if not old.streams else 'NEW'}: no usable prompt in {old.label if not old.streams else new.label}")
     run, decision = judge_sides(old, new, args.old, near_tie_nats=args.near_tie_nats,
-                                near_tie_ceiling=args.near_tie_ceiling, max_near_tie=args.max_near_tie,
-                                drift_policy=args.drift_policy, only_common=args.only_common,
-                                report_dir=args.report or None)
+                                near_tie_ceiling=args.near_tie_ceiling, max_near_tie=rules["max_near_tie"],
+                                drift_policy=rules["drift_policy"], only_common=args.only_common,
+                                report_dir=args.report or None, bit_exact=rules.get("bit_exact"))
+    accept = _acceptance_verdict(old, new, decision, max_drop=rules["max_accept_drop"])
     if args.report:
         _write_reports(run, decision, args.report)
+        _write_acceptance(accept, args.report)
     if args.json:
-        print(json.dumps({**decision.to_json(), "prompts": [r.verdict.to_json() for r in run.records]}, indent=2))
+        print(json.dumps({**decision.to_json(), "prompts": [r.verdict.to_json() for r in run.records],
+                          "acceptance": accept.to_json()}, indent=2))
     else:
-        print("\n".join(terminal_lines(run, decision)))
+        from specparity.acceptance import lines
+
+        print("\n".join(terminal_lines(run, decision) + [""] + lines(accept)))
     return decision.exit_code
 
 
 def judge_sides(old: Side, new: Side, old_path: str, *, near_tie_nats: float | None = None,
                 near_tie_ceiling: float = DEFAULT_CEILING_NATS, max_near_tie: float = 0.25,
-                drift_policy: str = "fail", only_common: bool = False, report_dir: str | None = None) -> tuple[Any, Any]:
+                drift_policy: str = "fail", only_common: bool = False, report_dir: str | None = None,
+                bit_exact: bool | None = None) -> tuple[Any, Any]:
     """NEW's streams judged against OLD's with the gate's classes: (the run, its decision).
 
     The one comparison of two recorded runs, for ``specparity compare`` and for the concurrency sweep
@@ -222,7 +260,7 @@ def judge_sides(old: Side, new: Side, old_path: str, *, near_tie_nats: float | N
     counted = new.aggregate is not None or any(s[1].spec.available for s in new.streams.values())
     config = GateConfig(report_dir=report_dir, golden=old_path, golden_mode=mode,
                         near_tie_nats=near_tie_nats,
-                        policy=GatePolicy(max_near_tie=max_near_tie, drift=drift_policy,
+                        policy=GatePolicy(max_near_tie=max_near_tie, drift=drift_policy, bit_exact=bit_exact,
                                           allow_unknown_activity=not counted))
     run = GateRun(fingerprint=new.fingerprint, config=config, records=[], scorer=f"recorded: {old.label}")
     run.aggregate = new.aggregate
@@ -270,6 +308,69 @@ def judge_sides(old: Side, new: Side, old_path: str, *, near_tie_nats: float | N
     return run, decision
 
 
+def _compare_rules(args: argparse.Namespace) -> dict[str, Any]:
+    """The compare's policy: its flags, then ``--policy FILE`` for what they leave unset, then the
+    defaults (``max_near_tie``, ``fail_on`` and ``max_accept_drop`` apply; bad values exit 4)."""
+    from specparity.acceptance import DEFAULT_MAX_ACCEPT_DROP
+    from specparity.options import BadInput
+    from specparity.policy import PolicyError, load_policy, merge
+    from specparity.records import DEFAULT_MAX_NEAR_TIE
+
+    drop = args.max_accept_drop
+    if drop is not None:
+        drop = _number("--max-accept-drop", drop, 0.0, sys.float_info.max, "a number >= 0 (tokens per verify step)")
+    raw = {"max_near_tie": args.max_near_tie, "drift_policy": args.drift_policy, "max_accept_drop": drop}
+    if args.policy:
+        try:
+            raw = merge(raw, load_policy(args.policy))
+        except PolicyError as exc:
+            raise BadInput(str(exc)) from None
+    if raw["max_accept_drop"] is None:
+        raw["max_accept_drop"] = DEFAULT_MAX_ACCEPT_DROP
+    if raw["max_near_tie"] is None:
+        raw["max_near_tie"] = DEFAULT_MAX_NEAR_TIE
+    raw["drift_policy"] = raw["drift_policy"] or "fail"
+    if not 0 <= raw["max_near_tie"] <= 1:
+        raise BadInput(f"--max-near-tie: expected a fraction in [0, 1], got {raw['max_near_tie']}")
+    return raw
+
+
+def _number(flag: str, value: str, low: float, high: float, expected: str) -> float:
+    """A numeric option in [low, high], or one line of bad input (exit 4) naming it."""
+    from specparity.options import BadInput
+
+    try:
+        x = float(value)
+    except ValueError:
+        x = float("nan")
+    if not low <= x <= high:
+        raise BadInput(f"{flag}: expected {expected}, got {value!r}")
+    return x
+
+
+def _acceptance_verdict(old: Side, new: Side, decision: Any, *, max_drop: float) -> Any:
+    """Compare both sides' acceptance and fold a regression into ``decision`` (a failure: exit 1)."""
+    from specparity.acceptance import compare_runs
+    from specparity.gate import judge_acceptance
+
+    accept = judge_acceptance(compare_runs(old.acceptance, new.acceptance), max_drop=max_drop)
+    if accept.failures:
+        decision.failures.extend(accept.failures)
+        decision.passed = False
+    return accept
+
+
+def _write_acceptance(accept: Any, out: str) -> None:
+    """``acceptance.md`` beside the other reports."""
+    from specparity.acceptance import lines
+    from specparity.session import write_failed
+
+    try:
+        (Path(out) / "acceptance.md").write_text("# Acceptance\n\n" + "\n".join(lines(accept)) + "\n", encoding="utf-8")
+    except OSError as exc:
+        raise write_failed(f"--report {out}", exc, "PASS" if not accept.failures else "FAIL") from None
+
+
 def _write_reports(run: Any, decision: Any, out: str, flag: str = "--report") -> None:
     """The reports, or one line and exit 3 (a harness error, not bad input) when the write fails
     after the directory was checked."""
@@ -283,6 +384,9 @@ def _write_reports(run: Any, decision: Any, out: str, flag: str = "--report") ->
 
 
 def add_compare_command(sub: Any) -> None:
+    from specparity.acceptance import DEFAULT_MAX_ACCEPT_DROP
+    from specparity.records import DEFAULT_MAX_NEAR_TIE
+
     p = sub.add_parser("compare", help="judge two recorded runs (goldens or journals) with the gate's classes",
                        description="OLD gives the reference (a golden's or a journal's baseline), NEW the stream "
                        "judged (a golden's baseline, a journal's speculative output, or with --new-side baseline its "
@@ -297,13 +401,66 @@ def add_compare_command(sub: Any) -> None:
     p.add_argument("--near-tie-nats", type=float, default=None, help="near-tie threshold (default: measured on OLD)")
     p.add_argument("--near-tie-ceiling", type=float, default=DEFAULT_CEILING_NATS,
                    help="largest near-tie threshold accepted, measured or set (default %(default)s nats)")
-    p.add_argument("--max-near-tie", type=float, default=0.25, help="allowed fraction of near-tie prompts")
-    p.add_argument("--drift-policy", choices=("fail", "warn"), default="fail")
+    p.add_argument("--max-near-tie", type=float, default=None,
+                   help=f"allowed fraction of near-tie prompts (default {DEFAULT_MAX_NEAR_TIE:g}, or the policy file's)")
+    p.add_argument("--drift-policy", choices=("fail", "warn"), default=None, help="default fail, or the policy file's")
+    p.add_argument("--max-accept-drop", default=None, metavar="TOKENS",
+                   help="largest drop of the mean accept length from OLD to NEW before the comparison fails "
+                   f"(default {DEFAULT_MAX_ACCEPT_DROP:g}, or the policy file's max_accept_drop; the drop must also lie beyond the "
+                   "bootstrap interval: docs/ACCEPTANCE.md)")
+    p.add_argument("--policy", default=None, metavar="FILE",
+                   help="policy file (TOML): max_accept_drop, max_near_tie and fail_on apply to compare")
     p.add_argument("--only-common", action="store_true",
                    help="judge only the prompts both sides hold (default: a prompt of OLD missing from NEW is an error)")
     p.add_argument("--report", default=None, help="write the reports of the comparison to this directory")
     p.add_argument("--json", action="store_true", help="print the decision and per-prompt verdicts as JSON")
     p.set_defaults(func=_run_compare)
+
+
+# --------------------------------------------------------------------------- parity
+
+
+def _run_parity(args: argparse.Namespace) -> int:
+    from specparity.acceptance import lines
+    from specparity.options import BadInput
+    from specparity.parity import parity
+
+    tolerance = _number("--tolerance", args.tolerance, 0.0, 1.0, "a difference of acceptance rates in [0, 1]")
+    a = _load_side(args.run_a, "RUN_A", "spec")
+    b = _load_side(args.run_b, "RUN_B", "spec")
+    for which, path, side in (("RUN_A", args.run_a, a), ("RUN_B", args.run_b, b)):
+        if side.acceptance.missing:
+            raise BadInput(f"{which} {path}: no acceptance to compare: {side.acceptance.missing}")
+    result = parity(a.acceptance, b.acceptance, tolerance=tolerance)
+    if result.not_recorded:
+        raise BadInput(f"RUN_B {args.run_b}: no prompt with acceptance in common with RUN_A {args.run_a} "
+                       f"(expected two runs of the same prompts)")
+    code = exitcodes.GATE_FAILED if result.failures else exitcodes.PASS
+    status = "FAIL" if result.failures else "PASS"
+    if args.json:
+        print(json.dumps({"status": status, "exit_code": code, **result.to_json()}, indent=2))
+    else:
+        rows = result.decided_on
+        head = (f"specparity parity: {status} — acceptance {rows[-1].old:.3f} (A) vs {rows[-1].new:.3f} (B) over "
+                f"{rows[-1].prompts} prompt(s), tolerance {tolerance:g}")
+        print("\n".join([head, *[f"FAIL: {f}" for f in result.failures], "", *lines(result, "A", "B")]))
+    return code
+
+
+def add_parity_command(sub: Any) -> None:
+    from specparity.parity import DEFAULT_TOLERANCE
+
+    p = sub.add_parser("parity", help="the same draft under two implementations: acceptance per category must agree",
+                       description="Compare the acceptance rates (accepted / proposed draft tokens) of two runs of "
+                       "the same draft on the same prompts under two engines (journals or report directories), per "
+                       "category and overall, with a paired bootstrap interval; fails (exit 1) where they differ by "
+                       "more than --tolerance and the interval excludes 0. docs/ACCEPTANCE.md.")
+    p.add_argument("run_a", metavar="RUN_A", help="results.jsonl or report directory of the first engine's run")
+    p.add_argument("run_b", metavar="RUN_B", help="results.jsonl or report directory of the second engine's run")
+    p.add_argument("--tolerance", default=str(DEFAULT_TOLERANCE),
+                   help="largest difference of acceptance rates (absolute, default %(default)s)")
+    p.add_argument("--json", action="store_true", help="print the comparison as JSON")
+    p.set_defaults(func=_run_parity)
 
 
 # --------------------------------------------------------------------------- report
@@ -341,4 +498,4 @@ def add_report_command(sub: Any) -> None:
     p.set_defaults(func=_run_report)
 
 
-COMMANDS = (add_record_command, add_compare_command, add_report_command)
+COMMANDS = (add_record_command, add_compare_command, add_parity_command, add_report_command)

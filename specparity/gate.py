@@ -188,3 +188,44 @@ def decide(run: GateRun, policy: GatePolicy | None = None) -> GateDecision:
         run.fatal is not None and not any(r.verdict is not None or r.baseline is not None for r in run.records))
     return GateDecision(not failures, failures, warnings, counts_out, interrupted=run.interrupted,
                         engine_error=engine_error)
+
+
+def judge_acceptance(comparison: Any, *, max_drop: float | None = None, tolerance: float | None = None) -> Any:
+    """Apply the acceptance rule to a :class:`specparity.acceptance.Comparison` (marks its rows,
+    fills ``rule`` and ``failures``; returns it). One of:
+
+    * ``max_drop`` (``specparity compare``, ``max_accept_drop``): a row fails when NEW's value is
+      more than ``max_drop`` below OLD's **and** the whole interval of the difference lies below 0 —
+      a drop larger than allowed that the prompts' spread does not explain;
+    * ``tolerance`` (``specparity parity``): a row fails when the two runs differ by more than
+      ``tolerance`` in either direction **and** the interval of the difference excludes 0.
+
+    Applied to every category and to ``all``, on the prompts not flagged as artefacts (with them
+    when every prompt is flagged). A row of fewer than ``acceptance.MIN_PROMPTS`` prompts is shown,
+    never judged (its bootstrap understates the spread).
+    Acceptance not recorded on a side fails nothing: ``comparison.not_recorded`` says so."""
+    from specparity.acceptance import MIN_PROMPTS
+
+    c = comparison
+    where = f"per category of at least {MIN_PROMPTS} prompts and overall, without the flagged prompts"
+    if max_drop is not None:
+        c.rule = (f"FAIL when NEW is more than max_accept_drop {max_drop:g} below OLD and the whole interval of "
+                  f"the difference lies below 0 ({where})")
+    else:
+        c.rule = (f"FAIL when the runs differ by more than the tolerance {tolerance:g} and the interval of the "
+                  f"difference excludes 0 ({where})")
+    if c.not_recorded:
+        return c
+    for row in c.decided_on:
+        if row.delta is None or row.low is None or row.prompts < MIN_PROMPTS:
+            continue
+        if max_drop is not None:
+            row.failed = -row.delta > max_drop and row.high < 0
+            what = f"dropped by {-row.delta:.3f} > max_accept_drop {max_drop:g}"
+        else:
+            row.failed = abs(row.delta) > tolerance and (row.low > 0 or row.high < 0)
+            what = f"differs by {abs(row.delta):.3f} > tolerance {tolerance:g}"
+        if row.failed:
+            c.failures.append(f"acceptance {row.category}: {row.old:.3f} → {row.new:.3f} {what} "
+                              f"(interval of the difference [{row.low:+.3f}, {row.high:+.3f}], {row.prompts} prompts)")
+    return c

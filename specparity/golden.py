@@ -12,7 +12,9 @@ measured from: the noise still comes from a baseline measurement). The format is
   kernel settings, not the draft or the speculative config), the prompt files' content hashes,
   ``top_k``, when it was recorded and by which specparity;
 * one line per prompt: the prompt, its content hash, the encoded prompt ids, the baseline and its
-  teacher-forced scores.
+  teacher-forced scores, and — optional, when a speculative run recorded it — ``acceptance``: that
+  run's speculation counters for the prompt (totals and per-step records, as a journal holds them),
+  which ``specparity compare`` compares with a later run's (a golden without it: "not recorded").
 
 Every line carries ``sha256``, the hash of its own canonical JSON without that field: a corrupted
 or hand-edited golden fails with ``file:line: what is wrong``, never with a wrong verdict. Writes
@@ -103,6 +105,8 @@ class GoldenEntry:
     baseline: GenerationResult
     tf: TokenScores
     line: int
+    #: The speculative run's counters for this prompt (``acceptance``), None when not recorded.
+    spec: SpecStats | None = None
 
 
 @dataclass
@@ -197,7 +201,14 @@ def _entry(obj: dict[str, Any], where: str, lineno: int, top_k: int) -> GoldenEn
     text = obj.get("text", "")
     baseline = GenerationResult(prompt.id, output, text if isinstance(text, str) else "", finish, scores,
                                 SpecStats.unavailable("golden baseline"), wall_s=float(obj.get("wall_s", 0.0)))
-    return GoldenEntry(prompt, stated, prompt_ids, max_new, baseline, tf, lineno)
+    spec = None
+    if obj.get("acceptance") is not None:
+        data = _need(obj, "acceptance", dict, where, "speculation counters {available, proposed, accepted, ...}")
+        try:
+            spec = SpecStats.from_json(data)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise GoldenError(f"{where}: acceptance: expected speculation counters ({type(exc).__name__}: {exc})") from None
+    return GoldenEntry(prompt, stated, prompt_ids, max_new, baseline, tf, lineno, spec)
 
 
 def load_golden(path: str | Path) -> Golden:
@@ -256,6 +267,8 @@ class Recorded:
     baseline: GenerationResult
     tf: TokenScores
     stop_token_ids: Sequence[int] = ()
+    #: The speculative run's counters for this prompt, written as ``acceptance`` when available.
+    spec: SpecStats | None = None
 
 
 def _line(obj: dict[str, Any]) -> str:
@@ -275,6 +288,7 @@ def _entry_json(r: Recorded) -> dict[str, Any]:
         "wall_s": round(b.wall_s, 6),
         "scores": b.scores.to_json(),
         "tf": r.tf.to_json(),
+        **({"acceptance": r.spec.to_json()} if r.spec is not None and r.spec.available else {}),
     }
 
 
@@ -292,7 +306,8 @@ def write_golden(path: str | Path, fingerprint: Fingerprint, recorded: Iterable[
     if keep is not None:
         for pid, old in keep.entries.items():
             if pid not in entries:
-                entries[pid] = _entry_json(Recorded(old.prompt, old.prompt_ids, old.max_new_tokens, old.baseline, old.tf))
+                entries[pid] = _entry_json(Recorded(old.prompt, old.prompt_ids, old.max_new_tokens, old.baseline, old.tf,
+                                                    spec=old.spec))
     header = {
         HEADER_KEY: SCHEMA_VERSION,
         "description": description or "recorded baseline (specparity golden/README.md)",

@@ -4,8 +4,13 @@ Losslessness says nothing about the draft: a DFlash2 draft silently run as DFlas
 selector or mis-scaled FP8 weights keep the output exact and only lower acceptance. Running the
 *same* draft on the *same* prompts under two implementations (the reference ``dflash`` decoder and
 llama.cpp's ``draft-dflash``, say) and comparing their per-category acceptance catches that: the
-two should agree up to the few tokens where their numerics differ. Pure: it takes the per-category
-:class:`~specparity.records.Activity` of two gate runs, nothing else.
+two should agree up to the few tokens where their numerics differ.
+
+``specparity parity RUN_A RUN_B`` (:func:`parity`) compares two journals per prompt: per category
+the acceptance rates with the paired bootstrap interval of their difference
+(:mod:`specparity.acceptance`), failing where they differ by more than the tolerance *and* the
+interval excludes 0. :func:`compare_acceptance` compares run-wide per-category totals
+(:class:`~specparity.records.Activity`) without an interval, for callers holding only those. Pure.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping
 
+from specparity.acceptance import ACCEPT_RATE, AcceptanceSet, Comparison, compare_runs
 from specparity.records import Activity
 
 #: Largest accepted difference of acceptance rates (accepted / proposed draft tokens), absolute.
@@ -80,3 +86,11 @@ def compare_acceptance(a: Mapping[str, Activity], b: Mapping[str, Activity], *,
     overall = ParityRow("all", total_a.acceptance_rate, total_b.acceptance_rate, total_a.mean_accept_length,
                         total_b.mean_accept_length)
     return ParityResult(rows, overall, tolerance)
+
+
+def parity(a: AcceptanceSet, b: AcceptanceSet, *, tolerance: float = DEFAULT_TOLERANCE) -> Comparison:
+    """Acceptance rates of the same draft under two implementations, per category, judged against
+    ``tolerance`` (:func:`specparity.gate.judge_acceptance`)."""
+    from specparity.gate import judge_acceptance
+
+    return judge_acceptance(compare_runs(a, b, metric=ACCEPT_RATE), tolerance=tolerance)

@@ -7,6 +7,7 @@ editing flags scattered over workflow files::
     fail_on = ["diverged", "error", "drifted"]  # classes that fail; add "near_tie" to demand bit-exactness
     max_near_tie = 0.25                          # fraction of prompts that may be near-tie flips
     min_accept_length = 1.5                      # acceptance floor (mean accept length)
+    max_accept_drop = 0.25                       # specparity compare: largest accept-length drop vs OLD
     require_all_paths = 0                        # each speculative path on at least N prompts (0: warn)
     allow_unknown_activity = false
     allow_unknown = ["mamba-slots"]              # probes whose "unknown" answer may pass (by name)
@@ -37,7 +38,7 @@ from typing import Any, Sequence
 from specparity.compare import CLASSES
 
 ALWAYS_FAIL = ("diverged", "error")
-KEYS = ("fail_on", "max_near_tie", "min_accept_length", "require_all_paths", "allow_unknown_activity", "allow_unknown")
+KEYS = ("fail_on", "max_near_tie", "min_accept_length", "max_accept_drop", "require_all_paths", "allow_unknown_activity", "allow_unknown")
 
 
 class PolicyError(ValueError):
@@ -63,7 +64,8 @@ def where(path: str | Path, key: str) -> str:
 def load_policy(path: str | Path) -> dict[str, Any]:
     """The policy as raw option values (``dest`` names, as :func:`specparity.options.build_setup` reads
     them): ``max_near_tie``, ``drift_policy``, ``bit_exact``, ``require_all_paths``,
-    ``allow_unknown_activity``, ``min_accept_length``."""
+    ``allow_unknown_activity``, ``min_accept_length``, ``max_accept_drop`` (read by ``specparity
+    compare`` only: a gate run has no earlier run to compare its acceptance with)."""
     p = Path(path)
     try:
         text = p.read_text(encoding="utf-8")
@@ -108,6 +110,11 @@ def load_policy(path: str | Path) -> dict[str, Any]:
         if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
             raise bad("min_accept_length", "a number >= 0 (tokens per verify step)")
         out["min_accept_length"] = float(v)
+    if "max_accept_drop" in gate:
+        v = gate["max_accept_drop"]
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < float("inf"):
+            raise bad("max_accept_drop", "a number >= 0 (tokens per verify step)")
+        out["max_accept_drop"] = float(v)
     if "require_all_paths" in gate:
         v = gate["require_all_paths"]
         if isinstance(v, bool) or not isinstance(v, int) or v < 0:

@@ -285,6 +285,8 @@ def _run_phases(engine: Engine, run: GateRun, writer: ResultsWriter, say: Callab
             return
         counters_before = _aggregate_counters(engine, caps.counters)
         _speculative(engine, run, scorer, writer, say, golden)
+        if config.update_golden and not run.golden_error:
+            _record_golden(run, golden, writer, say, acceptance=True)
         if counters_before is not None:
             try:
                 run.aggregate = _aggregate_delta(counters_before, _aggregate_counters(engine, caps.counters))
@@ -451,11 +453,14 @@ def _use_golden(run: GateRun, golden: Golden | None, writer: ResultsWriter, say:
     return True
 
 
-def _record_golden(run: GateRun, golden: Golden | None, writer: ResultsWriter, say: Callable[[str], None]) -> None:
-    """``--update-golden``: write this run's measured baselines (selected and calibration prompts)."""
+def _record_golden(run: GateRun, golden: Golden | None, writer: ResultsWriter, say: Callable[[str], None],
+                   acceptance: bool = False) -> None:
+    """``--update-golden``: write this run's measured baselines (selected and calibration prompts);
+    with ``acceptance`` (after the speculative phase) again, with each prompt's speculation counters."""
     config = run.config
     done = [Recorded(r.prompt, r.request.prompt_ids, r.request.max_new_tokens, r.baseline, r.baseline_tf,
-                     r.request.stop_token_ids)
+                     r.request.stop_token_ids,
+                     spec=r.spec.spec if acceptance and r.spec is not None and not r.spec.error else None)
             for r in run.records + run.calibration_records
             if r.request is not None and r.baseline is not None and not r.baseline.error and r.baseline_tf is not None]
     keep = golden if golden is not None and golden.key == baseline_key(run.fingerprint) else None
@@ -467,6 +472,9 @@ def _record_golden(run: GateRun, golden: Golden | None, writer: ResultsWriter, s
         writer.write({"kind": "golden", "path": config.golden, "error": run.golden_error})
         return
     note = f"wrote {config.golden}: {n} prompt(s), {len(done)} recorded by this run"
+    if acceptance:
+        counted = sum(1 for r in done if r.spec is not None and r.spec.available)
+        note = f"added the speculative run's acceptance of {counted} prompt(s) to {config.golden}"
     run.golden_notes.append(note)
     writer.write({"kind": "golden", "path": config.golden, "mode": "update", "notes": [note]})
     say(note)
