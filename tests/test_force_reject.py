@@ -11,9 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
@@ -23,7 +20,7 @@ from prompt_subsets import write_subset
 from specparity import exitcodes
 from specparity.coverage import step_kind
 from specparity.engines.base import EngineOptions
-from specparity.fixtures import REPO_ROOT, fixture_dir
+from specparity.fixtures import fixture_dir
 from specparity.force_reject import MIN_REJECT_SHARE, ForceReject, RejectShare
 from specparity.gate import decide, reject_share
 from specparity.prompts import load_prompts
@@ -202,16 +199,18 @@ def test_builtin_engines_pass_under_forced_rejection(engine_name, mode, short_pr
         assert share.rejected > 0 and share.partial > 0, share
 
 
-def test_the_summary_says_what_was_forced(tmp_path, short_prompts):
-    """End to end through the command line: exit 0 and the share in the summary."""
+def test_the_summary_says_what_was_forced(tmp_path, short_prompts, capsys):
+    """Through the command line's entry point: exit 0 and the share on the terminal and in the summary."""
+    from specparity.cli import main
+
     prompts = tmp_path / "p.jsonl"
     write_subset(prompts, lambda row: row["id"] == short_prompts[0].id)
     report = tmp_path / "r"
-    proc = subprocess.run([str(Path(sys.executable).with_name("specparity")), "run", "--force-reject", "random",
-                           "--prompts", str(prompts), "--max-new-tokens", str(SHORT_MAX_NEW), "--report", str(report)],
-                          cwd=REPO_ROOT, capture_output=True, text=True)
-    assert proc.returncode == exitcodes.PASS, proc.stdout[-2000:] + proc.stderr[-2000:]
-    assert "forced rejection: --force-reject random:" in proc.stdout
+    rc = main(["run", "--force-reject", "random", "--prompts", str(prompts), "--max-new-tokens", str(SHORT_MAX_NEW),
+               "--report", str(report)])
+    out = capsys.readouterr().out
+    assert rc == exitcodes.PASS, out[-2000:]
+    assert "forced rejection: --force-reject random:" in out
     assert "- Forced rejection: --force-reject random:" in (report / "summary.md").read_text()
 
 
