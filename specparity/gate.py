@@ -17,6 +17,10 @@ Policy (README "What each class means"), from :class:`~specparity.records.GatePo
   fails too unless ``allow_unknown_activity`` is set;
 * a path never taken (reject, partial accept, full accept, block cut by the limit or by a stop
   token) is a warning; with ``require_paths`` N, a path taken on fewer than N prompts fails;
+* under ``--force-reject`` (:mod:`specparity.force_reject`) nothing accepted is the point: the
+  inactivity rule does not apply to ``all``; instead, fewer than ``MIN_REJECT_SHARE`` of the verify
+  steps rejecting every draft (engines with totals only: any accepted draft) fails as a
+  configuration error (exit 3), unless a prompt failed on its own (exit 1);
 * with ``min_accept_length`` (the acceptance floor, ``--policy``), a mean accept length below it
   fails: lossless, but speculation collapsed;
 * a golden that cannot be used (missing, recorded under another fingerprint) fails: nothing was
@@ -33,6 +37,7 @@ from typing import Any
 from specparity import exitcodes
 from specparity.coverage import PATHS
 from specparity.compare import CLASSES
+from specparity.force_reject import RejectShare
 from specparity.records import GatePolicy, GateRun
 
 
@@ -106,6 +111,16 @@ def near_tie_policy(run: GateRun, policy: GatePolicy | None = None) -> str:
     return line
 
 
+#: Paths that ``--force-reject all`` takes away on purpose (their absence is no warning).
+FORCED_AWAY = ("partial", "all")
+
+
+def reject_share(run: GateRun) -> RejectShare | None:
+    """Under ``--force-reject``: what share of verify steps took the reject path (None otherwise)."""
+    mode = run.config.force_reject
+    return RejectShare.counted(mode, run.coverage, run.activity()) if mode else None
+
+
 def decide(run: GateRun, policy: GatePolicy | None = None) -> GateDecision:
     """Apply the policy (default: the run's own) to a finished (or partly finished) run."""
     policy = policy or run.config.policy
@@ -152,16 +167,26 @@ def decide(run: GateRun, policy: GatePolicy | None = None) -> GateDecision:
         if run.counters_error:
             msg += f" (reading its aggregate counters after the speculative phase failed: {run.counters_error})"
         (warnings if policy.allow_unknown_activity else failures).append(msg)
-    elif activity.accepted == 0:
+    elif activity.accepted == 0 and run.config.force_reject != "all":
         failures.append(
             f"speculation inactive: {activity.proposed} draft tokens proposed over {activity.verify_steps} verify "
             f"steps and none accepted; an exact match proves nothing if the draft never ran"
         )
     mal = activity.mean_accept_length
-    if speculates and policy.min_accept_length is not None and mal is not None and mal < policy.min_accept_length:
+    if speculates and policy.min_accept_length is not None and run.config.force_reject:
+        warnings.append(f"acceptance floor min_accept_length {policy.min_accept_length:g} not applied: "
+                        f"--force-reject {run.config.force_reject} rejects drafts on purpose")
+    elif speculates and policy.min_accept_length is not None and mal is not None and mal < policy.min_accept_length:
         failures.append(f"acceptance floor: mean accept length {mal:.2f} is below the policy's min_accept_length "
                         f"{policy.min_accept_length:g} (lossless, but speculation collapsed)")
+    forced = reject_share(run) if speculates and run.records else None
+    forced_problem = forced.problem() if forced is not None and activity.reported_requests else None
+    if forced_problem:
+        failures.append(f"{forced_problem} (a configuration error: the run's output was compared, but the reject "
+                        "path was not exercised as asked)")
     for path in run.coverage.missing(max(1, policy.require_paths)) if speculates else []:
+        if run.config.force_reject == "all" and path in FORCED_AWAY:
+            continue  # every draft rejected on purpose: no accept path to take
         n = run.coverage.prompts[path]
         if policy.require_paths:
             failures.append(f"path taken on {n} prompt(s), fewer than --require-all-paths {policy.require_paths}: "
@@ -186,6 +211,10 @@ def decide(run: GateRun, policy: GatePolicy | None = None) -> GateDecision:
     counts_out = {k: counts[k] for k in CLASSES}
     engine_error = bool(run.calibration_error) or (
         run.fatal is not None and not any(r.verdict is not None or r.baseline is not None for r in run.records))
+    # --force-reject all that rejected too little is a configuration error (exit 3), unless a prompt
+    # failed on its own: a divergence found on the way is still the finding (exit 1)
+    if forced_problem and not (counts["diverged"] or counts["error"] or counts["drifted"]):
+        engine_error = True
     return GateDecision(not failures, failures, warnings, counts_out, interrupted=run.interrupted,
                         engine_error=engine_error)
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from specparity.force_reject import FORCE_REJECT_MODES, MIN_REJECT_SHARE
 from specparity.noise import DEFAULT_CEILING_NATS
 from specparity.records import DEFAULT_MAX_NEAR_TIE
 from specparity.types import DEFAULT_TOP_K
@@ -74,6 +75,10 @@ GATE_OPTIONS: tuple[OptionSpec, ...] = (
        "selected (only the prompts that run), or a prompt file"),
     _o("--drift-policy", default=None, help="a drifted prompt (identical tokens, rows beyond the "
        "noise): fail (default) or warn"),
+    _o("--force-reject", default=None, metavar="MODE",
+       help="force the speculative loop down its reject path, output still compared: "
+       + "; ".join(f"{k} ({v})" for k, v in FORCE_REJECT_MODES.items())
+       + f"; with all, fewer than {MIN_REJECT_SHARE * 100:g}%% of verify steps rejecting is a configuration error"),
     _o("--allow-unknown-activity", action="store_true",
        help="do not fail when the engine reports no draft counters"),
     _o("--top-k", default=DEFAULT_TOP_K, help="alternatives recorded per position (>= 5)"),

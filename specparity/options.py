@@ -244,6 +244,7 @@ def build_setup(raw: Mapping[str, Any], *, check_report: bool = False, speculate
         log_dir=str(Path(report) / "servers") if report else None,
         kv_cache_dtype=_kv_cache_dtype(raw.get("kv_cache_dtype"), info),
         device=_device(raw.get("device"), info),
+        force_reject=_force_reject(raw, info, engine_spec),
     )
     try:
         options = check_options(factory, options, engine_spec)
@@ -305,7 +306,14 @@ def build_setup(raw: Mapping[str, Any], *, check_report: bool = False, speculate
         golden_mode=golden_mode,
         update_golden=update,
         resume=bool(raw.get("resume")),
+        force_reject=options.force_reject,
     )
+    if options.force_reject and golden_mode == "baseline":
+        raise BadInput(f"--force-reject {options.force_reject} with --golden-mode baseline: that mode runs no "
+                       "speculation, so nothing can be rejected; drop one of them")
+    if options.force_reject == "all" and config.policy.require_paths:
+        raise BadInput("--force-reject all with --require-all-paths: every draft is rejected, so the partial and full "
+                       "accept paths are never taken; use --force-reject random, or drop --require-all-paths")
     if config.near_tie_nats is not None and config.near_tie_nats > config.near_tie_ceiling:
         raise BadInput(near_tie_above_ceiling(config.near_tie_nats, config.near_tie_ceiling))
     if resume is not None:
@@ -318,6 +326,27 @@ def build_setup(raw: Mapping[str, Any], *, check_report: bool = False, speculate
 
 
 GOLDEN_MODES = ("spec", "baseline")
+
+
+def _force_reject(raw: Mapping[str, Any], info: Any, engine_spec: str) -> str | None:
+    """``--force-reject MODE``: a known mode, and one the engine declares it can force (an engine
+    that does not declare it cannot be trusted to: refused before anything loads)."""
+    from specparity.force_reject import FORCE_REJECT_MODES
+
+    mode = raw.get("force_reject")
+    if mode in (None, ""):
+        return None
+    if mode not in FORCE_REJECT_MODES:
+        raise BadInput(f"--force-reject {mode!r}: expected one of {', '.join(FORCE_REJECT_MODES)}")
+    if info is None:
+        raise BadInput(f"--force-reject {mode}: engine {engine_spec!r} declares no forced-rejection support (its factory "
+                       "needs @engine_factory(EngineInfo(..., force_reject=(\"all\", \"random\"))) and a loop that "
+                       "calls target.draft_corruptor, docs/FORCE_REJECT.md)")
+    if mode not in info.force_reject:
+        can = f"it can force only {', '.join(info.force_reject)}" if info.force_reject else "it cannot force rejects"
+        note = f" ({info.force_reject_note})" if info.force_reject_note else ""
+        raise BadInput(f"--force-reject {mode}: engine {info.name!r}: {can}{note}")
+    return mode
 
 
 def _kv_cache_dtype(value: Any, info: Any) -> str | None:
@@ -408,7 +437,7 @@ def _resume(raw: Mapping[str, Any], report: str | None) -> Journal | None:
 #: answer other requests or another threshold), with the flag that sets each.
 RESUME_FIELDS = {"prompts": "--prompts", "max_new_tokens": "--max-new-tokens", "top_k": "--top-k",
                  "near_tie_nats": "--near-tie-nats", "calibration": "--calibration", "golden": "--golden",
-                 "golden_mode": "--golden-mode", "scorer": "--scorer"}
+                 "golden_mode": "--golden-mode", "scorer": "--scorer", "force_reject": "--force-reject"}
 
 
 def check_resumable(journal: Journal, config: GateConfig) -> None:

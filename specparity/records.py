@@ -95,6 +95,9 @@ class GateConfig:
     update_golden: str | None = None
     #: Continue the run journalled in ``report_dir`` (finished prompts are kept, not rerun).
     resume: bool = False
+    #: ``--force-reject``: None, "all" or "random" (:mod:`specparity.force_reject`): the speculative
+    #: run's drafts were corrupted on purpose; the gate counts what share of verify steps rejected.
+    force_reject: str | None = None
 
     def __post_init__(self) -> None:
         if self.max_new_tokens is not None and self.max_new_tokens < 1:

@@ -26,7 +26,7 @@ from markupsafe import Markup
 from specparity.compare import CLASSES, OWN_ROW_REJECTED, REMERGE_MIN_RUN
 from specparity.coverage import PATHS
 from specparity.fixtures import fixture_note
-from specparity.gate import GateDecision, bit_exact, near_tie_policy
+from specparity.gate import GateDecision, bit_exact, near_tie_policy, reject_share
 from specparity.noise import DRIFT_MULTIPLIER
 from specparity.plots import AcceptBar, MarginPoint, RefLine, accept_plot, margin_plot
 from specparity.records import DEFAULT_MAX_NEW_TOKENS, GateRun, PromptRecord
@@ -194,6 +194,7 @@ def render_summary_md(run: GateRun, decision: GateDecision) -> str:
         attachments=run.attachments,
         fatal=run.fatal,
         near_tie_policy=near_tie_policy(run),
+        forced=reject_share(run),
         fixture_models=fixture_note(fp.target.path if fp is not None else None).get("models"),
     )
 
@@ -267,6 +268,9 @@ def terminal_lines(run: GateRun, decision: GateDecision) -> list[str]:
             f"speculation: {act.accepted}/{act.proposed} draft tokens accepted over {act.verify_steps} verify steps"
             + (f", accept length {mal:.2f}" if mal is not None else "")
         )
+    forced = reject_share(run)
+    if forced is not None:
+        lines.append(f"forced rejection: {forced.describe()}")
     header = f"  {'category':<14}{'n':>4}{'exact':>7}{'tie':>5}{'drift':>6}{'div':>5}{'err':>5}{'accept len':>12}"
     lines.append(header)
     for row in category_rows(run):

@@ -223,6 +223,21 @@ CASES: tuple[Case, ...] = (
          "expected name==version", command="specparity"),
     Case("cli-probe-target-missing", ("probe", "--target", "/nonexistent", "--engine", "sglang==0.5.19"),
          "/nonexistent", command="specparity"),
+    Case("force-reject-unknown-mode", ("suites/lossless", "--force-reject", "always"),
+         "--force-reject 'always': expected one of all, random"),
+    Case("force-reject-sglang", ("suites/lossless", "--engine", "sglang", "--force-reject", "all"),
+         "--force-reject all: engine 'sglang': it cannot force rejects"),
+    Case("force-reject-llamacpp-random", ("suites/lossless", "--engine", "llamacpp", "--force-reject", "random"),
+         "--force-reject random: engine 'llamacpp': it can force only all"),
+    Case("force-reject-llamacpp-urls", ("suites/lossless", "--engine", "llamacpp", "--baseline-url",
+                                        "http://127.0.0.1:8000", "--spec-url", "http://127.0.0.1:8001",
+                                        "--force-reject", "all"),
+         "--force-reject all with --spec-url: the llamacpp engine forces rejects only on a server it launches"),
+    Case("force-reject-plugin-without-support", ("suites/lossless", "--engine", "tests/broken_dflash.py:create",
+                                            "--force-reject", "all"),
+         "--force-reject all: engine 'dflash-loop': it cannot force rejects"),
+    Case("force-reject-all-require-paths", ("suites/lossless", "--force-reject", "all", "--require-all-paths", "1"),
+         "--force-reject all with --require-all-paths: every draft is rejected"),
 )
 
 

@@ -20,8 +20,13 @@ from specparity.engines.hf import DEFAULT_DRAFT_TOKENS, HF_OPTIONS, load_draft_m
 from specparity.engines.common import artifact
 from specparity.engines.inprocess import InProcessEngine, LoopOutput, TorchTarget
 from specparity.fixtures import fixture_dir
+from specparity.force_reject import DraftCorruptor
 from specparity.types import ArtifactId, GenerationRequest, StepRecord
 
+#: Fully rejected verify steps in a row after which ``reject_streak_crop`` misbehaves: longer than
+#: any streak the fixture draft produces on prompts/default.jsonl (docs/FORCE_REJECT.md has the count),
+#: so only ``--force-reject all`` reaches it.
+REJECT_STREAK = 4
 BUGS = {
     "accept_unverified": "accepts one draft token past the first mismatch: the first rejected draft token of a "
                          "block, without checking it",
@@ -34,6 +39,13 @@ BUGS = {
     "stale_context": "reuses the previous request's last token as the first verify input",
     "noisy_verify": "perturbs the verify pass's logits (a verify kernel that disagrees with decode beyond rounding)",
 }
+#: Bugs only the reject path exposes often enough: the default run passes them (the good draft never
+#: reaches their path on the fixture prompts); ``--force-reject all`` must catch them.
+REJECT_PATH_BUGS = {
+    "reject_streak_crop": f"after {REJECT_STREAK} consecutive fully rejected verify steps (a streak the fixture draft "
+                          "never reaches on the default prompts), crops the target KV cache one position too short: "
+                          "a rollback whose history of accepted positions wrapped around",
+}
 #: Scale (nats) of the seeded noise ``noisy_verify`` adds to every verify logit.
 VERIFY_NOISE = 2.0
 
@@ -42,8 +54,8 @@ class HandLoop:
     """The hand-written loop; ``bug`` (a key of :data:`BUGS`) breaks it on purpose."""
 
     def __init__(self, target: TorchTarget, draft_path: str, width: int, bug: str | None = None):
-        if bug is not None and bug not in BUGS:
-            raise ValueError(f"unknown bug {bug!r}; expected one of {sorted(BUGS)}")
+        if bug is not None and bug not in BUGS and bug not in REJECT_PATH_BUGS:
+            raise ValueError(f"unknown bug {bug!r}; expected one of {sorted(BUGS) + sorted(REJECT_PATH_BUGS)}")
         self.draft_path = draft_path
         self.target_model = target.model
         self.draft = load_draft_model(draft_path, target)
@@ -54,6 +66,8 @@ class HandLoop:
         #: Requests whose output holds a token the bug put there (``accept_unverified``): where it fired.
         self.fired: set[str] = set()
         self.name = f"hf-loop[{bug or 'correct'}]"
+        #: Requests on which ``reject_streak_crop`` cropped short (the bug's path was reached).
+        self.streak_fired: set[str] = set()
 
     def spec_config(self) -> dict:
         return {"mode": "draft", "num_draft_tokens": self.num_draft_tokens, "schedule": "constant",
@@ -63,11 +77,12 @@ class HandLoop:
         return artifact(self.draft_path)
 
     def run(self, target: TorchTarget, req: GenerationRequest) -> LoopOutput:
-        out, rows, steps = self._loop(req, target.stop_token_ids())
+        out, rows, steps = self._loop(req, target.stop_token_ids(), target.draft_corruptor(req))
         return LoopOutput(out, rows, steps, f"tests/broken_loops.py ({self.bug or 'correct'})")
 
     # ------------------------------------------------------------------ the loop
-    def _loop(self, req: GenerationRequest, default_stops) -> tuple[list[int], list[torch.Tensor], list[StepRecord]]:
+    def _loop(self, req: GenerationRequest, default_stops,
+              corruptor: DraftCorruptor | None = None) -> tuple[list[int], list[torch.Tensor], list[StepRecord]]:
         from transformers import DynamicCache
 
         bug = self.bug
@@ -82,10 +97,13 @@ class HandLoop:
         rows = [logits.float()]
         steps: list[StepRecord] = []
         width = self.num_draft_tokens
+        streak = 0  # fully rejected verify steps in a row
         while len(out) < req.max_new_tokens and out[-1] not in stops:
             budget = req.max_new_tokens - len(out)
             k = 0 if bug == "inactive" else (width if bug == "overrun_limit" else min(width, budget - 1))
             drafts = self._propose(context, d_cache, k)
+            if corruptor is not None:  # --force-reject: verify the corrupted block instead
+                drafts = corruptor.corrupt(drafts)
             last = context[-1]
             if bug == "stale_context" and self._stale_last is not None and len(out) == 1:
                 last = self._stale_last
@@ -124,6 +142,10 @@ class HandLoop:
             keep = len(context) - 1  # the cache holds everything but the newest token
             if bug == "short_crop" and n < len(drafts):
                 keep -= 1
+            streak = streak + 1 if drafts and n == 0 else 0
+            if bug == "reject_streak_crop" and streak >= REJECT_STREAK:
+                keep -= 1
+                self.streak_fired.add(req.request_id)
             surplus = t_cache.get_seq_length() - keep
             if surplus > 0:  # (after a short crop the cache can already be shorter than `keep`)
                 t_cache.crop(-surplus)
@@ -160,7 +182,8 @@ def LoopEngine(options: EngineOptions, bug: str | None = None) -> InProcessEngin
 @engine_factory(EngineInfo(
     "hf-loop",
     spec_modes=("draft",),
-    options={**HF_OPTIONS, "bug": OptionSpec("the deliberate bug to run (none: the correct loop)", choices=tuple(BUGS))},
+    options={**HF_OPTIONS, "bug": OptionSpec("the deliberate bug to run (none: the correct loop)", choices=tuple(BUGS) + tuple(REJECT_PATH_BUGS))},
+    force_reject=("all", "random"),
 ))
 def create(options: EngineOptions) -> InProcessEngine:
     """``--engine tests/broken_loops.py:create --engine-opt bug=<name>`` (no bug: the correct loop)."""

@@ -68,6 +68,9 @@ class EngineOptions:
     #: In-process engines: the torch device the target (and draft) run on (``--device``): "cpu"
     #: (default) or "cuda" / "cuda:N".
     device: str = "cpu"
+    #: ``--force-reject``: None, "all" or "random" (:mod:`specparity.force_reject`); only an engine
+    #: whose :attr:`EngineInfo.force_reject` names the mode is given it.
+    force_reject: str | None = None
 
 
 @dataclass(frozen=True)
@@ -160,6 +163,10 @@ class EngineInfo:
     server: bool = False
     #: How this engine kind counts speculation (see ``counters`` above); None: known only once built.
     counters: Literal["steps", "request", "aggregate", "none"] | None = None
+    #: The ``--force-reject`` modes the engine can force (:mod:`specparity.force_reject`); a mode it
+    #: cannot is refused before anything loads, with ``force_reject_note`` saying why.
+    force_reject: tuple[str, ...] = ()
+    force_reject_note: str = ""
 
 
 def step_record(

@@ -41,6 +41,7 @@ from specparity.engines.common import artifact
 from specparity.engines.inprocess import InProcessEngine, LoopOutput, TorchTarget
 from specparity.engines.kvcache import check_engine_options
 from specparity.fixtures import fixture_dir
+from specparity.force_reject import DraftCorruptor
 from specparity.types import ArtifactId, GenerationRequest, StepRecord
 
 #: spec mode -> (draft class name in config.json ``architectures``, fixture directory)
@@ -56,7 +57,7 @@ def check_options(options: EngineOptions) -> None:
 
 
 INFO = EngineInfo("dflash", spec_modes=tuple(SPEC_MODES), options=HF_OPTIONS, check=check_options,
-                  counters="steps")
+                  counters="steps", force_reject=("all", "random"))
 SOURCE = "target forward hook (verify blocks), cross-checked with dflash acceptance_lengths"
 
 
@@ -131,6 +132,42 @@ def capture_target_calls(model: Any) -> Iterator[list[TargetCall]]:
         yield calls
     finally:
         handle.remove()
+
+
+@contextmanager
+def corrupting_drafts(draft: Any, corruptor: DraftCorruptor | None) -> Iterator[None]:
+    """``--force-reject``: while the block runs, every block of drafts ``dflash_generate`` proposes
+    goes through ``corruptor``. A DFlash2 draft's ``propose`` (greedy tokens) is wrapped; a DFlash v1
+    draft's ``compute_logits`` is, so that its argmax is the corrupted token. Scoped to this instance
+    and restored afterwards; the package is not modified. The hook on the target sees the corrupted
+    block, so the step records count what the verify made of it."""
+    if corruptor is None:
+        yield
+        return
+    name = "propose" if hasattr(draft, "propose") else "compute_logits"
+    original = getattr(draft, name)
+
+    def propose(*args: Any, **kwargs: Any):
+        tokens, indices, probs = original(*args, **kwargs)
+        flat = tokens.reshape(-1)
+        out = tokens.clone()
+        out.reshape(-1)[:] = flat.new_tensor(corruptor.corrupt(flat.tolist()))
+        return out, indices, probs
+
+    def compute_logits(*args: Any, **kwargs: Any):
+        logits = original(*args, **kwargs)  # [1, n, vocab]
+        wanted = corruptor.corrupt(logits[0].argmax(-1).tolist())
+        out = logits.clone()
+        top = out.max()
+        for i, tok in enumerate(wanted):
+            out[0, i, tok] = top + 1.0
+        return out
+
+    setattr(draft, name, propose if name == "propose" else compute_logits)
+    try:
+        yield
+    finally:
+        delattr(draft, name)
 
 
 def steps_from_calls(
@@ -310,11 +347,13 @@ class DFlashLoop:
 
     # ------------------------------------------------------------------ speculative path
     def run_dflash(self, target: TorchTarget, prompt_ids: Sequence[int], max_new_tokens: int,
-                   stop_ids: Sequence[int]):
-        """One instrumented ``dflash_generate`` call: (stats namespace, target calls, wall seconds)."""
+                   stop_ids: Sequence[int], corruptor: DraftCorruptor | None = None):
+        """One instrumented ``dflash_generate`` call: (stats namespace, target calls, wall seconds).
+        ``corruptor`` (``--force-reject``) rewrites every block of drafts before the target verifies it."""
         torch = target.torch
         ids = torch.tensor([list(prompt_ids)], dtype=torch.long, device=target.model.device)
-        with capture_target_calls(target.model) as calls, host_timer(self._dm), warnings.catch_warnings():
+        with capture_target_calls(target.model) as calls, host_timer(self._dm), warnings.catch_warnings(), \
+                corrupting_drafts(self.draft, corruptor):
             # dflash passes ``past_key_values=``; transformers >= 5.x warns it goes away in 5.40 (docs/DFLASH.md)
             warnings.filterwarnings("ignore", message=".*past_key_values.*deprecated", category=FutureWarning)
             t0 = time.perf_counter()
@@ -335,7 +374,8 @@ class DFlashLoop:
         if req.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {req.max_new_tokens}")
         stop = tuple(req.stop_token_ids or target.stop_token_ids())
-        stats, calls, wall = self.run_dflash(target, req.prompt_ids, req.max_new_tokens, stop)
+        stats, calls, wall = self.run_dflash(target, req.prompt_ids, req.max_new_tokens, stop,
+                                             target.draft_corruptor(req))
         full = stats.output_ids[0].tolist()
         n = len(req.prompt_ids)
         if full[:n] != list(req.prompt_ids):

@@ -10,6 +10,10 @@ what was proposed, every ``update_candidate_strategy`` call what was appended.
 hook, :mod:`specparity.engines.kvcache`, quantizes the cache ``generate`` builds); the assistant
 model builds its own ``DynamicCache`` (transformers does not share the target's cache with it) and
 has no hook, so the draft's K/V stay in the model dtype.
+
+``--force-reject``: the recording wrapper passes each block of candidates through the target's
+:meth:`~specparity.engines.inprocess.TorchTarget.draft_corruptor` before the target verifies it, and
+records the corrupted block as proposed, so the counts say what the verify made of it.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from specparity.engines.common import artifact, check_draft_given, torch_dtype
 from specparity.engines.inprocess import InProcessEngine, LoopOutput, TorchTarget
 from specparity.engines.kvcache import KV_SCALE_MODES, check_engine_options
 from specparity.fixtures import fixture_dir
+from specparity.force_reject import DraftCorruptor
 from specparity.types import ArtifactId, GenerationRequest, StepRecord
 
 SPEC_MODES = ("draft", "prompt_lookup")
@@ -46,7 +51,8 @@ def check_options(options: EngineOptions) -> None:
         check_draft_given(options, "hf", mode, alternative="; or pass --spec-mode prompt_lookup, which needs no draft")
 
 
-INFO = EngineInfo("hf", spec_modes=SPEC_MODES, options=HF_OPTIONS, check=check_options, counters="steps")
+INFO = EngineInfo("hf", spec_modes=SPEC_MODES, options=HF_OPTIONS, check=check_options, counters="steps",
+                  force_reject=("all", "random"))
 
 
 class RecordingCandidateGenerator:
@@ -55,8 +61,10 @@ class RecordingCandidateGenerator:
     leaves the assistant's persistent ``num_assistant_tokens`` alone, so no state leaks between
     requests."""
 
-    def __init__(self, inner: Any, *, nominal_width: int, max_length: int, stop_ids: Sequence[int]):
+    def __init__(self, inner: Any, *, nominal_width: int, max_length: int, stop_ids: Sequence[int],
+                 corruptor: DraftCorruptor | None = None):
         self._inner = inner
+        self._corruptor = corruptor
         self._nominal = nominal_width
         self._max_length = max_length
         self._stop_ids = tuple(stop_ids)
@@ -67,6 +75,12 @@ class RecordingCandidateGenerator:
     def get_candidates(self, input_ids, *args, **kwargs):
         candidates, logits = self._inner.get_candidates(input_ids, *args, **kwargs)
         self._cur_len = int(input_ids.shape[1])
+        if self._corruptor is not None and candidates.shape[1] > self._cur_len:
+            # --force-reject: the target verifies the corrupted drafts (the assistant keeps its own
+            # cache of what it proposed; transformers crops it to the accepted prefix)
+            drafts = self._corruptor.corrupt(candidates[0, self._cur_len :].tolist())
+            candidates = candidates.clone()
+            candidates[0, self._cur_len :] = candidates.new_tensor(drafts)
         self._proposed = candidates[0, self._cur_len :].tolist()
         return candidates, logits
 
@@ -147,6 +161,7 @@ class AssistedLoop:
                 nominal_width=self.width,
                 max_length=len(req.prompt_ids) + req.max_new_tokens,
                 stop_ids=req.stop_token_ids or target.stop_token_ids(),
+                corruptor=target.draft_corruptor(req),
             )
             made.append(rec)
             return rec

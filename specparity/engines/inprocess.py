@@ -24,6 +24,10 @@ own decoder are written the same way::
 A loop returns the new tokens, one logits row per token (the row that chose it, as the verify pass
 computed it) and one :class:`~specparity.types.StepRecord` per verify step (build them with
 :func:`specparity.engines.base.step_record` from what was proposed and what was emitted).
+Forced rejection (``--force-reject``, :mod:`specparity.force_reject`): a loop that supports it takes
+``corrupt = target.draft_corruptor(request)`` once per request and, when it is not None, verifies
+``corrupt.corrupt(drafts)`` instead of its drafts; its step records then count what the verify made
+of them. Its factory declares it: ``EngineInfo("mine", force_reject=("all", "random"))``.
 Loaded with ``--engine``, the factory gets ``options.target`` / ``options.draft`` already defaulted to
 the fixtures and torch already pinned to ``--threads`` (:mod:`specparity.engines`).
 
@@ -50,6 +54,7 @@ from specparity.engines.common import (
     torch_dtype,
 )
 from specparity.engines.kvcache import KVCacheSpec, resolve_kv_options
+from specparity.force_reject import DraftCorruptor, ForceReject
 from specparity.fixtures import fixture_dir
 from specparity.prompts import encode_prompt
 from specparity.types import (
@@ -105,6 +110,8 @@ class TorchTarget:
     kv_scales: str | None = None
     #: ``--device``: where the target runs ("cpu", "cuda", "cuda:N"); a loop puts its draft there too.
     device: str = "cpu"
+    #: ``--force-reject``: None, "all" or "random"; a loop asks :meth:`draft_corruptor` per request.
+    force_reject: str | None = None
     model: Any = field(init=False, repr=False)
     tokenizer: Any = field(init=False, repr=False)
     #: The target's KV cache (``auto`` or fp8 with its static scales); under fp8 every forward of
@@ -130,6 +137,9 @@ class TorchTarget:
         self._kv_hooks = self.kv.install(self.model)
         self._stop_ids = self.stop_ids_override or self._eos_ids()
         self._artifact: ArtifactId | None = None
+        self._force_reject = (ForceReject.for_tokenizer(self.force_reject, self.tokenizer,
+                                                        int(self.model.config.vocab_size), self._stop_ids)
+                              if self.force_reject else None)
 
     @classmethod
     def from_options(cls, options: EngineOptions) -> "TorchTarget":
@@ -150,6 +160,7 @@ class TorchTarget:
             kv_cache_dtype=options.kv_cache_dtype,
             kv_scales=options.extra.get("kv_scales"),
             device=options.device,
+            force_reject=options.force_reject,
         )
 
     # ------------------------------------------------------------------ tokenizer side
@@ -169,6 +180,12 @@ class TorchTarget:
             if value is not None and value not in ids:
                 ids.append(int(value))
         return tuple(ids)
+
+    def draft_corruptor(self, req: GenerationRequest) -> DraftCorruptor | None:
+        """Under ``--force-reject``: the object that rewrites this request's drafts before each
+        verify (:meth:`DraftCorruptor.corrupt`); None otherwise. A loop that supports forced
+        rejection calls it once per request and passes every block of drafts through it."""
+        return self._force_reject.for_request(req.request_id) if self._force_reject else None
 
     # ------------------------------------------------------------------ decoding and scoring
     def new_cache(self) -> Any:

@@ -121,6 +121,9 @@ class LlamaServerLaunch:
     threads: int = 1
     gpu_layers: int | None = None
     cache_type: str | None = None  # -ctk/-ctv, e.g. q8_0
+    #: ``--spec-synth-len``: 1 under ``--force-reject all`` (synthetic acceptance that accepts no
+    #: draft token: every verify step takes the target's own token and rolls the drafts back).
+    synth_len: float | None = None
     extra: tuple[str, ...] = field(default_factory=tuple)
 
     def args(self) -> list[str]:
@@ -138,6 +141,8 @@ class LlamaServerLaunch:
                 a += ["--spec-draft-n-max", str(self.draft_n_max)]
             if self.draft_n_min is not None:
                 a += ["--spec-draft-n-min", str(self.draft_n_min)]
+            if self.synth_len is not None:
+                a += ["--spec-synth-len", f"{self.synth_len:g}"]
             if self.spec_type in NGRAM_SIZED:
                 if self.ngram_size_n is not None:
                     a += [f"--spec-{self.spec_type}-size-n", str(self.ngram_size_n)]
@@ -154,7 +159,7 @@ class LlamaServerLaunch:
 
     def spec_config(self) -> dict[str, Any]:
         out: dict[str, Any] = {"spec_type": self.spec_type}
-        for key in ("draft_n_max", "draft_n_min", "ngram_size_n", "ngram_size_m", "cache_type", "parallel"):
+        for key in ("draft_n_max", "draft_n_min", "ngram_size_n", "ngram_size_m", "cache_type", "parallel", "synth_len"):
             value = getattr(self, key)
             if value is not None:
                 out[key] = value
@@ -245,6 +250,8 @@ def launch_configs(options: EngineOptions) -> tuple[LlamaServerLaunch, LlamaServ
         spec_values["ngram_size_m"] = ex["ngram_m"]
     if spec_type in DRAFT_TYPES + OPTIONAL_DRAFT_TYPES:
         spec_values["draft"] = draft
+    if options.force_reject == "all":
+        spec_values["synth_len"] = FORCE_REJECT_SYNTH_LEN
     return LlamaServerLaunch(**base_values), LlamaServerLaunch(**spec_values)
 
 
@@ -259,6 +266,9 @@ def check_options(options: EngineOptions) -> None:
             check_url(flag, u)
     if options.extra.get("tokenizer"):
         resolve_tokenizer_dir(options, "llamacpp")
+    if options.force_reject and options.spec_urls:
+        raise ValueError(f"--force-reject {options.force_reject} with --spec-url: the llamacpp engine forces rejects "
+                         "only on a server it launches (drop --baseline-url/--spec-url)")
     if options.baseline_urls:
         check_distinct_sides(options)
         if options.target and not (Path(options.target).is_file() and options.target.endswith(".gguf")):
@@ -268,8 +278,14 @@ def check_options(options: EngineOptions) -> None:
         launch_configs(options)
 
 
+#: ``--spec-synth-len`` under ``--force-reject all``: a mean acceptance length of 1 resolves to
+#: per-position acceptance probabilities 0, so every draft token is rejected and the target's own
+#: (greedy) token is emitted (``server_sample_and_accept_synth`` in tools/server/server-context.cpp).
+FORCE_REJECT_SYNTH_LEN = 1.0
 INFO = EngineInfo("llamacpp", spec_modes=SPEC_TYPES, options=OPTIONS, dtypes=(), local_models=False,
-                  check=check_options, server=True, counters="request")
+                  check=check_options, server=True, counters="request", force_reject=("all",),
+                  force_reject_note="llama-server forces rejects with --spec-synth-len 1; a synthetic length above 1 "
+                  "accepts draft tokens without checking them, which breaks greedy output, so random is not offered")
 
 
 def utf8_complete_len(data: bytes) -> int:

@@ -262,7 +262,9 @@ def check_options(options: EngineOptions) -> None:
 
 
 INFO = EngineInfo("sglang", options=OPTIONS, dtypes=(), local_models=False, check=check_options, server=True,
-                  counters="request")
+                  counters="request",
+                  force_reject_note="SGLang's own knob, SGLANG_SIMULATE_ACC_LEN=1 with SGLANG_SIMULATE_ACC_TOKEN_MODE="
+                  "real-draft-token, is not wired here yet (untested); see docs/FORCE_REJECT.md")
 
 
 # ---------------------------------------------------------------------------------------------- wire format

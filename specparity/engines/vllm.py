@@ -353,7 +353,9 @@ def check_options(options: EngineOptions) -> None:
 
 
 INFO = EngineInfo("vllm", options=OPTIONS, dtypes=(), local_models=False, check=check_options, server=True,
-                  counters="aggregate")
+                  counters="aggregate",
+                  force_reject_note="newer vLLM's rejection_sample_method synthetic with synthetic_acceptance_length 1 "
+                  "is not wired here yet (untested); see docs/FORCE_REJECT.md")
 
 
 # ---------------------------------------------------------------------------------------------- wire format
