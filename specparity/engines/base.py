@@ -160,6 +160,10 @@ class EngineInfo:
     server: bool = False
     #: How this engine kind counts speculation (see ``counters`` above); None: known only once built.
     counters: Literal["steps", "request", "aggregate", "none"] | None = None
+    #: Output constraints (prompt fields ``json_schema`` / ``grammar``) the engine applies on both
+    #: sides; a constrained prompt for an engine without its kind is refused before anything loads
+    #: (never decoded unconstrained). Empty: none (in-process engines, plugins that do not say).
+    constraints: tuple[str, ...] = ()
 
 
 def step_record(
