@@ -163,8 +163,8 @@ def check_constraints(info: Any, engine: str, prompts: Sequence[Prompt]) -> None
             name = info.name if info is not None else engine
             raise BadInput(f"{p.source}: {p.constraint.kind}: engine {name!r} cannot constrain decoding "
                            f"({'it applies ' + ', '.join(supported) if supported else 'it applies no constraint'}; "
-                           f"{p.constraint.kind} runs on {', '.join(CONSTRAINED_ENGINES)}): drop the prompt "
-                           f"(another prompt file, --categories) or use one of those engines")
+                           f"{p.constraint.kind} runs on {', '.join(CONSTRAINED_ENGINES)}): leave the constrained prompts out of "
+                           f"the prompt files (every prompt of them runs, if only to calibrate) or use one of those engines")
 
 
 def select_prompts(prompts: list[Prompt], categories: Sequence[str] | None) -> list[Prompt]:

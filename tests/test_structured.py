@@ -163,6 +163,10 @@ def test_constraints_are_sent_to_both_sides_and_decoded_under(engine, server, tm
         expected = "valid" if c["kind"] == "json_schema" else "constrained"
         assert c["baseline"]["status"] == c["spec"]["status"] == expected, rec["verdict"]
     assert f"PASS — exact {len(constrained)}," in proc.stdout
+    n_schema = sum(p.constraint.kind == "json_schema" for p in constrained)
+    line = (f"structured output: {n_schema} JSON-schema prompt(s): baseline valid {n_schema}; speculative valid "
+            f"{n_schema}; {len(constrained) - n_schema} grammar prompt(s): constrained (judged by token identity)")
+    assert line in proc.stdout and line.split(": ", 1)[1] in (tmp_path / "r" / "summary.md").read_text()
     # speculation ran under the constraint (SGLang counts per request, vLLM run-wide on /metrics)
     assert "speculation inactive" not in proc.stdout and re.search(r"speculation: [1-9]\d*/\d+ draft tokens accepted",
                                                                    proc.stdout), proc.stdout[-3000:]
@@ -190,9 +194,12 @@ def test_a_grammar_state_that_does_not_roll_back_is_caught_only_by_constrained_p
                                                                      "speculative output "), v["reason"]
             assert v["constraint"]["baseline"]["status"] == "valid" and v["constraint"]["spec"]["status"] == "invalid"
     line = (f"{len(broken)} prompt(s) broke their output constraint under speculation (the baseline's output kept "
-            f"it): {', '.join(r['prompt']['id'] for r in judged if r['prompt']['id'] in broken)}")
+            f"it): {', '.join(schema_ids)}")  # in prompt-file order
     assert line in verdict["failures"], verdict["failures"]
     assert f"FAIL: {line}" in proc.stdout
+    assert f"speculative invalid {len(broken)}; {len(broken)} broke their schema under speculation" in proc.stdout
+    # the grammar prompt diverges too, by token identity (a grammar is not parsed here)
+    assert all(r["verdict"]["class"] == "diverged" for r in judged)
     assert plain.returncode == 0, (plain.stdout + plain.stderr)[-4000:]
     assert plain_verdict["status"] == "PASS" and plain_judged
     assert all(r["verdict"]["class"] == "exact" and "constraint" not in r["verdict"] for r in plain_judged)
