@@ -7,9 +7,9 @@ rejected draft then emits a token the constraint forbids, and its output differs
 baseline's (token identity) and — for a schema — stops being valid JSON for the schema
 (:func:`check_output`), a failure with its own reason.
 
-Why rows are hidden (:func:`hide_forced_rows`): engines report logprobs of the *raw* distribution
-(llama.cpp's ``n_probs``, vLLM's default ``raw_logprobs``) while the constraint picks the best
-*allowed* token, so a constrained token is often not its row's argmax. The gate's checks that read
+Why rows are hidden (:func:`hide_forced_rows`): an engine may report logprobs of the *raw*
+distribution (llama.cpp's ``n_probs`` rows come from the logits before its sampler chain and
+grammar) while the constraint picks the best *allowed* token, so a constrained token is often not its row's argmax. The gate's checks that read
 "the emitted token is its own row's argmax" (greedy baselines, a speculative token its own verify
 row rejects, the teacher-forced argmax after a near tie) cannot know the allowed set, so for a
 constrained prompt a row whose token is not its argmax is treated as *not reported*: never used for
