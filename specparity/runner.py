@@ -542,8 +542,8 @@ def _score_spec_side(run: GateRun, scorer: Scorer, measured: Sequence[PromptReco
     failed: list[str] = []
     t0 = time.perf_counter()
     for rec, (scores, err) in dispatch(measured, lambda r: _score(there, r.request, r.baseline), run.concurrency):
-        if scores is not None:
-            got[id(rec)] = scores
+        if scores is not None:  # a constrained prompt's rows as its other rows are (hide_forced_rows)
+            got[id(rec)] = hide_forced_rows(scores) if rec.request.constraint is not None else scores
         else:
             failed.append(f"{rec.prompt.id}: {err}")
     run.timings["cross_instance_scoring"] += time.perf_counter() - t0

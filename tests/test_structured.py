@@ -224,3 +224,15 @@ def test_forced_document_is_valid_for_every_schema_of_the_prompt_file():
     for p in load_prompts(STRUCTURED).prompts:
         if p.constraint.kind == "json_schema":
             assert check_output(p.constraint, forced_document(p.constraint), "stop").status == "valid"
+
+
+def test_a_calibration_file_with_constrained_prompts_is_refused_for_an_in_process_engine(capsys):
+    """Calibration prompts run too (baselines only): a constrained one must never be decoded
+    unconstrained, so it is refused like a selected one — before anything loads."""
+    from specparity import exitcodes
+    from specparity.cli import main
+
+    code = main(["run", "--engine", "hf", "--calibration", str(STRUCTURED)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == exitcodes.BAD_INPUT and len(err) == 1, err
+    assert f"{STRUCTURED}:2: json_schema: engine 'hf' cannot constrain decoding" in err[0]
