@@ -172,16 +172,17 @@ def test_constraints_are_sent_to_both_sides_and_decoded_under(engine, server, tm
                                                                    proc.stdout), proc.stdout[-3000:]
 
 
-def test_a_grammar_state_that_does_not_roll_back_is_caught_only_by_constrained_prompts(tmp_path):
+@pytest.mark.parametrize("engine, server", [("sglang", SGLangServer), ("vllm", VLLMServer)])
+def test_a_grammar_state_that_does_not_roll_back_is_caught_only_by_constrained_prompts(engine, server, tmp_path):
     """The speculative fake keeps the constraint through its first verify step and then loses the
     grammar state (a loop that does not roll it back with a rejected draft). Constrained prompts:
     every JSON-schema prompt fails with the constraint reason and the run fails (exit 1).
     Unconstrained prompts on the same servers: the bug never shows, the run passes."""
     prompts = fake_prompts(tmp_path)
     schema_ids = [p.id for p in load_prompts(prompts).prompts if p.constraint.kind == "json_schema"]
-    with SGLangServer() as base, SGLangServer(speculative=True, grammar_rollback_bug=True) as spec:
-        proc, judged, verdict = gate("sglang", base, spec, tmp_path / "structured", "--prompts", str(prompts))
-        plain, plain_judged, plain_verdict = gate("sglang", base, spec, tmp_path / "plain", "--categories", "math",
+    with server() as base, server(speculative=True, grammar_rollback_bug=True) as spec:
+        proc, judged, verdict = gate(engine, base, spec, tmp_path / "structured", "--prompts", str(prompts))
+        plain, plain_judged, plain_verdict = gate(engine, base, spec, tmp_path / "plain", "--categories", "math",
                                                   "--max-new-tokens", "16")
     out = proc.stdout + proc.stderr
     assert proc.returncode == 1, out[-4000:]
