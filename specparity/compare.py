@@ -187,9 +187,12 @@ class Verdict:
     spec_finish: str = ""
     threshold: float = 0.0
     drift: Drift | None = None  # None: no drift bound (nothing measured) or the run failed
+    #: A constrained prompt's output checks (:func:`specparity.structured.judge_constraint`): kind,
+    #: baseline and spec ``{status, why}``, and ``problem`` when speculation broke the constraint.
+    constraint: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "prompt_id": self.prompt_id,
             "category": self.category,
             "class": self.klass,
@@ -203,6 +206,9 @@ class Verdict:
             "threshold": self.threshold,
             "drift": self.drift.to_json() if self.drift else None,
         }
+        if self.constraint is not None:
+            out["constraint"] = self.constraint
+        return out
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> "Verdict":
@@ -215,6 +221,7 @@ class Verdict:
             baseline_len=data.get("baseline_len", 0), spec_len=data.get("spec_len", 0),
             baseline_finish=data.get("baseline_finish", ""), spec_finish=data.get("spec_finish", ""),
             threshold=data.get("threshold", 0.0), drift=Drift.from_json(data.get("drift")),
+            constraint=data.get("constraint"),
         )
 
 

@@ -3,7 +3,8 @@
 Policy (README "What each class means"), from :class:`~specparity.records.GatePolicy`:
 
 * any ``diverged`` or ``error`` prompt fails; so does a ``drifted`` one unless ``drift`` is
-  ``warn``; a run that judged no prompt at all (an empty selection, nothing in common) fails:
+  ``warn``; a speculative output that breaks its prompt's JSON schema where the baseline's kept it
+  (:mod:`specparity.structured`) is ``diverged`` and also named on a line of its own; a run that judged no prompt at all (an empty selection, nothing in common) fails:
   nothing judged is never a pass;
 * a gate that could not be calibrated (scorer refused, threshold above its ceiling) fails with
   the engine-error exit code: nothing was judged;
@@ -140,6 +141,10 @@ def decide(run: GateRun, policy: GatePolicy | None = None) -> GateDecision:
         (failures if policy.drift == "fail" else warnings).append(msg)
     if counts["diverged"]:
         failures.append(f"{counts['diverged']} prompt(s) diverged: {_ids(run, 'diverged')}")
+    broken = [r.prompt.id for r in run.records if r.verdict and (r.verdict.constraint or {}).get("problem")]
+    if broken:
+        failures.append(f"{len(broken)} prompt(s) broke their output constraint under speculation (the baseline's "
+                        f"output kept it): {', '.join(broken)}")
     if counts["error"] and not (run.calibration_error or run.golden_error):
         failures.append(f"{counts['error']} prompt(s) failed in the engine: {_ids(run, 'error')}")
     if counts["near_tie"]:

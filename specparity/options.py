@@ -25,6 +25,9 @@ from specparity.noise import DEFAULT_CEILING_NATS, near_tie_above_ceiling
 from specparity.option_table import DEFAULT_ENGINE, DEFAULT_REPORT  # noqa: F401 - re-exported
 from specparity.records import DEFAULT_MAX_NEAR_TIE, DRIFT_POLICIES, GateConfig, GatePolicy
 from specparity.prompts import Prompt, PromptFileError, load_many
+
+#: The built-in engines that apply prompt constraints (docs/STRUCTURED.md).
+CONSTRAINED_ENGINES = ("llamacpp", "sglang", "vllm")
 from specparity.scoring import SCORERS
 from specparity.types import DEFAULT_TOP_K
 
@@ -148,6 +151,20 @@ def load_prompt_files(files: Sequence[str]) -> list[Prompt]:
         return load_many(files)
     except PromptFileError as exc:
         raise BadInput(str(exc)) from None
+
+
+def check_constraints(info: Any, engine: str, prompts: Sequence[Prompt]) -> None:
+    """Every constrained prompt the run sends (selected or run for calibration) needs an engine that
+    applies its constraint on both sides (``EngineInfo.constraints``); else one line naming the
+    prompt's file:line and field, before anything loads: never a silently unconstrained decode."""
+    supported = tuple(info.constraints) if info is not None else ()
+    for p in prompts:
+        if p.constraint is not None and p.constraint.kind not in supported:
+            name = info.name if info is not None else engine
+            raise BadInput(f"{p.source}: {p.constraint.kind}: engine {name!r} cannot constrain decoding "
+                           f"({'it applies ' + ', '.join(supported) if supported else 'it applies no constraint'}; "
+                           f"{p.constraint.kind} runs on {', '.join(CONSTRAINED_ENGINES)}): leave the constrained prompts out of "
+                           f"the prompt files (every prompt of them runs, if only to calibrate) or use one of those engines")
 
 
 def select_prompts(prompts: list[Prompt], categories: Sequence[str] | None) -> list[Prompt]:
@@ -318,6 +335,7 @@ def build_setup(raw: Mapping[str, Any], *, check_report: bool = False, speculate
         raise BadInput(near_tie_above_ceiling(config.near_tie_nats, config.near_tie_ceiling))
     if resume is not None:
         check_resumable(resume, config)
+    check_constraints(info, engine_spec, suite + list(calibration or []))
     applies = speculates and golden_mode != "baseline"
     if applies and info is not None and info.counters is not None:
         check_counters(config.policy, info.counters, info.name, origin)

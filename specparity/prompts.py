@@ -5,7 +5,9 @@ Schema ``specparity_prompts`` version 1 (documented in ``prompts/README.md``):
 * line 1: header ``{"specparity_prompts": 1, "description": "..."}``
 * every other non-blank line: one prompt object with ``id`` (unique, ``[a-z0-9][a-z0-9_.-]*``),
   ``category``, ``lang``, exactly one of ``prompt`` (str) or ``messages`` (list of
-  ``{"role", "content"}``), optional ``max_new_tokens`` (int ≥ 1), optional ``tags`` (list of str).
+  ``{"role", "content"}``), optional ``max_new_tokens`` (int ≥ 1), optional ``tags`` (list of str),
+  optional output constraint: at most one of ``json_schema`` (a JSON Schema object) or ``grammar``
+  (a GBNF string with a ``root`` rule), see :mod:`specparity.structured`.
 
 A malformed file fails with ``file:line: field: what was expected`` — never with a KeyError
 three modules later.
@@ -20,11 +22,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
+from specparity.constraints import CONSTRAINT_FIELDS, Constraint
+
 SCHEMA_VERSION = 1
 HEADER_KEY = "specparity_prompts"
 _ID_RE = re.compile(r"^[a-z0-9][a-z0-9_.-]*$")
 _ROLES = {"system", "user", "assistant"}
-_KNOWN_FIELDS = {"id", "category", "lang", "prompt", "messages", "max_new_tokens", "tags"}
+_KNOWN_FIELDS = {"id", "category", "lang", "prompt", "messages", "max_new_tokens", "tags", *CONSTRAINT_FIELDS}
 
 
 class PromptFileError(ValueError):
@@ -41,6 +45,8 @@ class Prompt:
     max_new_tokens: int | None = None
     tags: tuple[str, ...] = ()
     source: str = ""  # "file:line", for error messages and reports
+    #: The output constraint sent to both sides (None: unconstrained; :mod:`specparity.structured`).
+    constraint: Constraint | None = None
 
     def messages_as_dicts(self) -> list[dict[str, str]] | None:
         if self.messages is None:
@@ -63,6 +69,8 @@ class Prompt:
             out["max_new_tokens"] = self.max_new_tokens
         if self.tags:
             out["tags"] = list(self.tags)
+        if self.constraint is not None:
+            out[self.constraint.kind] = self.constraint.value()
         return out
 
 
@@ -125,6 +133,12 @@ def _parse_record(obj: Any, where: str) -> Prompt:
     tags = obj.get("tags", [])
     if not isinstance(tags, list) or not all(isinstance(t, str) for t in tags):
         raise _fail(where, "tags", f"expected a list of strings, got {tags!r}")
+    from specparity.structured import ConstraintError, parse_constraint
+
+    try:
+        constraint = parse_constraint(obj)
+    except ConstraintError as exc:
+        raise PromptFileError(f"{where}: {exc}") from None
     return Prompt(
         id=obj["id"],
         category=obj["category"],
@@ -134,6 +148,7 @@ def _parse_record(obj: Any, where: str) -> Prompt:
         max_new_tokens=max_new,
         tags=tuple(tags),
         source=where,
+        constraint=constraint,
     )
 
 

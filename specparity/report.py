@@ -30,6 +30,7 @@ from specparity.gate import GateDecision, bit_exact, near_tie_policy, reject_sha
 from specparity.noise import DRIFT_MULTIPLIER
 from specparity.plots import AcceptBar, MarginPoint, RefLine, accept_plot, margin_plot
 from specparity.records import DEFAULT_MAX_NEW_TOKENS, GateRun, PromptRecord
+from specparity.structured import structured_line
 
 _TEMPLATES = Path(__file__).parent / "templates"
 SUMMARY = "summary.md"
@@ -181,6 +182,7 @@ def render_summary_md(run: GateRun, decision: GateDecision) -> str:
         drift=drift_line(run),
         cross=run.threshold.describe_cross() if run.threshold else "",
         unreported=unreported_line(run),
+        structured=structured_line(run.records),
         scorer_check=scorer_check_line(run),
         calibration_error=run.calibration_error,
         golden_error=run.golden_error,
@@ -254,6 +256,8 @@ def terminal_lines(run: GateRun, decision: GateDecision) -> list[str]:
         lines.append(f"latent drift: {drift_line(run)}")
     if unreported_line(run):
         lines.append(f"unreported rows: {unreported_line(run)}")
+    if structured_line(run.records):
+        lines.append(f"structured output: {structured_line(run.records)}")
     if run.scorer_check:
         lines.append(f"scorer check: {scorer_check_line(run)}")
     if run.scorer:

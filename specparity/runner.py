@@ -42,6 +42,7 @@ from specparity.prompts import Prompt
 from specparity.records import DEFAULT_MAX_NEW_TOKENS, GateConfig, GateRun, PromptRecord
 from specparity.report import DERIVED_FILES, write_reports
 from specparity.scoring import Scorer, choose_scorer
+from specparity.structured import hide_forced_rows, judge_constraint, unconstrained_baselines
 from specparity.types import GenerationRequest, GenerationResult, SpecStats, TokenScores
 
 T = TypeVar("T")
@@ -101,7 +102,7 @@ def request_for(engine: Engine, p: Prompt, config: GateConfig, stop_ids: tuple[i
     (else the default), the engine's stop tokens, ``--top-k``. Raises when encoding fails."""
     ids = engine.encode_prompt(p.prompt, p.messages_as_dicts())
     max_new = config.max_new_tokens or p.max_new_tokens or DEFAULT_MAX_NEW_TOKENS
-    return GenerationRequest(p.id, ids, max_new, stop_ids, config.top_k)
+    return GenerationRequest(p.id, ids, max_new, stop_ids, config.top_k, constraint=p.constraint)
 
 
 def _generate_one(engine: Engine, req: GenerationRequest, speculative: bool) -> GenerationResult:
@@ -168,6 +169,9 @@ def _decode_and_score(engine: Engine, scorer: Scorer, speculative: bool, rec: Pr
         tf, err = rec.baseline_tf, None
     else:
         tf, err = _score(scorer, rec.request, result)
+    if rec.request.constraint is not None:  # rows the constraint, not the argmax, chose: not judged on
+        result.scores = hide_forced_rows(result.scores)
+        tf = hide_forced_rows(tf) if tf is not None else None
     return result, tf, err, t1 - t0, time.perf_counter() - t1
 
 
@@ -240,7 +244,7 @@ def run_gate(
 
 
 def _content(p: Prompt) -> tuple[Any, ...]:
-    return p.id, p.prompt, p.messages, p.max_new_tokens
+    return p.id, p.prompt, p.messages, p.max_new_tokens, p.constraint
 
 
 def _run_phases(engine: Engine, run: GateRun, writer: ResultsWriter, say: Callable[[str], None],
@@ -546,8 +550,8 @@ def _score_spec_side(run: GateRun, scorer: Scorer, measured: Sequence[PromptReco
     failed: list[str] = []
     t0 = time.perf_counter()
     for rec, (scores, err) in dispatch(measured, lambda r: _score(there, r.request, r.baseline), run.concurrency):
-        if scores is not None:
-            got[id(rec)] = scores
+        if scores is not None:  # a constrained prompt's rows as its other rows are (hide_forced_rows)
+            got[id(rec)] = hide_forced_rows(scores) if rec.request.constraint is not None else scores
         else:
             failed.append(f"{rec.prompt.id}: {err}")
     run.timings["cross_instance_scoring"] += time.perf_counter() - t0
@@ -565,6 +569,7 @@ def _check_baselines(run: GateRun, decode: Callable[[Sequence[int]], str], write
     the configuration's fault for every prompt, never a speculative prompt "diverged"."""
     refusal = baseline_refusal(run.records + run.calibration_records,
                                run.threshold.nats if run.threshold is not None else None, decode)
+    refusal = refusal or unconstrained_baselines(run.records + run.calibration_records, decode)
     if refusal is None:
         return True
     run.calibration_error = refusal
@@ -650,6 +655,8 @@ def _judge(run: GateRun, stop_ids: tuple[int, ...], decode: Callable[[Sequence[i
             baseline_tf=rec.baseline_tf, drift_nats=run.threshold.drift_nats))
         if err and rec.verdict.klass != "diverged":
             rec.verdict.klass, rec.verdict.reason = "error", err
+        if p.constraint is not None:
+            judge_constraint(rec.verdict, p.constraint, rec.baseline, rec.spec, decode)
     writer.write(rec.to_json())
     say(f"{p.id}: {rec.verdict.klass}")
 

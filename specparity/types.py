@@ -11,6 +11,8 @@ from typing import Any, Literal
 
 import numpy as np
 
+from specparity.constraints import Constraint
+
 FinishReason = Literal["stop", "length", "error"]
 
 #: The default number of alternatives recorded per output position (the issue asks for k >= 5).
@@ -19,13 +21,16 @@ DEFAULT_TOP_K = 8
 
 @dataclass(frozen=True)
 class GenerationRequest:
-    """One prompt to decode greedily. ``stop_token_ids`` end generation (the stop token is kept)."""
+    """One prompt to decode greedily. ``stop_token_ids`` end generation (the stop token is kept).
+    ``constraint``: the output constraint the engine must apply (None: unconstrained); an engine that
+    cannot apply one is refused before it loads, never run unconstrained."""
 
     request_id: str
     prompt_ids: list[int]
     max_new_tokens: int
     stop_token_ids: tuple[int, ...] = ()
     top_k: int = DEFAULT_TOP_K
+    constraint: Constraint | None = None
 
 
 def _rows(arr: np.ndarray, n: int) -> np.ndarray:

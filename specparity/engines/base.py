@@ -167,6 +167,10 @@ class EngineInfo:
     #: cannot is refused before anything loads, with ``force_reject_note`` saying why.
     force_reject: tuple[str, ...] = ()
     force_reject_note: str = ""
+    #: Output constraints (prompt fields ``json_schema`` / ``grammar``) the engine applies on both
+    #: sides; a constrained prompt for an engine without its kind is refused before anything loads
+    #: (never decoded unconstrained). Empty: none (in-process engines, plugins that do not say).
+    constraints: tuple[str, ...] = ()
 
 
 def step_record(

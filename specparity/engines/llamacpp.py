@@ -72,6 +72,7 @@ from specparity.engines.server import (
     open_sessions,
     resolve_tokenizer_dir,
 )
+from specparity.constraints import CONSTRAINT_FIELDS
 from specparity.fixtures import MANIFEST, fixture_dir, in_checkout
 from specparity.types import ArtifactId, GenerationRequest, GenerationResult, SpecStats, TokenScores
 
@@ -285,7 +286,8 @@ FORCE_REJECT_SYNTH_LEN = 1.0
 INFO = EngineInfo("llamacpp", spec_modes=SPEC_TYPES, options=OPTIONS, dtypes=(), local_models=False,
                   check=check_options, server=True, counters="request", force_reject=("all",),
                   force_reject_note="llama-server forces rejects with --spec-synth-len 1; a synthetic length above 1 "
-                  "accepts draft tokens without checking them, which breaks greedy output, so random is not offered")
+                  "accepts draft tokens without checking them, which breaks greedy output, so random is not offered",
+                  constraints=CONSTRAINT_FIELDS)
 
 
 def utf8_complete_len(data: bytes) -> int:
@@ -494,7 +496,10 @@ class LlamaCppEngine(ServerEngine):
                 "cache_prompt": False, "return_tokens": True}
 
     def complete(self, endpoint: Endpoint, req: GenerationRequest, speculative: bool) -> GenerationResult:
-        r = endpoint.post_json("/completion", self._body(req.prompt_ids, req.max_new_tokens, req.top_k))
+        body = self._body(req.prompt_ids, req.max_new_tokens, req.top_k)
+        if req.constraint is not None:  # the same field on both sides: json_schema (object) or grammar (GBNF)
+            body[req.constraint.kind] = req.constraint.value()
+        r = endpoint.post_json("/completion", body)
         if not isinstance(r, dict):
             raise ServerError(f"/completion answered {type(r).__name__}, expected an object")
         ids = [int(t) for t in r["tokens"]]

@@ -77,6 +77,7 @@ from specparity.engines.server import (
     open_sessions,
     resolve_tokenizer_dir,
 )
+from specparity.constraints import Constraint
 from specparity.types import ArtifactId, GenerationRequest, GenerationResult, SpecStats, TokenScores
 
 #: ``--speculative-algorithm`` names SGLang resolves (case-insensitive; 0.5.23
@@ -101,6 +102,9 @@ SAMPLING_KEYS_0_5_19 = frozenset((
 GREEDY_SAMPLING = {"temperature": 0.0, "top_p": 1.0, "top_k": 1, "min_p": 0.0, "frequency_penalty": 0.0,
                    "presence_penalty": 0.0, "repetition_penalty": 1.0, "min_new_tokens": 0, "ignore_eos": False}
 SENT_SAMPLING_KEYS = frozenset(GREEDY_SAMPLING) | {"max_new_tokens", "stop_token_ids"}
+#: ``sampling_params`` key of each prompt constraint (both 0.5.19 and 0.5.23 declare them, as strings:
+#: ``json_schema`` is the schema serialised as JSON; ``ebnf`` takes the GBNF dialect xgrammar reads).
+CONSTRAINT_KEYS = {"json_schema": "json_schema", "grammar": "ebnf"}
 #: ``--preferred-sampling-params`` keys that would change the tokens of a request that does not send
 #: them (the server merges its preferred params under every ``/generate``'s own,
 #: ``tokenizer_manager.py:1549-1552`` in 0.5.23).
@@ -262,7 +266,7 @@ def check_options(options: EngineOptions) -> None:
 
 
 INFO = EngineInfo("sglang", options=OPTIONS, dtypes=(), local_models=False, check=check_options, server=True,
-                  counters="request",
+                  counters="request", constraints=tuple(CONSTRAINT_KEYS),
                   force_reject_note="SGLang's own knob, SGLANG_SIMULATE_ACC_LEN=1 with SGLANG_SIMULATE_ACC_TOKEN_MODE="
                   "real-draft-token, is not wired here yet (untested); see docs/FORCE_REJECT.md")
 
@@ -271,11 +275,15 @@ INFO = EngineInfo("sglang", options=OPTIONS, dtypes=(), local_models=False, chec
 
 
 def generate_body(input_ids: Sequence[int], max_new_tokens: int, stop_token_ids: Sequence[int], top_k: int, *,
-                  logprob_start_len: int = -1, rid: str | None = None) -> dict[str, Any]:
-    """The ``/generate`` body: one prompt, greedy, logprobs on, only keys 0.5.19 and 0.5.23 both know."""
+                  logprob_start_len: int = -1, rid: str | None = None,
+                  constraint: Constraint | None = None) -> dict[str, Any]:
+    """The ``/generate`` body: one prompt, greedy, logprobs on, only keys 0.5.19 and 0.5.23 both know;
+    a prompt's output constraint as its ``sampling_params`` key (:data:`CONSTRAINT_KEYS`)."""
     sampling: dict[str, Any] = {"max_new_tokens": int(max_new_tokens), **GREEDY_SAMPLING}
     if stop_token_ids:
         sampling["stop_token_ids"] = [int(t) for t in stop_token_ids]
+    if constraint is not None:
+        sampling[CONSTRAINT_KEYS[constraint.kind]] = constraint.text
     body: dict[str, Any] = {
         "input_ids": [int(t) for t in input_ids],
         "sampling_params": sampling,
@@ -544,7 +552,7 @@ class SGLangEngine(ServerEngine):
                               "the baseline must run without speculation")
         rid = f"specparity-{req.request_id}-{uuid.uuid4().hex[:12]}"
         body = endpoint.post_json("/generate", generate_body(req.prompt_ids, req.max_new_tokens, req.stop_token_ids,
-                                                             req.top_k, rid=rid))
+                                                             req.top_k, rid=rid, constraint=req.constraint))
         ids, finish, scores, meta = parse_generate(body, req.top_k)
         if speculative:
             spec = spec_stats(meta, len(ids), declared)

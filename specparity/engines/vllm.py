@@ -88,6 +88,7 @@ from specparity.engines.server import (
 )
 from specparity.engines.sglang import DEFAULT_CONCURRENCY
 from specparity.packages import installed_package_dir
+from specparity.constraints import CONSTRAINT_FIELDS, Constraint
 from specparity.types import ArtifactId, GenerationRequest, GenerationResult, SpecStats, TokenScores
 
 #: ``--max-logprobs`` default (``vllm/config/model.py:286``).
@@ -353,7 +354,7 @@ def check_options(options: EngineOptions) -> None:
 
 
 INFO = EngineInfo("vllm", options=OPTIONS, dtypes=(), local_models=False, check=check_options, server=True,
-                  counters="aggregate",
+                  counters="aggregate", constraints=CONSTRAINT_FIELDS,
                   force_reject_note="newer vLLM's rejection_sample_method synthetic with synthetic_acceptance_length 1 "
                   "is not wired here yet (untested); see docs/FORCE_REJECT.md")
 
@@ -368,9 +369,16 @@ def top_k_disabled(version: str | None) -> int:
     return -1 if v is None else (0 if v >= (0, 11) else -1)
 
 
+#: ``structured_outputs`` key of each prompt constraint (``StructuredOutputsParams`` in 0.26 and 0.33;
+#: the old top-level ``guided_json`` / ``guided_grammar`` are gone from both).
+CONSTRAINT_KEYS = {"json_schema": "json", "grammar": "grammar"}
+
+
 def completion_body(model: str | None, prompt_ids: Sequence[int], max_tokens: int, stop_token_ids: Sequence[int],
-                    *, logprobs: int | None, top_k: int, prompt_logprobs: int | None = None) -> dict[str, Any]:
-    """The ``/v1/completions`` body: token-id prompt, greedy with every knob explicit, logprobs by id."""
+                    *, logprobs: int | None, top_k: int, prompt_logprobs: int | None = None,
+                    constraint: Constraint | None = None) -> dict[str, Any]:
+    """The ``/v1/completions`` body: token-id prompt, greedy with every knob explicit, logprobs by id;
+    a prompt's output constraint as ``structured_outputs`` (:data:`CONSTRAINT_KEYS`)."""
     body: dict[str, Any] = {}
     if model:
         body["model"] = model
@@ -395,6 +403,8 @@ def completion_body(model: str | None, prompt_ids: Sequence[int], max_tokens: in
     })
     if prompt_logprobs is not None:
         body["prompt_logprobs"] = int(prompt_logprobs)
+    if constraint is not None:
+        body["structured_outputs"] = {CONSTRAINT_KEYS[constraint.kind]: constraint.value()}
     return body
 
 
@@ -682,7 +692,8 @@ class VLLMEngine(ServerEngine):
             raise ServerError("the baseline server exposes vllm:spec_decode_* counters on /metrics: it was launched "
                               "with --speculative-config; the baseline must run without speculation")
         body = completion_body(self.model_name(endpoint), req.prompt_ids, req.max_new_tokens, req.stop_token_ids,
-                               logprobs=req.top_k, top_k=top_k_disabled(self.version(endpoint)))
+                               logprobs=req.top_k, top_k=top_k_disabled(self.version(endpoint)),
+                               constraint=req.constraint)
         answer = endpoint.post_json("/v1/completions", body)
         ids, finish, scores, _ = parse_completion(answer, req.top_k)
         if speculative:

@@ -74,6 +74,44 @@ class FixtureBackend:
         return self._memoized(("generate", tuple(req.prompt_ids), req.max_new_tokens, req.stop_token_ids, req.top_k,
                                bool(speculative)), compute)
 
+    def constrained_generate(self, prompt_ids: Sequence[int], constraint: Any, max_new_tokens: int,
+                             stop_ids: Sequence[int], k: int, speculative: bool, rollback_bug: bool = False):
+        """A constrained greedy decode (:func:`forced_document`): the constraint admits one document,
+        so every server decodes its tokens and then the EOS, whatever the model prefers; rows are
+        the model's own (raw) rows of those tokens, as llama.cpp and vLLM report them. Speculative:
+        the draft proposes the forced path, every draft is accepted (real step records over it).
+
+        ``rollback_bug`` (speculative): a loop whose grammar state does not roll back with a rejected
+        draft — it follows the constraint through its first verify step, then the state is lost and
+        the rest is the unconstrained speculative decode of that prefix."""
+        import numpy as np
+
+        from specparity.engines.base import step_record
+        from specparity.types import GenerationResult, SpecStats, TokenScores
+
+        prompt = [int(t) for t in prompt_ids]
+        forced = self.tokenizer.encode(forced_document(constraint), add_special_tokens=False) + [self.primary_eos]
+        ids = forced[:max_new_tokens]
+        steps, pos, width = [], 1, self.draft_width
+        while speculative and pos < len(ids):
+            emitted = ids[pos:pos + width + 1]
+            steps.append(step_record(ids[pos:pos + width], emitted, nominal_width=width,
+                                     budget_before=max_new_tokens - pos, stop_ids=stop_ids))
+            pos += len(emitted)
+        if speculative and rollback_bug:
+            keep = min(len(ids), 1 + width + 1)
+            ids, steps = ids[:keep], steps[:1]
+            if keep < max_new_tokens and ids[-1] not in stop_ids:
+                tail = self.generate(prompt + ids, max_new_tokens - keep, stop_ids, k, True)
+                ids += list(tail.output_ids)
+                steps += list(tail.spec.steps or [])
+        scores = self.score(prompt, ids, k) if ids else TokenScores.empty(max(1, k))
+        finish = "stop" if ids and ids[-1] in stop_ids else "length"
+        spec = SpecStats.from_steps(steps, "fake: forced path") if speculative else SpecStats.unavailable("off")
+        return GenerationResult("emulator", ids, self.decode(ids), finish,
+                                TokenScores(np.asarray(ids, np.int64), scores.logprobs, scores.top_ids,
+                                            scores.top_logprobs), spec)
+
     def score(self, prompt_ids: Sequence[int], continuation_ids: Sequence[int], k: int):
         prompt, continuation, kk = [int(t) for t in prompt_ids], [int(t) for t in continuation_ids], max(1, int(k))
         return self._memoized(("score", tuple(prompt), tuple(continuation), kk),
@@ -168,6 +206,40 @@ def instance_noise(scores: Any, prefix: Sequence[int], nats: float) -> Any:
         order = np.argsort(-top_lp[i], kind="stable")
         top_ids[i], top_lp[i] = top_ids[i][order], top_lp[i][order]
     return TokenScores(scores.token_ids, logprobs, top_ids, top_lp)
+
+
+def forced_document(constraint: Any) -> str:
+    """The one document a fake server's constraint admits: for a JSON schema its smallest instance
+    (required properties only; the first enum value, the minimum number, ``minItems`` items, an
+    ``"a"`` per required string character), for a grammar the literal of ``root ::= "..."``. A
+    grammar with anything more is not emulated (ValueError)."""
+    import json
+    import re
+
+    if constraint.kind == "grammar":
+        m = re.fullmatch(r'\s*root\s*::=\s*("(?:[^"\\]|\\.)*")\s*', constraint.text)
+        if not m:
+            raise ValueError("only a grammar of one literal (root ::= \"...\") is emulated")
+        return json.loads(m.group(1))
+
+    def instance(schema: dict[str, Any]) -> Any:
+        if "enum" in schema:
+            return schema["enum"][0]
+        kind = schema.get("type")
+        if kind == "object":
+            props = schema.get("properties", {})
+            return {key: instance(props.get(key, {})) for key in schema.get("required", [])}
+        if kind == "array":
+            return [instance(schema.get("items", {})) for _ in range(int(schema.get("minItems", 0)))]
+        if kind in ("integer", "number"):
+            return schema.get("minimum", 0)
+        if kind == "boolean":
+            return True
+        if kind == "string":
+            return "a" * max(1, int(schema.get("minLength", 1)))
+        return None
+
+    return json.dumps(instance(constraint.schema), separators=(",", ":"))
 
 
 @functools.lru_cache(maxsize=1)

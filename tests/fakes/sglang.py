@@ -27,6 +27,11 @@ Knobs besides the faults of :class:`~fakes.server.FakeServer`:
 * ``instance_noise_nats=x``: this instance's logits differ from another's by −x, 0 or +x per
   (prefix, token), the same in its decode rows and in its scoring rows — what two server instances
   of one model do (:func:`~fakes.backend.instance_noise`). The argmax never moves.
+* ``sampling_params.json_schema`` (a JSON string) / ``ebnf``: honoured as a constrained decode
+  (:meth:`~fakes.backend.FixtureBackend.constrained_generate`: the schema's smallest instance, a
+  one-literal grammar), and recorded in ``constraints_seen`` as ``(rid, kind, text)``;
+  ``grammar_rollback_bug=True`` (speculative): the grammar state is lost after the first verify
+  step, the rest is decoded unconstrained — a loop that does not roll its grammar back.
 * ``version="0.5.19"``: unknown ``sampling_params`` keys give HTTP 500 ``text/plain`` instead of
   0.5.23's 400, the counters carry the 0.5.19 aliases, ``/server_info`` has no ``launch_command`` /
   ``frontend``.
@@ -40,6 +45,7 @@ the last ``output_token_logprobs`` entry. ``http_500`` is uvicorn's ``Internal S
 from __future__ import annotations
 
 import copy
+import json
 import math
 import time
 import uuid
@@ -48,6 +54,7 @@ from typing import Any, Sequence
 from fakes.backend import DATA, DRAFT, TARGET, FixtureBackend, instance_noise, recorded, shared_backend, shortened
 from fakes.faults import Rule
 from fakes.server import FakeServer, Reply, Request, json_reply, not_found, refuses
+from specparity.constraints import Constraint
 
 #: ``sampling_params`` allow-list of 0.5.23, in the order the contract's message lists it
 #: (``sglang/api/v1/api_types.py:1256``, message format ``:97``).
@@ -78,6 +85,7 @@ class SGLangServer(FakeServer):
 
     def __init__(self, *, speculative: bool = False, version: str = "0.5.23", declares_deterministic: bool = False,
                  drop_spec_fields: bool = False, near_tie_flips: int = 0, backend: FixtureBackend | None = None,
+                 grammar_rollback_bug: bool = False,
                  instance_noise_nats: float = 0.0, batch_flip_above: int | None = None, batch_window_s: float = 0.3,
                  rules: Sequence[Rule] = (), die_after: int | None = None,
                  refuse: bool = False, hang_s: float = 30.0, trickle_s: float = 0.1):
@@ -105,6 +113,9 @@ class SGLangServer(FakeServer):
         self.num_draft_tokens = self.backend.draft_width + 1
         self.lifetime_verify = 0
         self.lifetime_accepted = 0
+        self.grammar_rollback_bug = grammar_rollback_bug
+        #: (rid, kind, text) of every constrained request, for the test to check.
+        self.constraints_seen: list[tuple[str, str, str]] = []
         self._server_info = self._build_server_info()
 
     # ------------------------------------------------------------------ /server_info
@@ -232,9 +243,19 @@ class SGLangServer(FakeServer):
         for key, neutral in _NEUTRAL.items():
             if float(sampling.get(key, neutral)) != neutral:
                 return refuses(f"{key}={sampling[key]} is not emulated")
-        for key in ("stop", "stop_regex", "regex", "json_schema", "ebnf", "structural_tag", "logit_bias"):
+        for key in ("stop", "stop_regex", "regex", "structural_tag", "logit_bias"):
             if sampling.get(key):
                 return refuses(f"sampling_params.{key} is not emulated")
+        if sampling.get("json_schema") and sampling.get("ebnf"):
+            return refuses("json_schema and ebnf together are not emulated")
+        constraint = None
+        if sampling.get("json_schema"):
+            try:
+                constraint = Constraint("json_schema", json.dumps(json.loads(sampling["json_schema"]), sort_keys=True))
+            except (TypeError, ValueError):
+                return json_reply(400, {"error": {"message": "json_schema: not a JSON string"}})
+        elif sampling.get("ebnf"):
+            constraint = Constraint("grammar", str(sampling["ebnf"]))
         if sampling.get("ignore_eos"):
             return refuses("ignore_eos=true is not emulated")
         if body.get("stream"):
@@ -250,14 +271,14 @@ class SGLangServer(FakeServer):
         out = []
         for i, prompt in enumerate(prompts):
             item_rid = (f"{rid}_{i}" if batch else rid) if isinstance(rid, str) else uuid.uuid4().hex
-            answer = self._one(prompt, sampling, body, item_rid, fault)
+            answer = self._one(prompt, sampling, body, item_rid, fault, constraint)
             if isinstance(answer, Reply):
                 return answer
             out.append(answer)
         return json_reply(200, out if batch else out[0])
 
     def _one(self, prompt: list[int], sampling: dict[str, Any], body: dict[str, Any], rid: str,
-             fault: str | None) -> Any:
+             fault: str | None, constraint: Constraint | None = None) -> Any:
         max_new = sampling.get("max_new_tokens", 128)
         if max_new is None or max_new < 1:
             return refuses("max_new_tokens < 1 (prefill-only requests) is not emulated")
@@ -276,7 +297,15 @@ class SGLangServer(FakeServer):
         batched = (self.batch_flip_above is not None and max_new >= 2
                    and self.batched(self.batch_flip_above, self.batch_window_s))
         with self.backend.lock:
-            result = self.backend.generate(prompt, max_new, stops, top_n, self.speculative)
+            if constraint is not None:
+                self.constraints_seen.append((rid, constraint.kind, constraint.text))
+                try:
+                    result = self.backend.constrained_generate(prompt, constraint, max_new, stops, top_n,
+                                                               self.speculative, self.grammar_rollback_bug)
+                except ValueError as exc:
+                    return refuses(str(exc))
+            else:
+                result = self.backend.generate(prompt, max_new, stops, top_n, self.speculative)
             if batched:
                 flipped = self.backend.flip_closest_call(prompt, result, max_new, stops, top_n)
                 if flipped is not None:

@@ -18,6 +18,10 @@ Knobs besides the faults of :class:`~fakes.server.FakeServer`:
   ``VLLM_BATCH_INVARIANT: true`` in its ``vllm_env``.
 * ``near_tie_flips=N`` (speculative): the first N answers of two or more tokens are flipped at their
   closest call (:meth:`~fakes.backend.FixtureBackend.flip_closest_call`).
+* ``structured_outputs`` ``{"json": schema}`` / ``{"grammar": gbnf}``: honoured as a constrained
+  decode (:meth:`~fakes.backend.FixtureBackend.constrained_generate`) and recorded in
+  ``constraints_seen`` as ``(prompt ids, kind, text)``; ``grammar_rollback_bug=True`` (speculative):
+  the grammar state is lost after the first verify step.
 * ``version="0.26.0"``: ``system_fingerprint`` ``vllm-0.26.0-nohash``, no ``weight_versions`` in a
   choice, no ``usage.completion_tokens_details``, ``metrics`` always null (0.26 has no
   ``--per-request-spec-decode-metrics``: ``per_request_metrics=True`` is refused), ``min_p`` accepted
@@ -34,6 +38,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import json
 import math
 import time
 import uuid
@@ -42,6 +47,7 @@ from typing import Any, Sequence
 from fakes.backend import DATA, DRAFT, TARGET, FixtureBackend, recorded, shared_backend, shortened
 from fakes.faults import Rule
 from fakes.server import FakeServer, Reply, Request, json_reply, not_found, refuses
+from specparity.constraints import Constraint
 
 #: Knobs vLLM fills from ``generation_config.json`` when a request leaves them unset.
 VLLM_KNOBS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty")
@@ -59,9 +65,13 @@ class VLLMServer(FakeServer):
                  per_request_metrics: bool = False, max_logprobs: int = 20, version: str = "0.33.0",
                  served_model_name: str = "fixture/target", dev_mode: bool = False, batch_invariant: bool = False,
                  near_tie_flips: int = 0, backend: FixtureBackend | None = None, rules: Sequence[Rule] = (),
-                 die_after: int | None = None, refuse: bool = False, hang_s: float = 30.0, trickle_s: float = 0.1):
+                 die_after: int | None = None, refuse: bool = False, hang_s: float = 30.0, trickle_s: float = 0.1,
+                 grammar_rollback_bug: bool = False):
         super().__init__(rules=rules, die_after=die_after, refuse=refuse, hang_s=hang_s, trickle_s=trickle_s)
         self.backend = backend or shared_backend()
+        self.grammar_rollback_bug = grammar_rollback_bug
+        #: (prompt ids, kind, text) of every constrained request, for the test to check.
+        self.constraints_seen: list[tuple[list[int], str, str]] = []
         from prometheus_client import CollectorRegistry, Counter, Gauge
 
         if near_tie_flips and not speculative:
@@ -230,6 +240,16 @@ class VLLMServer(FakeServer):
         for key in ("echo", "stream", "ignore_eos", "stop", "min_tokens", "logit_bias", "bad_words"):
             if body.get(key):
                 return refuses(f"{key}={body[key]!r} is not emulated")
+        constraint = None
+        structured = body.get("structured_outputs")
+        if structured:
+            given = {k: v for k, v in structured.items() if v is not None} if isinstance(structured, dict) else {}
+            if set(given) == {"json"} and isinstance(given["json"], dict):
+                constraint = Constraint("json_schema", json.dumps(given["json"], sort_keys=True))
+            elif set(given) == {"grammar"} and isinstance(given["grammar"], str):
+                constraint = Constraint("grammar", given["grammar"])
+            else:
+                return refuses(f"structured_outputs={structured!r} is not emulated (one of json, grammar)")
         if (body.get("n") or 1) != 1:
             return self._error(400, f"n must be 1 when using greedy sampling, got {body['n']}.")
         max_tokens = body.get("max_tokens")
@@ -241,7 +261,15 @@ class VLLMServer(FakeServer):
         use_spec = self.speculative and not (self.spec_disabled_for_logprobs and logprobs is not None)
         k = int(logprobs or 0)
         with self.backend.lock:
-            result = self.backend.generate(prompt, max_tokens, stops, k, use_spec)
+            if constraint is not None:
+                self.constraints_seen.append((list(prompt), constraint.kind, constraint.text))
+                try:
+                    result = self.backend.constrained_generate(prompt, constraint, max_tokens, stops, k, use_spec,
+                                                               self.grammar_rollback_bug)
+                except ValueError as exc:
+                    return refuses(str(exc))
+            else:
+                result = self.backend.generate(prompt, max_tokens, stops, k, use_spec)
             if self.near_tie_flips > 0:
                 flipped = self.backend.flip_closest_call(prompt, result, max_tokens, stops, k)
                 if flipped is not None:

@@ -1,0 +1,239 @@
+"""Structured output under speculation (docs/STRUCTURED.md).
+
+* the prompt fields ``json_schema`` / ``grammar``: read, checked, written back;
+* the output checks: a JSON document valid for its schema, a prefix cut by ``max_new_tokens``
+  (truncated, not judged), anything else invalid; a grammar output is reported as constrained;
+* rows the constraint (not the argmax) chose are not judged on;
+* the adapters send the constraint in each engine's field, and the SGLang and vLLM fakes receive it
+  on both sides and decode under it;
+* a speculative loop whose grammar state does not roll back with a rejected draft (the fakes'
+  ``grammar_rollback_bug``) fails the gate on constrained prompts, with its own reason, and passes
+  an unconstrained run: only the constrained prompts catch it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fakes import SGLangServer, VLLMServer
+from fakes.backend import TARGET, FixtureBackend, forced_document
+from fakes.gate import pytest_in_process
+from specparity.constraints import Constraint
+from specparity.engines.sglang import SAMPLING_KEYS_0_5_19, SAMPLING_KEYS_0_5_23, generate_body
+from specparity.engines.vllm import completion_body
+from specparity.fixtures import REPO_ROOT
+from specparity.prompts import PromptFileError, load_prompts
+from specparity.structured import check_output, hide_forced_rows, json_prefix_state
+from specparity.types import TokenScores
+
+STRUCTURED = REPO_ROOT / "prompts" / "structured.jsonl"
+SCHEMA = {"type": "object", "properties": {"n": {"type": "integer"}, "s": {"enum": ["a", "b"]}},
+          "required": ["n", "s"], "additionalProperties": False}
+
+
+def schema_constraint(schema: dict = SCHEMA) -> Constraint:
+    return Constraint("json_schema", json.dumps(schema, sort_keys=True))
+
+
+# ------------------------------------------------------------------------------------- prompt files
+
+
+def test_structured_prompt_file_carries_a_constraint_on_every_prompt():
+    prompts = load_prompts(STRUCTURED).prompts
+    assert prompts and all(p.constraint is not None for p in prompts)
+    assert {p.constraint.kind for p in prompts} == {"json_schema", "grammar"}
+    for p in prompts:  # written back as read: a journal or golden holds the same constraint
+        again = type(p).from_json(p.to_json(), "again")
+        assert again.constraint == p.constraint
+
+
+@pytest.mark.parametrize("field, value, expect", [
+    ("json_schema", {"type": "objekt"}, "json_schema: not a valid JSON Schema"),
+    ("json_schema", [], "json_schema: expected a non-empty JSON Schema object"),
+    ("grammar", "answer ::= [0-9]+", "grammar: expected a GBNF grammar with a 'root ::= ...' rule"),
+    ("grammar", 7, "grammar: expected a non-empty GBNF grammar string"),
+])
+def test_a_bad_constraint_names_file_line_and_field(tmp_path, field, value, expect):
+    path = tmp_path / "p.jsonl"
+    row = {"id": "x-1", "category": "x", "lang": "en", "prompt": "hi", field: value}
+    path.write_text('{"specparity_prompts": 1}\n' + json.dumps(row) + "\n")
+    with pytest.raises(PromptFileError) as err:
+        load_prompts(path)
+    assert str(err.value).startswith(f"{path}:2: {expect}"), str(err.value)
+
+
+# ------------------------------------------------------------------------------------- output checks
+
+
+@pytest.mark.parametrize("text, state", [
+    ('{"n": 1, "s": "a"}', "complete"), ('{"n": [1, "x', "prefix"), ('{"n": tr', "prefix"), ("", "prefix"),
+    ('{"n":1,', "prefix"), ('{"n" 1', "invalid"), ('{"n": 1} x', "invalid"), ("{}}", "invalid"),
+    ("The answer is", "invalid"), ('{"a\nb', "invalid"),
+])
+def test_json_prefix_state(text, state):
+    assert json_prefix_state(text) == state
+
+
+def test_check_output_valid_truncated_invalid():
+    c = schema_constraint()
+    assert check_output(c, '{"n": 3, "s": "b"}', "stop").status == "valid"
+    # cut by the limit mid-document: not judged (the limit cut it, not the decoder)
+    assert check_output(c, '{"n": 3, "s": "', "length").status == "truncated"
+    # the same text ended by a stop token: the decoder closed nothing
+    stopped = check_output(c, '{"n": 3, "s": "', "stop")
+    assert stopped.status == "invalid" and "before the JSON document closed" in stopped.why
+    broken = check_output(c, '{"n": 3, "s": "c"}', "stop")
+    assert broken.status == "invalid" and "breaks the schema at s" in broken.why
+    # at the limit, text that is no JSON prefix is invalid, not truncated
+    assert check_output(c, "The answer is 3", "length").status == "invalid"
+    assert check_output(Constraint("grammar", 'root ::= "x"'), "anything", "stop").status == "constrained"
+
+
+def test_rows_the_constraint_chose_are_not_judged_on():
+    """Row 0's token is its argmax (kept); row 1's token is second (the constraint chose it: hidden);
+    row 2 was already unreported (stays so)."""
+    scores = TokenScores([5, 7, 9], [-0.1, -2.0, np.nan], [[5, 6], [8, 7], [-1, -1]],
+                         [[-0.1, -3.0], [-0.5, -2.0], [np.nan, np.nan]])
+    out = hide_forced_rows(scores)
+    assert out.reported(0) and not out.reported(1) and not out.reported(2)
+    assert out.token_ids.tolist() == [5, 7, 9] and (out.top_ids[1] == -1).all()
+    assert scores.reported(1)  # the input is left alone
+
+
+# ------------------------------------------------------------------------------------- adapters
+
+
+def test_adapters_send_the_constraint_in_each_engines_field():
+    c, g = schema_constraint(), Constraint("grammar", 'root ::= "yes" | "no"')
+    body = generate_body([1, 2], 8, [2], 4, constraint=c)
+    assert json.loads(body["sampling_params"]["json_schema"]) == SCHEMA  # SGLang takes the schema as a string
+    assert generate_body([1, 2], 8, [2], 4, constraint=g)["sampling_params"]["ebnf"] == g.text
+    for b in (body, generate_body([1, 2], 8, [2], 4, constraint=g)):  # an unknown key is a 400 / 500
+        assert set(b["sampling_params"]) <= SAMPLING_KEYS_0_5_23 & SAMPLING_KEYS_0_5_19
+    assert "json_schema" not in generate_body([1, 2], 8, [2], 4)["sampling_params"]
+    assert completion_body("m", [1], 8, [2], logprobs=4, top_k=0, constraint=c)["structured_outputs"] == {"json": SCHEMA}
+    assert completion_body("m", [1], 8, [2], logprobs=4, top_k=0, constraint=g)["structured_outputs"] == {"grammar": g.text}
+    assert "structured_outputs" not in completion_body("m", [1], 8, [2], logprobs=4, top_k=0)
+
+
+# ------------------------------------------------------------------------------------- the gate on fakes
+
+
+def fake_prompts(tmp_path: Path) -> Path:
+    """The JSON-schema prompts of prompts/structured.jsonl (the fakes decode any schema) and one
+    one-literal grammar (the fakes decode no richer GBNF), with limits that let them close."""
+    rows = [p.to_json() for p in load_prompts(STRUCTURED).prompts if p.constraint.kind == "json_schema"]
+    rows.append({"id": "tool-literal", "category": "structured", "lang": "en", "max_new_tokens": 48,
+                 "messages": [{"role": "user", "content": "Call the weather tool for Berlin."}],
+                 "grammar": 'root ::= "{\\"name\\": \\"get_weather\\", \\"arguments\\": {\\"city\\": \\"Berlin\\"}}"'})
+    path = tmp_path / "structured.jsonl"
+    path.write_text('{"specparity_prompts": 1, "description": "fake"}\n' + "".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def gate(engine: str, base, spec, report: Path, *args: str):
+    proc = pytest_in_process(["suites/lossless", "-q", "-p", "no:cacheprovider", "--engine", engine,
+                              "--baseline-url", base.url, "--spec-url", spec.url, "--target", str(TARGET),
+                              "--calibration", "selected", "--report", str(report), *args])
+    records = [json.loads(x) for x in (report / "results.jsonl").read_text().splitlines()]
+    return proc, [r for r in records if r["kind"] == "prompt"], records[-1]
+
+
+@pytest.mark.parametrize("engine, server", [("sglang", SGLangServer), ("vllm", VLLMServer)])
+def test_constraints_are_sent_to_both_sides_and_decoded_under(engine, server, tmp_path):
+    prompts = fake_prompts(tmp_path)
+    constrained = load_prompts(prompts).prompts
+    with server() as base, server(speculative=True) as spec:
+        proc, judged, verdict = gate(engine, base, spec, tmp_path / "r", "--prompts", str(prompts))
+        seen_base, seen_spec = base.constraints_seen, spec.constraints_seen
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    assert verdict["status"] == "PASS" and len(judged) == len(constrained)
+    # every constrained prompt reached both servers with its constraint (and nothing else did)
+    texts = sorted((p.constraint.kind, p.constraint.text) for p in constrained)
+    assert sorted((k, t) for _, k, t in seen_spec) == texts
+    assert {(k, t) for _, k, t in seen_base} == set(texts)  # baseline: decoded, then scored unconstrained
+    for rec in judged:
+        c = rec["verdict"]["constraint"]
+        assert rec["verdict"]["class"] == "exact" and "problem" not in c
+        expected = "valid" if c["kind"] == "json_schema" else "constrained"
+        assert c["baseline"]["status"] == c["spec"]["status"] == expected, rec["verdict"]
+    assert f"PASS — exact {len(constrained)}," in proc.stdout
+    n_schema = sum(p.constraint.kind == "json_schema" for p in constrained)
+    line = (f"structured output: {n_schema} JSON-schema prompt(s): baseline valid {n_schema}; speculative valid "
+            f"{n_schema}; {len(constrained) - n_schema} grammar prompt(s): constrained (judged by token identity)")
+    assert line in proc.stdout and line.split(": ", 1)[1] in (tmp_path / "r" / "summary.md").read_text()
+    # speculation ran under the constraint (SGLang counts per request, vLLM run-wide on /metrics)
+    assert "speculation inactive" not in proc.stdout and re.search(r"speculation: [1-9]\d*/\d+ draft tokens accepted",
+                                                                   proc.stdout), proc.stdout[-3000:]
+
+
+@pytest.mark.parametrize("engine, server", [("sglang", SGLangServer), ("vllm", VLLMServer)])
+def test_a_grammar_state_that_does_not_roll_back_is_caught_only_by_constrained_prompts(engine, server, tmp_path):
+    """The speculative fake keeps the constraint through its first verify step and then loses the
+    grammar state (a loop that does not roll it back with a rejected draft). Constrained prompts:
+    every JSON-schema prompt fails with the constraint reason and the run fails (exit 1).
+    Unconstrained prompts on the same servers: the bug never shows, the run passes."""
+    prompts = fake_prompts(tmp_path)
+    schema_ids = [p.id for p in load_prompts(prompts).prompts if p.constraint.kind == "json_schema"]
+    with server() as base, server(speculative=True, grammar_rollback_bug=True) as spec:
+        proc, judged, verdict = gate(engine, base, spec, tmp_path / "structured", "--prompts", str(prompts))
+        plain, plain_judged, plain_verdict = gate(engine, base, spec, tmp_path / "plain", "--categories", "math",
+                                                  "--max-new-tokens", "16")
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1, out[-4000:]
+    broken = [r["prompt"]["id"] for r in judged if "problem" in r["verdict"]["constraint"]]
+    assert sorted(broken) == sorted(schema_ids), [(r["prompt"]["id"], r["verdict"]) for r in judged]
+    for rec in judged:
+        if rec["prompt"]["id"] in broken:
+            v = rec["verdict"]
+            assert v["class"] == "diverged" and v["reason"].startswith("constraint broken under speculation: the "
+                                                                     "speculative output "), v["reason"]
+            assert v["constraint"]["baseline"]["status"] == "valid" and v["constraint"]["spec"]["status"] == "invalid"
+    line = (f"{len(broken)} prompt(s) broke their output constraint under speculation (the baseline's output kept "
+            f"it): {', '.join(schema_ids)}")  # in prompt-file order
+    assert line in verdict["failures"], verdict["failures"]
+    assert f"FAIL: {line}" in proc.stdout
+    assert f"speculative invalid {len(broken)}; {len(broken)} broke their schema under speculation" in proc.stdout
+    # the grammar prompt diverges too, by token identity (a grammar is not parsed here)
+    assert all(r["verdict"]["class"] == "diverged" for r in judged)
+    assert plain.returncode == 0, (plain.stdout + plain.stderr)[-4000:]
+    assert plain_verdict["status"] == "PASS" and plain_judged
+    assert all(r["verdict"]["class"] == "exact" and "constraint" not in r["verdict"] for r in plain_judged)
+
+
+def test_a_baseline_that_ignores_its_schema_is_refused_before_judging(tmp_path, monkeypatch):
+    """A baseline server that drops the constraint (its output is prose, not the schema's JSON): the
+    run is refused as a configuration error (exit 3), never judged as if unconstrained."""
+    prompts = fake_prompts(tmp_path)
+    own = FixtureBackend()  # the baseline's own models: the speculative server keeps the shared ones
+    monkeypatch.setattr(own, "constrained_generate", lambda prompt, c, n, stops, k, speculative, bug=False:
+                        own.generate(prompt, n, stops, k, speculative))
+    with SGLangServer(backend=own) as base, SGLangServer(speculative=True) as spec:
+        proc, judged, verdict = gate("sglang", base, spec, tmp_path / "r", "--prompts", str(prompts))
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 3, out[-4000:]
+    assert "the baseline output breaks its prompt's JSON schema" in out
+    assert all(r["verdict"]["class"] == "error" for r in judged)
+
+
+def test_forced_document_is_valid_for_every_schema_of_the_prompt_file():
+    for p in load_prompts(STRUCTURED).prompts:
+        if p.constraint.kind == "json_schema":
+            assert check_output(p.constraint, forced_document(p.constraint), "stop").status == "valid"
+
+
+def test_a_calibration_file_with_constrained_prompts_is_refused_for_an_in_process_engine(capsys):
+    """Calibration prompts run too (baselines only): a constrained one must never be decoded
+    unconstrained, so it is refused like a selected one — before anything loads."""
+    from specparity import exitcodes
+    from specparity.cli import main
+
+    code = main(["run", "--engine", "hf", "--calibration", str(STRUCTURED)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == exitcodes.BAD_INPUT and len(err) == 1, err
+    assert f"{STRUCTURED}:2: json_schema: engine 'hf' cannot constrain decoding" in err[0]
