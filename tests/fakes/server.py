@@ -147,7 +147,6 @@ class FakeServer:
         self._sock: socket.socket | None = None
         #: generation requests received and not yet answered (what a real server would batch together)
         self._in_flight = 0
-        self._burst = False  # a batch of more than ``batch_flip_above`` requests is being answered
         self._in_flight_changed = threading.Condition()
 
     @property
@@ -277,22 +276,15 @@ class FakeServer:
     def _count_in_flight(self, step: int) -> None:
         with self._in_flight_changed:
             self._in_flight += step
-            if self._in_flight == 0:
-                self._burst = False  # the server went idle: the batch is over
             self._in_flight_changed.notify_all()
 
     def batched(self, above: int, window_s: float) -> bool:
-        """Whether this request is part of a batch of more than ``above`` generation requests, waiting up
+        """Whether more than ``above`` generation requests (this one included) are in flight, waiting up
         to ``window_s`` for them to arrive — a scheduler collecting a batch: requests sent together
-        (a client with that many in flight) are batched, one at a time never is. A batch lasts until the
-        server is idle again, so a straggler of the same burst (sent late on a loaded machine, when
-        the others are still being answered but fewer than ``above`` + 1 remain) is batched too."""
+        (a client with that many in flight) are batched, one at a time never is."""
         with self._in_flight_changed:
-            self._in_flight_changed.wait_for(
-                lambda: self._burst or self._in_flight > above or self._stopping.is_set(), window_s)
-            if self._in_flight > above:
-                self._burst = True
-            return self._burst
+            self._in_flight_changed.wait_for(lambda: self._in_flight > above or self._stopping.is_set(), window_s)
+            return self._in_flight > above
 
     def _answer(self, h: _Handler, method: str, path: str, query: str, body: Any, fault: str | None) -> None:
         if fault == "die":
