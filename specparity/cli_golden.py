@@ -30,6 +30,7 @@ from typing import Any, Callable
 
 from specparity import exitcodes
 from specparity.noise import DEFAULT_CEILING_NATS, near_tie_above_ceiling
+from specparity.records import DEFAULT_MAX_NEAR_TIE
 
 
 # --------------------------------------------------------------------------- record
@@ -240,7 +241,7 @@ def _run_compare(args: argparse.Namespace) -> int:
 
 
 def judge_sides(old: Side, new: Side, old_path: str, *, near_tie_nats: float | None = None,
-                near_tie_ceiling: float = DEFAULT_CEILING_NATS, max_near_tie: float = 0.25,
+                near_tie_ceiling: float = DEFAULT_CEILING_NATS, max_near_tie: float = DEFAULT_MAX_NEAR_TIE,
                 drift_policy: str = "fail", only_common: bool = False, report_dir: str | None = None,
                 bit_exact: bool | None = None) -> tuple[Any, Any]:
     """NEW's streams judged against OLD's with the gate's classes: (the run, its decision).
@@ -314,7 +315,6 @@ def _compare_rules(args: argparse.Namespace) -> dict[str, Any]:
     from specparity.acceptance import DEFAULT_MAX_ACCEPT_DROP
     from specparity.options import BadInput
     from specparity.policy import PolicyError, load_policy, merge
-    from specparity.records import DEFAULT_MAX_NEAR_TIE
 
     drop = args.max_accept_drop
     if drop is not None:
@@ -385,7 +385,6 @@ def _write_reports(run: Any, decision: Any, out: str, flag: str = "--report") ->
 
 def add_compare_command(sub: Any) -> None:
     from specparity.acceptance import DEFAULT_MAX_ACCEPT_DROP
-    from specparity.records import DEFAULT_MAX_NEAR_TIE
 
     p = sub.add_parser("compare", help="judge two recorded runs (goldens or journals) with the gate's classes",
                        description="OLD gives the reference (a golden's or a journal's baseline), NEW the stream "
