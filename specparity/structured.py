@@ -57,8 +57,11 @@ def parse_constraint(obj: dict[str, Any]) -> Constraint | None:
         schema = obj["json_schema"]
         if not isinstance(schema, dict) or not schema:
             raise ConstraintError(f"json_schema: expected a non-empty JSON Schema object, got {schema!r}"[:200])
-        from jsonschema import exceptions, validators
-
+        try:
+            from jsonschema import exceptions, validators
+        except ImportError:  # a checkout run without installing specparity's dependencies
+            raise ConstraintError("json_schema: checking a JSON Schema needs the jsonschema package, a dependency of "
+                                  "specparity that is not installed here (pip install 'jsonschema>=4.18')") from None
         try:
             validators.validator_for(schema).check_schema(schema)
         except exceptions.SchemaError as exc:

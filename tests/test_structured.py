@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -237,3 +238,14 @@ def test_a_calibration_file_with_constrained_prompts_is_refused_for_an_in_proces
     err = capsys.readouterr().err.strip().splitlines()
     assert code == exitcodes.BAD_INPUT and len(err) == 1, err
     assert f"{STRUCTURED}:2: json_schema: engine 'hf' cannot constrain decoding" in err[0]
+
+
+def test_a_schema_prompt_without_jsonschema_installed_is_one_line_naming_the_package(tmp_path, monkeypatch):
+    """A checkout run on a host without specparity's dependencies (e.g. a GPU host's own environment):
+    the prompt file's line names the missing package instead of an internal error."""
+    path = tmp_path / "p.jsonl"
+    path.write_text(json.dumps({"specparity_prompts": 1}) + "\n" + json.dumps(
+        {"id": "s-1", "category": "json", "lang": "en", "prompt": "x", "json_schema": {"type": "object"}}) + "\n")
+    monkeypatch.setitem(sys.modules, "jsonschema", None)
+    with pytest.raises(PromptFileError, match=r"p\.jsonl:2: json_schema: .*needs the jsonschema package"):
+        load_prompts(path)
