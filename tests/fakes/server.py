@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import socket
 import threading
+import time
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Sequence
@@ -145,9 +146,10 @@ class FakeServer:
         self._httpd: _HTTPServer | None = None
         self._serve: threading.Thread | None = None
         self._sock: socket.socket | None = None
-        #: generation requests received and not yet answered (what a real server would batch together)
-        self._in_flight = 0
-        self._in_flight_changed = threading.Condition()
+        #: requests being collected into a batch (:meth:`join_batch`) → the most of them present at once
+        #: since each joined
+        self._batch: dict[object, int] = {}
+        self._batch_lock = threading.Lock()
 
     @property
     def url(self) -> str:
@@ -263,28 +265,27 @@ class FakeServer:
                 return
         self.requests.append((method, path, body))
         fault = None
-        generation = method in ("POST", "PUT") and path in self.generation_paths
-        if generation:
+        if method in ("POST", "PUT") and path in self.generation_paths:
             fault = self._pick_fault(body)
-            self._count_in_flight(+1)
-        try:
-            self._answer(h, method, path, query, body, fault)
-        finally:
-            if generation:
-                self._count_in_flight(-1)
+        self._answer(h, method, path, query, body, fault)
 
-    def _count_in_flight(self, step: int) -> None:
-        with self._in_flight_changed:
-            self._in_flight += step
-            self._in_flight_changed.notify_all()
+    def join_batch(self, window_s: float) -> object:
+        """Join the batch being collected and wait ``window_s`` (a scheduler collecting a batch for a
+        fixed delay): requests sent together all arrive within the window, however the client's threads
+        are scheduled, and each counts the others. Returns the token for :meth:`leave_batch`."""
+        token = object()
+        with self._batch_lock:
+            self._batch[token] = 0
+            for t in self._batch:
+                self._batch[t] = max(self._batch[t], len(self._batch))
+        time.sleep(window_s)
+        return token
 
-    def batched(self, above: int, window_s: float) -> bool:
-        """Whether more than ``above`` generation requests (this one included) are in flight, waiting up
-        to ``window_s`` for them to arrive — a scheduler collecting a batch: requests sent together
-        (a client with that many in flight) are batched, one at a time never is."""
-        with self._in_flight_changed:
-            self._in_flight_changed.wait_for(lambda: self._in_flight > above or self._stopping.is_set(), window_s)
-            return self._in_flight > above
+    def leave_batch(self, token: object) -> int:
+        """Leave the batch (at the request's turn at the model): how many requests were in it at once
+        at its fullest since this one joined — one at a time is always 1."""
+        with self._batch_lock:
+            return self._batch.pop(token)
 
     def _answer(self, h: _Handler, method: str, path: str, query: str, body: Any, fault: str | None) -> None:
         if fault == "die":

@@ -47,7 +47,6 @@ from __future__ import annotations
 import copy
 import json
 import math
-import threading
 import time
 import uuid
 from typing import Any, Sequence
@@ -110,10 +109,6 @@ class SGLangServer(FakeServer):
         self.batch_window_s = batch_window_s
         #: Answers flipped because they were batched (their request ids).
         self.batch_flipped: list[str] = []
-        #: decode requests (two or more tokens) in flight → the most decode requests in flight at once
-        #: since each arrived; guarded by ``_decodes_changed``
-        self._decodes: dict[object, int] = {}
-        self._decodes_changed = threading.Condition()
         #: STANDALONE draft of width w: speculative_num_draft_tokens = w + 1 (anchor + drafts).
         self.num_draft_tokens = self.backend.draft_width + 1
         self.lifetime_verify = 0
@@ -282,29 +277,6 @@ class SGLangServer(FakeServer):
             out.append(answer)
         return json_reply(200, out if batch else out[0])
 
-    def _decode_arrives(self) -> object:
-        """Register a decode request and hold it for ``batch_window_s`` (a scheduler collecting a batch
-        for a fixed delay): decodes sent together all arrive within the window, however the client's
-        threads are scheduled, and each counts the others."""
-        token = object()
-        with self._decodes_changed:
-            self._decodes[token] = 0
-            for t in self._decodes:
-                self._decodes[t] = max(self._decodes[t], len(self._decodes))
-            self._decodes_changed.notify_all()
-        time.sleep(self.batch_window_s)
-        return token
-
-    def _decode_batched(self, token: object) -> bool:
-        """Whether this decode shared the server with more than ``batch_flip_above`` decodes at some
-        moment between its arrival and its turn at the model: requests sent together are a batch even
-        when one of them arrives a little late on a loaded machine, and scoring requests (one token)
-        never count; one decode at a time is never batched. The request leaves the set once decided."""
-        with self._decodes_changed:
-            peak = self._decodes.pop(token)
-            self._decodes_changed.notify_all()
-        return peak > self.batch_flip_above
-
     def _one(self, prompt: list[int], sampling: dict[str, Any], body: dict[str, Any], rid: str,
              fault: str | None, constraint: Constraint | None = None) -> Any:
         max_new = sampling.get("max_new_tokens", 128)
@@ -322,10 +294,11 @@ class SGLangServer(FakeServer):
                                                         "use a smaller logprob_start_len."}})
         stops = list(dict.fromkeys([*(sampling.get("stop_token_ids") or []), *self.backend.eos_ids]))
         t0 = time.perf_counter()
+        # only decodes (two or more tokens) form the batch: one-token scoring requests never count
         decoding = self.batch_flip_above is not None and max_new >= 2
-        token = self._decode_arrives() if decoding else None
+        token = self.join_batch(self.batch_window_s) if decoding else None
         with self.backend.lock:
-            batched = decoding and self._decode_batched(token)
+            batched = decoding and self.leave_batch(token) > self.batch_flip_above
             if constraint is not None:
                 self.constraints_seen.append((rid, constraint.kind, constraint.text))
                 try:
