@@ -112,6 +112,9 @@ def json_prefix_state(text: str) -> Literal["complete", "prefix", "invalid"]:
     i, n = 0, len(s)
     literals = ("true", "false", "null")
     number = re.compile(r"-?(0|[1-9]\d*)?(\.\d*)?([eE][+-]?\d*)?")
+
+    def after_value() -> str:  # a value or a container just ended
+        return "comma_or_end" if stack else "done"
     while i < n:
         c = s[i]
         if c in " \t\r\n":
@@ -123,7 +126,7 @@ def json_prefix_state(text: str) -> Literal["complete", "prefix", "invalid"]:
             if c == "]" and expect == "value_or_end":
                 stack.pop()
                 i += 1
-                expect = "comma_or_end" if stack else "done"
+                expect = after_value()
                 continue
             if c in "{[":
                 stack.append(c)
@@ -131,38 +134,38 @@ def json_prefix_state(text: str) -> Literal["complete", "prefix", "invalid"]:
                 i += 1
                 continue
             if c == '"':
-                end = _string_end(s, i)
-                if end is None:
-                    return "prefix" if _string_ok(s[i + 1:]) else "invalid"
+                end = _string_at(s, i)
+                if isinstance(end, str):
+                    return end
                 i = end
-                expect = "comma_or_end" if stack else "done"
+                expect = after_value()
                 continue
             word = next((w for w in literals if s.startswith(w[: n - i], i) and c == w[0]), None)
             if word is not None:
                 if n - i < len(word):
                     return "prefix"
                 i += len(word)
-                expect = "comma_or_end" if stack else "done"
+                expect = after_value()
                 continue
             m = number.match(s, i)
             if m and m.end() > i:
                 i = m.end()
                 if i >= n:
                     return "prefix"
-                expect = "comma_or_end" if stack else "done"
+                expect = after_value()
                 continue
             return "invalid"
         if expect in ("key_or_end", "key"):
             if c == "}" and expect == "key_or_end":
                 stack.pop()
                 i += 1
-                expect = "comma_or_end" if stack else "done"
+                expect = after_value()
                 continue
             if c != '"':
                 return "invalid"
-            end = _string_end(s, i)
-            if end is None:
-                return "prefix" if _string_ok(s[i + 1:]) else "invalid"
+            end = _string_at(s, i)
+            if isinstance(end, str):
+                return end
             i = end
             expect = "colon"
             continue
@@ -178,12 +181,21 @@ def json_prefix_state(text: str) -> Literal["complete", "prefix", "invalid"]:
                 expect = "key" if top == "{" else "value"
             elif (c == "}" and top == "{") or (c == "]" and top == "["):
                 stack.pop()
-                expect = "comma_or_end" if stack else "done"
+                expect = after_value()
             else:
                 return "invalid"
             i += 1
             continue
     return "prefix" if expect != "done" else "invalid"  # "done" parsed above as complete
+
+
+def _string_at(s: str, start: int) -> int | Literal["prefix", "invalid"]:
+    """The index just past the string opening at ``start``; when the text ends inside it, whether
+    what is there can still become a string (``prefix``) or not (``invalid``)."""
+    end = _string_end(s, start)
+    if end is not None:
+        return end
+    return "prefix" if _string_ok(s[start + 1:]) else "invalid"
 
 
 def _string_end(s: str, start: int) -> int | None:
