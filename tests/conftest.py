@@ -23,3 +23,22 @@ def default_prompts() -> list[Prompt]:
 @pytest.fixture(scope="session")
 def hf_options() -> EngineOptions:
     return EngineOptions(target=str(fixture_dir("target")), draft=str(fixture_dir("draft")), spec_mode="draft")
+
+
+def _cost_rank(item: pytest.Item) -> int:
+    """0 for the project's own suites (each is one session-long gate run), 1 for tests marked
+    ``slow``, 2 for the rest."""
+    if "suites" in item.path.parts:
+        return 0
+    return 1 if item.get_closest_marker("slow") else 2
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Long runs first (a stable sort: each file keeps its own order). Under pytest-xdist the files
+    are handed to the workers in this order (``--dist loadfile``), so a long file never starts last
+    and keeps one worker busy after the other has finished. A file ranks by its costliest test and
+    stays in one piece."""
+    rank: dict[object, int] = {}
+    for item in items:
+        rank[item.path] = min(rank.get(item.path, 2), _cost_rank(item))
+    items.sort(key=lambda item: rank[item.path])
