@@ -49,8 +49,15 @@ REMERGE_MIN_RUN = 4
 REMERGE_WINDOW = 4096
 #: The finish reasons of a finished stream (``error`` belongs to a failed request, with its message).
 FINISH_REASONS = ("stop", "length")
-#: Words every verdict of a token rejected by its own verify row carries (the report finds it by them).
+#: Words every verdict of a token rejected by its own verify row carries.
 OWN_ROW_REJECTED = "the loop emitted a token its own verifier rejected"
+#: Which rule of :func:`compare` decided a verdict's class, in the order compare() tries them; the
+#: checks a report shows (:mod:`specparity.checks`) follow it. "" for a verdict made elsewhere (a
+#: prompt that was never compared) or journalled before verdicts recorded it.
+Rule = Literal["", "failed", "broken_finish", "baseline_stop_rule", "finish_mismatch", "stream_problem",
+               "own_row_rejected", "drift", "identical", "length_mismatch", "margin_unreported",
+               "margin_outside_top_k", "margin_over_threshold", "later_unscored", "later_not_argmax",
+               "drift_before_split", "split_gap", "near_tie"]
 
 
 @dataclass
@@ -190,6 +197,42 @@ class Verdict:
     #: A constrained prompt's output checks (:func:`specparity.structured.judge_constraint`): kind,
     #: baseline and spec ``{status, why}``, and ``problem`` when speculation broke the constraint.
     constraint: dict[str, Any] | None = None
+    #: The rule that decided the class (journalled: the rows are stored rounded, so it could not be
+    #: recomputed from them exactly).
+    rule: Rule = ""
+    #: The first position whose token the speculative run's own verify row rejected, when that
+    #: decided the class (``rule == "own_row_rejected"``).
+    rejected_at: int | None = None
+    #: Whether the speculative stream was scored teacher-forced (its later tokens were checked); not
+    #: journalled: a run rebuilt from its journal has the scores themselves (``PromptRecord.spec_tf``).
+    later_scored: bool = False
+
+    @property
+    def stream_problem(self) -> bool:
+        """The speculative stream broke the loop's own contract (a token past a stop or past the limit)."""
+        return self.rule == "stream_problem"
+
+    @property
+    def own_row_rejected(self) -> bool:
+        """The speculative run emitted a token its own verify row rejected."""
+        return self.rule == "own_row_rejected"
+
+    @property
+    def own_row_rejected_at_split(self) -> bool:
+        """The first such token is the one at the first difference."""
+        return (self.own_row_rejected and self.divergence is not None
+                and self.rejected_at == self.divergence.position)
+
+    @property
+    def later_unscored(self) -> bool:
+        """A near-tie flip whose later tokens could not be checked: no teacher-forced scores."""
+        return self.rule == "later_unscored"
+
+    @property
+    def margin_unknown_explained(self) -> bool:
+        """The class was decided without a baseline margin at the split (the speculative stream
+        broke its contract first, or the margin is unknown): the reason says why it is missing."""
+        return self.rule in ("stream_problem", "margin_unreported", "margin_outside_top_k")
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -205,6 +248,8 @@ class Verdict:
             "spec_finish": self.spec_finish,
             "threshold": self.threshold,
             "drift": self.drift.to_json() if self.drift else None,
+            "rule": self.rule,
+            "rejected_at": self.rejected_at,
         }
         if self.constraint is not None:
             out["constraint"] = self.constraint
@@ -221,7 +266,7 @@ class Verdict:
             baseline_len=data.get("baseline_len", 0), spec_len=data.get("spec_len", 0),
             baseline_finish=data.get("baseline_finish", ""), spec_finish=data.get("spec_finish", ""),
             threshold=data.get("threshold", 0.0), drift=Drift.from_json(data.get("drift")),
-            constraint=data.get("constraint"),
+            constraint=data.get("constraint"), rule=data.get("rule", ""), rejected_at=data.get("rejected_at"),
         )
 
 
@@ -367,19 +412,20 @@ def compare(
         baseline_finish=baseline.finish_reason,
         spec_finish=spec.finish_reason,
         threshold=threshold,
+        later_scored=spec_tf is not None,
     )
     if baseline.error or spec.error:
-        v.klass = "error"
+        v.klass, v.rule = "error", "failed"
         v.reason = f"baseline failed: {baseline.error}" if baseline.error else f"speculative run failed: {spec.error}"
         return v
     broken = [(side, finish_problem(r)) for side, r in (("baseline", baseline), ("speculative run", spec))]
     broken = [(side, why) for side, why in broken if why]
     if broken:
-        v.klass, v.reason = "error", "; ".join(f"{side}: {why}" for side, why in broken)
+        v.klass, v.rule, v.reason = "error", "broken_finish", "; ".join(f"{side}: {why}" for side, why in broken)
         return v
     base_problem = stop_rule_problem(baseline, max_new_tokens, stop_ids, decode)
     if base_problem:
-        v.klass = "error"
+        v.klass, v.rule = "error", "baseline_stop_rule"
         v.reason = (f"not judged: the baseline breaks the stop rule ({base_problem}): the stop set or token limit "
                     f"is not the engine's, a harness/configuration error, not speculation")
         return v
@@ -396,35 +442,37 @@ def compare(
     rejected = own_row_rejections(spec_ids, spec.scores)
     if i is None:
         if baseline.finish_reason != spec.finish_reason:
-            v.klass, v.reason = "diverged", (
+            v.klass, v.rule, v.reason = "diverged", "finish_mismatch", (
                 f"same tokens but finish reason {spec.finish_reason!r} vs baseline {baseline.finish_reason!r}"
             )
         elif problem:
-            v.klass, v.reason = "diverged", f"speculative stream: {problem}"
+            v.klass, v.rule, v.reason = "diverged", "stream_problem", f"speculative stream: {problem}"
         elif rejected:
-            v.klass, v.reason = "diverged", _rejected_reason(rejected, decode)
+            v.klass, v.rule, v.reason = "diverged", "own_row_rejected", _rejected_reason(rejected, decode)
+            v.rejected_at = rejected[0].position
         elif drifted:
-            v.klass, v.reason = "drifted", f"identical token ids, but {v.drift.describe()}"
+            v.klass, v.rule, v.reason = "drifted", "drift", f"identical token ids, but {v.drift.describe()}"
         else:
-            v.klass, v.reason = "exact", "identical token ids and finish reason"
+            v.klass, v.rule, v.reason = "exact", "identical", "identical token ids and finish reason"
         return v
 
     v.divergence = _describe_divergence(i, baseline, spec, decode, baseline_tf, spec_tf)
     d = v.divergence
     if problem:
-        v.klass, v.reason = "diverged", f"speculative stream: {problem} (first difference at position {i})"
+        v.klass, v.rule = "diverged", "stream_problem"
+        v.reason = f"speculative stream: {problem} (first difference at position {i})"
         return v
     if d.baseline_token is None or d.spec_token is None:
         shorter = "speculative run" if d.spec_token is None else "baseline"
-        v.klass = "diverged"
+        v.klass, v.rule = "diverged", "length_mismatch"
         v.reason = (
             f"length mismatch not explained by a flip: the {shorter} ends at position {i} "
             f"(baseline {len(base_ids)} tokens/{baseline.finish_reason}, spec {len(spec_ids)} tokens/{spec.finish_reason})"
         )
         return v
     if d.baseline_margin is None:
-        v.klass = "diverged"
         unreported = not baseline.scores.reported(i) and (baseline_tf is None or not baseline_tf.reported(i))
+        v.klass, v.rule = "diverged", "margin_unreported" if unreported else "margin_outside_top_k"
         v.reason = (
             f"position {i}: the engine reported no logprobs for the baseline there, so the margin between "
             f"{d.baseline_token.text!r} and {d.spec_token.text!r} is unknown (never assumed to be a near tie)"
@@ -434,24 +482,25 @@ def compare(
         )
         return v
     if d.baseline_margin > threshold:
-        v.klass = "diverged"
+        v.klass, v.rule = "diverged", "margin_over_threshold"
         v.reason = (
             f"position {i}: baseline margin {d.baseline_margin:.6g} nats between {d.baseline_token.text!r} and "
             f"{d.spec_token.text!r} exceeds the near-tie threshold {threshold:.3g}"
         )
         return v
     if rejected:  # at the split or anywhere else: not a tie the baseline's margin can excuse
-        v.klass, v.reason = "diverged", _rejected_reason(rejected, decode, i)
+        v.klass, v.rule, v.reason = "diverged", "own_row_rejected", _rejected_reason(rejected, decode, i)
+        v.rejected_at = rejected[0].position
         return v
     if spec_tf is None:
-        v.klass = "diverged"
+        v.klass, v.rule = "diverged", "later_unscored"
         v.reason = f"position {i}: near-tie flip, but the rest of the stream could not be scored teacher-forced"
         return v
     later = [t for t in v.tf_violations if t.position > i and (t.margin is None or t.margin > threshold)]
     if later:
         t = later[0]
         m = "outside the top-k" if t.margin is None else f"margin {t.margin:.6g} nats"
-        v.klass = "diverged"
+        v.klass, v.rule = "diverged", "later_not_argmax"
         v.reason = (
             f"near-tie flip at {i} (margin {d.baseline_margin:.3g}), but at position {t.position} the spec token "
             f"{t.spec_token} is not the target's choice {t.target_argmax} under its own prefix ({m}); "
@@ -459,7 +508,7 @@ def compare(
         )
         return v
     if drifted:
-        v.klass = "drifted"
+        v.klass, v.rule = "drifted", "drift_before_split"
         v.reason = (
             f"near-tie flip at position {i} (margin {d.baseline_margin:.3g}), but before it {v.drift.describe()}: "
             f"the flip follows a corrupted computation, not numeric noise"
@@ -467,7 +516,7 @@ def compare(
         return v
     gap = split_gap(d, spec.scores, i)
     if drift_nats is not None and gap is not None and gap > drift_nats:
-        v.klass = "drifted"
+        v.klass, v.rule = "drifted", "split_gap"
         v.reason = (
             f"near-tie flip at position {i} (baseline margin {d.baseline_margin:.3g} <= threshold {threshold:.3g}), "
             f"but the speculative run's own row there prefers {d.spec_token.text!r} by "
@@ -476,7 +525,7 @@ def compare(
             f"noise explains"
         )
         return v
-    v.klass = "near_tie"
+    v.klass, v.rule = "near_tie", "near_tie"
     merged = f", re-merges at {d.remerge[0]}/{d.remerge[1]}" if d.remerge else ", does not re-merge"
     v.reason = (
         f"position {i}: {d.baseline_token.text!r} vs {d.spec_token.text!r}, baseline margin "

@@ -33,11 +33,12 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Mapping
 
 from specparity import exitcodes
+from specparity.checks import Check, verdict_checks
 from specparity.coverage import PATHS
-from specparity.compare import CLASSES
+from specparity.compare import CLASSES, Verdict
 from specparity.force_reject import RejectShare
 from specparity.records import GatePolicy, GateRun
 
@@ -51,6 +52,8 @@ class GateDecision:
     interrupted: bool = False
     #: The engine could not run at all (failed health check or start-up): no verdict was reached.
     engine_error: bool = False
+    #: Whether the run's near ties fit the policy (:func:`near_tie_budget`), as the reports show it.
+    near_tie_budget: Check | None = None
 
     @property
     def status(self) -> str:
@@ -112,6 +115,34 @@ def near_tie_policy(run: GateRun, policy: GatePolicy | None = None) -> str:
     return line
 
 
+def near_tie_budget(run: GateRun, counts: Mapping[str, int], policy: GatePolicy | None = None) -> Check:
+    """Whether the run's near ties fit the policy, as a check (``ok``/``fail``) in words: the one
+    rule :func:`decide` fails a run by and the reports show. ``counts``: prompts per class."""
+    policy = policy or run.config.policy
+    n = counts.get("near_tie", 0)
+    total = sum(counts.values())
+    if bit_exact(run, policy):
+        return Check("fail" if n else "ok",
+                     f"bit-exact run ({near_tie_policy(run, policy)}): any near tie fails; this run has {n}",
+                     "near_tie_budget", numbers={"near_tie": n, "judged": total})
+    frac = n / total if total else 0.0
+    return Check("ok" if frac <= policy.max_near_tie else "fail",
+                 f"near ties are allowed up to {policy.max_near_tie:.0%} of the prompts (--max-near-tie): "
+                 f"this run has {n} of {total} judged ({frac:.0%})", "near_tie_budget",
+                 numbers={"near_tie": n, "judged": total, "fraction": frac, "allowed": policy.max_near_tie})
+
+
+def prompt_checks(verdict: Verdict | None, run: GateRun, decision: GateDecision | None = None) -> list[Check]:
+    """The checks a report shows for one prompt of ``run``: the comparison's own
+    (:func:`specparity.checks.verdict_checks`, against the run's measured noise) and, for a near
+    tie, the run's near-tie budget from ``decision``."""
+    checks = verdict_checks(verdict, noise=run.threshold.noise if run.threshold is not None else None)
+    if verdict is not None and verdict.klass == "near_tie" and decision is not None \
+            and decision.near_tie_budget is not None:
+        checks.append(decision.near_tie_budget)
+    return checks
+
+
 #: Paths that ``--force-reject all`` takes away on purpose (their absence is no warning).
 FORCED_AWAY = ("partial", "all")
 
@@ -147,7 +178,8 @@ def decide(run: GateRun, policy: GatePolicy | None = None) -> GateDecision:
                         f"output kept it): {', '.join(broken)}")
     if counts["error"] and not (run.calibration_error or run.golden_error):
         failures.append(f"{counts['error']} prompt(s) failed in the engine: {_ids(run, 'error')}")
-    if counts["near_tie"]:
+    budget = near_tie_budget(run, counts, policy)
+    if budget.state == "fail":
         frac = counts["near_tie"] / total
         if policy.bit_exact:
             failures.append(f"--bit-exact: {counts['near_tie']} near-tie flip(s) where bit-exactness is required: "
@@ -158,7 +190,7 @@ def decide(run: GateRun, policy: GatePolicy | None = None) -> GateDecision:
                 f"flip(s) are a failure — the engine promised bit-exact output (pass --allow-near-tie to allow): "
                 f"{_ids(run, 'near_tie')}"
             )
-        elif frac > policy.max_near_tie:
+        else:
             failures.append(
                 f"{counts['near_tie']}/{total} near-tie prompts ({frac:.0%}) exceed --max-near-tie {policy.max_near_tie:.0%}"
             )
@@ -221,7 +253,7 @@ def decide(run: GateRun, policy: GatePolicy | None = None) -> GateDecision:
     if forced_problem and not (counts["diverged"] or counts["error"] or counts["drifted"]):
         engine_error = True
     return GateDecision(not failures, failures, warnings, counts_out, interrupted=run.interrupted,
-                        engine_error=engine_error)
+                        engine_error=engine_error, near_tie_budget=budget)
 
 
 def judge_acceptance(comparison: Any, *, max_drop: float | None = None, tolerance: float | None = None) -> Any:

@@ -164,6 +164,8 @@ def judged_record(journal: Journal, line: dict[str, Any]) -> PromptRecord:
     rec.spec = GenerationResult.from_json(line["spec"]) if line.get("spec") else None
     rec.spec_tf = _scores(line.get("spec_tf"))
     rec.verdict = Verdict.from_json(line["verdict"]) if line.get("verdict") else None
+    if rec.verdict is not None:  # not journalled: the journal holds the scores themselves
+        rec.verdict.later_scored = rec.spec_tf is not None
     if line.get("prompt_ids") is not None and line.get("max_new_tokens"):
         stops = tuple(journal.header.get("stop_token_ids", ()))
         rec.request = GenerationRequest(pid, list(line["prompt_ids"]), int(line["max_new_tokens"]), stops)

@@ -14,7 +14,6 @@ from __future__ import annotations
 import functools
 import html
 import json
-import math
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,10 +22,12 @@ from typing import Any, Callable
 import jinja2
 from markupsafe import Markup
 
-from specparity.compare import CLASSES, OWN_ROW_REJECTED, REMERGE_MIN_RUN
+from specparity.checks import NEVER_JUDGED, Check, source_words, token_shown
+from specparity.checks import rank_words as _rank
+from specparity.compare import CLASSES
 from specparity.coverage import PATHS
 from specparity.fixtures import fixture_note
-from specparity.gate import GateDecision, bit_exact, near_tie_policy, reject_share
+from specparity.gate import GateDecision, near_tie_policy, prompt_checks, reject_share
 from specparity.noise import DRIFT_MULTIPLIER
 from specparity.plots import AcceptBar, MarginPoint, RefLine, accept_plot, margin_plot
 from specparity.records import DEFAULT_MAX_NEW_TOKENS, GateRun, PromptRecord
@@ -92,10 +93,6 @@ def _esc(text: str) -> str:
 
 def _nats(x: float | None) -> str:
     return "n/a (outside top-k)" if x is None else f"{x:.6g}"
-
-
-def _rank(x: int | None) -> str:
-    return "outside top-k" if x is None else str(x)
 
 
 @functools.lru_cache(maxsize=None)
@@ -306,49 +303,13 @@ MAX_LATER_POINTS = 50
 MD_MAX_DETAILS = 20
 MD_MAX_CHARS = 60_000
 
-_MARKS = {"ok": "✅", "fail": "❌", "warn": "⚠️", "info": "ℹ️"}
-_SYMBOLS = {"ok": "✓", "fail": "✗", "warn": "!", "info": "i"}
-
-
-@dataclass
-class Check:
-    """One step of the reasoning behind a prompt's class, in words: ``ok`` (passes what a near tie
-    needs), ``fail`` (why it is not exact or a near tie), ``warn``, or ``info`` (context)."""
-
-    state: str
-    text: str
-
-    @property
-    def mark(self) -> str:
-        """An emoji for markdown (GitHub renders it)."""
-        return _MARKS[self.state]
-
-    @property
-    def symbol(self) -> str:
-        """A plain symbol for HTML (no emoji font needed)."""
-        return _SYMBOLS[self.state]
-
-
 def visible(text: str | None) -> str:
     """Text with line breaks and tabs made visible (the line break is kept after its mark)."""
     return (text or "").replace("\r", "␍").replace("\t", "⇥").replace("\n", "⏎\n")
 
 
-def token_shown(text: str | None) -> str:
-    """A single token for display: every whitespace visible, never empty."""
-    if text is None:
-        return "(end of stream)"
-    if text == "":
-        return "∅ (decodes to nothing)"
-    return text.replace(" ", "·").replace("\r", "␍").replace("\t", "⇥").replace("\n", "⏎")
-
-
 def _one_line(text: str | None) -> str:
     return (text or "").replace("\r", "␍").replace("\t", "⇥").replace("\n", "⏎")
-
-
-def _tokname(t: Any) -> str:
-    return "the end of its stream" if t is None else f"token {t.id} “{token_shown(t.text)}”"
 
 
 def _clip(text: str, limit: int) -> tuple[str, int]:
@@ -404,168 +365,10 @@ def _split_rest(tok: Any, after: str) -> tuple[str, str]:
     return tok.text, after  # a token that only decodes inside its neighbours (byte pieces)
 
 
-def source_words(source: str) -> str:
-    """Where a baseline margin was read, in words (``Divergence.margin_source``)."""
-    return {"decode": "the baseline's own decode row",
-            "teacher-forced": "teacher-forced scoring of the baseline"}.get(source, source)
-
-
-def _drift_check(v: Any, upto: int | None) -> Check:
-    dr = v.drift
-    where = f"before the split (positions 0–{upto - 1})" if upto else "over the whole stream"
-    if dr is None:
-        return Check("info", "latent drift not checked: no drift bound (no noise was measured)")
-    if dr.checked == 0:
-        return Check("warn", f"latent drift not checked {where}: the engine reported no per-position logprobs for "
-                             f"the speculative run there")
-    if dr.start is None:
-        return Check("ok", f"no latent drift {where}: the speculative run's own logprobs stay within "
-                           f"{dr.max_nats:.3g} nats of the baseline's (bound {dr.bound:.3g} nats = "
-                           f"{DRIFT_MULTIPLIER:g} × the measured noise; {dr.checked} positions compared)")
-    return Check("fail", f"latent drift {where}: from position {dr.start} the speculative run's own logprobs leave "
-                         f"the baseline's by up to {dr.max_nats:.4g} nats, above the bound {dr.bound:.3g} "
-                         f"({dr.over} of {dr.checked} positions): a corrupted computation, not numeric noise")
-
-
-def near_tie_budget(run: GateRun, decision: GateDecision) -> Check:
-    """Whether this run's near ties fit the policy, in words."""
-    policy = run.config.policy
-    n = decision.counts.get("near_tie", 0)
-    total = sum(decision.counts.values())
-    if bit_exact(run, policy):
-        state = "fail" if n else "ok"
-        return Check(state, f"bit-exact run ({near_tie_policy(run)}): any near tie fails; this run has {n}")
-    frac = n / total if total else 0.0
-    state = "ok" if frac <= policy.max_near_tie else "fail"
-    return Check(state, f"near ties are allowed up to {policy.max_near_tie:.0%} of the prompts (--max-near-tie): "
-                        f"this run has {n} of {total} judged ({frac:.0%})")
-
-
 def judgement(rec: PromptRecord, run: GateRun, decision: GateDecision | None = None) -> list[Check]:
-    """Why a prompt got its class, step by step, from its verdict alone (what the comparison
-    checked, in the order it checked it)."""
-    v = rec.verdict
-    if v is None:
-        return [Check("fail", "never judged: the run ended before this prompt finished")]
-    if v.klass == "error":
-        return [Check("fail", v.reason)]
-    thr = v.threshold
-    noise = run.threshold.noise if run.threshold is not None else None
-    checks: list[Check] = []
-    stream_problem = v.reason.startswith("speculative stream:")
-    own_rejected = OWN_ROW_REJECTED in v.reason
-    d = v.divergence
-    if d is None:
-        if v.baseline_finish != v.spec_finish:
-            checks.append(Check("fail", f"the same {v.baseline_len} token ids, but finish reason {v.spec_finish!r} "
-                                        f"against the baseline's {v.baseline_finish!r}"))
-        else:
-            checks.append(Check("ok", f"identical token ids ({v.baseline_len} tokens) and finish reason "
-                                      f"({v.baseline_finish})"))
-        if stream_problem or own_rejected:
-            checks.append(Check("fail", v.reason))
-        checks.append(_drift_check(v, None))
-        return checks
-    i = d.position
-    a, b = d.baseline_token, d.spec_token
-    at_split = own_rejected and v.reason.startswith(f"position {i} (at the first difference)")
-    checks.append(Check("info", f"first difference at output position {i}: the baseline emitted {_tokname(a)}, "
-                                f"the speculative run {_tokname(b)}"))
-    if stream_problem:
-        checks.append(Check("fail", v.reason))
-    if a is None or b is None:
-        shorter = "speculative run" if b is None else "baseline"
-        checks.append(Check("fail", f"the {shorter} ended at position {i} while the other went on "
-                                    f"(baseline {v.baseline_len} tokens/{v.baseline_finish}, speculative "
-                                    f"{v.spec_len} tokens/{v.spec_finish}): a length difference without a flip "
-                                    f"is never a near tie"))
-        return checks
-    m = d.baseline_margin
-    if m is None:
-        checks.append(Check("fail", f"baseline margin unknown: {v.reason}" if v.klass == "diverged" and
-                            "position" in v.reason else "baseline margin unknown (the speculative token is outside "
-                            "the baseline's recorded top-k, or the row was not reported): never assumed to be a near tie"))
-    elif m <= thr:
-        text = (f"baseline margin {m:.4g} nats ≤ near-tie threshold {thr:.4g} nats: at this position the target "
-                f"itself gave “{token_shown(b.text)}” {math.exp(-m):.3f}× the probability of “{token_shown(a.text)}” "
-                f"(margin source: {source_words(d.margin_source)})")
-        if noise is not None and noise.pairs:
-            text += (f"; the target's own noise between two ways of computing the same tokens reaches "
-                     f"{noise.flip_noise:.3g} nats")
-            if m <= noise.flip_noise:
-                text += ", so this margin is inside the measured noise itself"
-        checks.append(Check("ok", text))
-    else:
-        checks.append(Check("fail", f"baseline margin {m:.4g} nats > near-tie threshold {thr:.4g} nats: the target "
-                                    f"preferred “{token_shown(a.text)}” {math.exp(min(m, 700)):.3g}× over "
-                                    f"“{token_shown(b.text)}” (margin source: {source_words(d.margin_source)}); "
-                                    f"numeric noise does not explain the switch"))
-    sm = d.spec_margin
-    if sm is None:
-        checks.append(Check("info", f"the speculative run's own row at {i} holds no logprob for the baseline's token "
-                                    f"(rank {_rank(d.baseline_rank_in_spec)}), so its margin is unknown"))
-    elif sm >= 0:
-        text = (f"the speculative run's own row at {i} preferred “{token_shown(b.text)}” by {sm:.4g} nats (the "
-                f"baseline's token at rank {_rank(d.baseline_rank_in_spec)} there)")
-        state = "info"
-        if m is not None:
-            text += (f": the two computations' margins on this pair of tokens differ by {m + sm:.4g} nats")
-            if noise is not None and noise.pairs:
-                text += f" (measured noise max {noise.max_abs_delta:.3g})"
-            bound = v.drift.bound if v.drift is not None else None
-            if bound is not None and m + sm > bound:
-                text += f", more than the drift bound {bound:.3g}"
-                if v.klass == "near_tie":
-                    state = "warn"
-                    text += (": at the split itself the speculative computation is outside the target's noise (the "
-                             "class does not use this; a near tie here may hide a loop bug)")
-                elif v.klass == "drifted":
-                    state = "fail"
-                    text += ": the speculative computation at the split is outside the target's noise"
-        checks.append(Check(state, text))
-    else:
-        checks.append(Check("fail" if at_split else "warn",
-                            f"the speculative run's own row at {i} prefers the baseline's token by "
-                            f"{-sm:.4g} nats, yet it emitted “{token_shown(b.text)}”: the emitted token was "
-                            f"not its own verify pass's argmax"))
-    if own_rejected and not (at_split and sm is not None and sm < 0):
-        checks.append(Check("fail", v.reason))
-    later = [t for t in v.tf_violations if t.position > i]
-    over = [t for t in later if t.margin is None or t.margin > thr]
-    if "could not be scored teacher-forced" in v.reason:
-        checks.append(Check("fail", "the speculative stream after the split could not be scored teacher-forced, so "
-                                    "its later tokens are unchecked"))
-    elif over:
-        t = over[0]
-        how = "outside the top-k" if t.margin is None else f"by {t.margin:.4g} nats"
-        checks.append(Check("fail", f"{len(over)} later speculative token(s) are not the target's own choice under "
-                                    f"their prefix beyond the threshold (teacher-forced): first at position "
-                                    f"{t.position}, token {t.spec_token} where the target picks {t.target_argmax} "
-                                    f"({how})"))
-    elif later:
-        worst = max(t.margin for t in later if t.margin is not None)
-        checks.append(Check("ok", f"every later speculative token is the target's argmax under its own prefix within "
-                                  f"the threshold (teacher-forced; {len(later)} position(s) differ by at most "
-                                  f"{worst:.3g} nats ≤ {thr:.4g})"))
-    elif rec.spec_tf is None and v.klass != "near_tie":
-        checks.append(Check("info", "later tokens: the teacher-forced scores of the speculative stream are not in "
-                                    "this record"))
-    else:
-        n_after = max(0, v.spec_len - i - 1)
-        checks.append(Check("ok", f"every later speculative token ({n_after} after the split) is the target's argmax "
-                                  f"under its own prefix (teacher-forced): after “{token_shown(b.text)}” the "
-                                  f"speculative run wrote exactly what the target alone would"))
-    checks.append(_drift_check(v, i))
-    if d.remerge:
-        r0, r1 = d.remerge
-        checks.append(Check("info", f"the texts re-merge: the streams re-align at baseline position {r0} / "
-                                    f"speculative position {r1} ({r0 - i} / {r1 - i} tokens after the split)"))
-    else:
-        checks.append(Check("info", "the texts do not re-merge after the split (no run of "
-                                    f"{REMERGE_MIN_RUN} equal tokens, nor a common ending)"))
-    if v.klass == "near_tie" and decision is not None:
-        checks.append(near_tie_budget(run, decision))
-    return checks
+    """Why a prompt got its class, step by step: the checks the comparison made
+    (:func:`specparity.gate.prompt_checks`), which the reports render as they are."""
+    return prompt_checks(rec.verdict, run, decision)
 
 
 def _prompt_text(p: Any) -> str:
@@ -588,7 +391,7 @@ def flip_views(run: GateRun, decision: GateDecision | None = None) -> list[FlipV
         stext, smore = _clip(spec.text if spec else "", FULL_TEXT_CHARS)
         f = FlipView(
             id=p.id, category=p.category, klass=v.klass if v else "not run",
-            reason=v.reason if v else "never judged: the run ended before this prompt finished",
+            reason=v.reason if v else NEVER_JUDGED,
             prompt_text=ptext, prompt_more=pmore, tags=list(p.tags),
             baseline_len=len(base.output_ids) if base else None, spec_len=len(spec.output_ids) if spec else None,
             baseline_finish=base.finish_reason if base else "-", spec_finish=spec.finish_reason if spec else "-",
@@ -861,7 +664,7 @@ def report_model(run: GateRun, decision: GateDecision) -> dict[str, Any]:
         "status": decision.status,
         "counts_line": _counts_line(decision, len(run.records)),
         "near_tie_policy": near_tie_policy(run),
-        "budget": near_tie_budget(run, decision),
+        "budget": decision.near_tie_budget,
         "fatal": run.fatal,
         "interrupted": run.interrupted,
         "calibration_error": run.calibration_error,
