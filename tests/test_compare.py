@@ -56,7 +56,7 @@ def test_identical_streams_are_exact(ids):
     s = scores_for(ids)
     v = run_compare(ids, s, list(ids), s, s, len(ids))
     assert v.klass == "exact", v.reason
-    assert v.divergence is None
+    assert v.divergence is None and v.rule == "identical" and v.later_scored
 
 
 @given(streams, st.data())
@@ -76,7 +76,7 @@ def test_swap_within_noise_is_near_tie(ids, data):
     tf = scores_for(spec_ids, tf_runner, tf_margins)
     v = run_compare(ids, base_scores, spec_ids, scores_for(spec_ids), tf, len(ids))
     assert v.klass == "near_tie", v.reason
-    assert v.divergence.position == i
+    assert v.divergence.position == i and v.rule == "near_tie"
     assert abs(v.divergence.baseline_margin - margin) < 1e-5
 
 
@@ -91,7 +91,7 @@ def test_swap_of_low_probability_token_is_diverged(ids, data):
     spec_ids = list(ids)
     spec_ids[i] = alt
     v = run_compare(ids, scores_for(ids, runner, margins), spec_ids, scores_for(spec_ids), scores_for(spec_ids), len(ids))
-    assert v.klass == "diverged"
+    assert v.klass == "diverged" and v.rule == "margin_over_threshold"
     assert v.divergence.position == i
 
 
@@ -104,7 +104,7 @@ def test_token_outside_baseline_topk_is_diverged(ids, data):
     spec_ids[i] = data.draw(st.sampled_from(outside))
     v = run_compare(ids, base, spec_ids, scores_for(spec_ids), scores_for(spec_ids), len(ids))
     assert v.klass == "diverged"
-    assert "outside the baseline's top" in v.reason
+    assert "outside the baseline's top" in v.reason and v.rule == "margin_outside_top_k" and v.margin_unknown_explained
 
 
 @given(streams, st.data())
@@ -125,7 +125,7 @@ def test_near_tie_then_bad_token_is_diverged(ids, data):
     tf.logprobs[j] = tf.top_logprobs[j, 1]
     v = run_compare(ids, scores_for(ids, runner, margins), spec_ids, scores_for(spec_ids), tf, len(ids))
     assert v.klass == "diverged"
-    assert f"position {j}" in v.reason
+    assert f"position {j}" in v.reason and v.rule == "later_not_argmax"
 
 
 @given(streams, st.integers(1, 5))
@@ -137,7 +137,7 @@ def test_prefix_or_overrun_is_diverged(ids, extra):
     longer = ids + [1] * extra
     v = run_compare(ids, s, longer, scores_for(longer), scores_for(longer), len(ids))
     assert v.klass == "diverged"
-    assert "more than max_new_tokens" in v.reason
+    assert "more than max_new_tokens" in v.reason and v.stream_problem
 
 
 @given(streams, st.integers(1, 5))
@@ -146,7 +146,7 @@ def test_tokens_after_a_stop_are_diverged(ids, tail):
     spec = base + [1] * tail
     v = run_compare(base, scores_for(base), spec, scores_for(spec), scores_for(spec), len(spec) + 5)
     assert v.klass == "diverged"
-    assert "past stop token" in v.reason
+    assert "past stop token" in v.reason and v.stream_problem and not v.own_row_rejected
 
 
 @given(streams, st.data())
@@ -222,6 +222,7 @@ def test_flip_that_its_own_verify_row_rejected_is_diverged_not_near_tie():
                 **COMMON)
     assert v.klass == "diverged", v.reason
     assert v.reason.startswith("position 2 (at the first difference)") and OWN_ROW_REJECTED in v.reason
+    assert v.own_row_rejected and v.own_row_rejected_at_split and v.rejected_at == 2
     assert "emitted 9 " in v.reason and "prefers 7 " in v.reason and "by 0.005 nats" in v.reason
     # the same flip from a loop whose row chose its token (an exact tie breaks its way) stays a near tie
     tie = _rejecting(spec_ids, 2, 7, 0.0)
@@ -235,6 +236,7 @@ def test_own_row_rejection_anywhere_is_diverged_and_unreported_rows_are_skipped(
     base = scores_for(ids)
     v = compare("p", "c", result(ids, base, 4), result(ids, _rejecting(ids, 3, 2, 1.0), 4), base, **COMMON)
     assert v.klass == "diverged" and v.reason.startswith("position 3:") and OWN_ROW_REJECTED in v.reason
+    assert v.own_row_rejected and not v.own_row_rejected_at_split and v.rejected_at == 3
     unreported = scores_for(ids)
     unreported.top_ids[1] = -1
     unreported.top_logprobs[1] = np.nan
@@ -270,3 +272,12 @@ def test_baseline_that_breaks_the_stop_rule_is_a_configuration_error_not_a_diver
     short = GenerationResult("p", ids[:2], "", "length", scores_for(ids[:2]), SpecStats.unavailable("test"))
     v = compare("p", "c", short, short, scores_for(ids[:2]), **{**COMMON, "max_new_tokens": 8})
     assert v.klass == "error" and "only 2 of max_new_tokens=8" in v.reason
+
+
+def test_a_near_tie_flip_without_teacher_forced_scores_is_diverged_unscored():
+    """The flip is a tie, but nothing checked the tokens after it: never a near tie."""
+    ids, spec_ids = [5, 6, 7, 8], [5, 6, 9, 8]
+    base = scores_for(ids, [6, 7, 9, 9], [5.0, 5.0, 0.005, 5.0])
+    v = compare("p", "c", result(ids, base, 4), result(spec_ids, scores_for(spec_ids), 4), None, **COMMON)
+    assert (v.klass, v.rule) == ("diverged", "later_unscored") and v.later_unscored and not v.later_scored
+    assert "could not be scored teacher-forced" in v.reason
