@@ -33,6 +33,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
+from specparity.jsonl import JsonlError, read_jsonl
 from specparity.prompts import Prompt, PromptFileError
 from specparity.types import Fingerprint, GenerationResult, SpecStats, TokenScores
 
@@ -215,20 +216,16 @@ def load_golden(path: str | Path) -> Golden:
     """Read and check a golden; :class:`GoldenError` (``file:line: …``) for anything wrong."""
     p = Path(path)
     try:
-        text = p.read_text(encoding="utf-8")
+        jsonl = read_jsonl(p)
     except FileNotFoundError:
         raise
-    except (OSError, UnicodeDecodeError) as exc:
+    except OSError as exc:
         raise GoldenError(f"{p}: cannot read the golden ({exc})") from None
+    except JsonlError as exc:  # not UTF-8: worded as the decoder words it
+        raise GoldenError(f"{p}: cannot read the golden ({exc.__cause__})") from None
     golden: Golden | None = None
-    for lineno, line in enumerate(text.splitlines(), start=1):
+    for lineno, obj in jsonl.records(error=lambda exc: GoldenError(str(exc))):
         where = f"{p}:{lineno}"
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise GoldenError(f"{where}: not JSON ({exc.msg} at column {exc.colno})") from None
         if not isinstance(obj, dict):
             raise GoldenError(f"{where}: expected a JSON object, got {type(obj).__name__}")
         if golden is None:

@@ -18,13 +18,13 @@ judged prompt: baseline, speculative result, its scores, the verdict), ``aggrega
 
 from __future__ import annotations
 
-import json
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
 from specparity.compare import Verdict
+from specparity.jsonl import JsonlError, read_jsonl
 from specparity.noise import NearTieThreshold
 from specparity.prompts import Prompt, PromptFileError
 from specparity.records import GateConfig, GateRun, PromptRecord
@@ -65,20 +65,13 @@ class Journal:
 
 def _lines(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
     try:
-        text = path.read_text(encoding="utf-8")
+        jsonl = read_jsonl(path)
     except OSError as exc:
         raise JournalError(f"{path}: cannot read the journal ({exc.strerror or exc})") from None
-    lines = text.split("\n")
-    for lineno, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as exc:
-            if lineno == len(lines) or (lineno == len(lines) - 1 and not lines[-1]):
-                # the last line of a run killed mid-write: what came before it is intact
-                return
-            raise JournalError(f"{path}:{lineno}: not JSON ({exc.msg} at column {exc.colno})") from None
+    except JsonlError as exc:
+        raise JournalError(str(exc)) from None
+    # the last line of a run killed mid-write (torn_tail): what came before it is intact
+    for lineno, obj in jsonl.records(torn_tail=True, error=lambda exc: JournalError(str(exc))):
         if not isinstance(obj, dict) or obj.get("kind") not in KINDS:
             kind = obj.get("kind") if isinstance(obj, dict) else type(obj).__name__
             raise JournalError(f"{path}:{lineno}: kind {kind!r}: expected one of {', '.join(sorted(KINDS))}")

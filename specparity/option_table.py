@@ -12,10 +12,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from specparity.engines.base import EngineOptions
 from specparity.force_reject import FORCE_REJECT_MODES, MIN_REJECT_SHARE
 from specparity.noise import DEFAULT_CEILING_NATS
 from specparity.records import DEFAULT_MAX_NEAR_TIE
-from specparity.types import DEFAULT_TOP_K
+from specparity.types import DEFAULT_TOP_K, MIN_TOP_K
 
 DEFAULT_ENGINE = "dflash"
 DEFAULT_REPORT = "reports/lossless"
@@ -54,7 +55,8 @@ GATE_OPTIONS: tuple[OptionSpec, ...] = (
        help="in-process engines: auto (the model dtype, default) or fp8_e4m3 (K and V stored as float8 e4m3 "
        "with static scales, as SGLang's --kv-cache-dtype fp8_e4m3), for the baseline and the speculative run alike"),
     _o("--device", default=None, help="in-process engines: torch device, cpu (default) or cuda / cuda:N"),
-    _o("--threads", default=1, help="torch threads for in-process engines (default 1)"),
+    _o("--threads", default=EngineOptions.threads,
+       help=f"torch threads for in-process engines (default {EngineOptions.threads})"),
     _o("--engine-opt", action="append", default=[], metavar="KEY=VALUE",
        help="engine-specific option; unknown keys are refused, naming the ones the engine knows"),
     _o("--prompts", action="append", default=[], help="prompt JSONL file(s) (default prompts/default.jsonl)"),
@@ -81,7 +83,7 @@ GATE_OPTIONS: tuple[OptionSpec, ...] = (
        + f"; with all, fewer than {MIN_REJECT_SHARE * 100:g}%% of verify steps rejecting is a configuration error"),
     _o("--allow-unknown-activity", action="store_true",
        help="do not fail when the engine reports no draft counters"),
-    _o("--top-k", default=DEFAULT_TOP_K, help="alternatives recorded per position (>= 5)"),
+    _o("--top-k", default=DEFAULT_TOP_K, help=f"alternatives recorded per position (>= {MIN_TOP_K})"),
     _o("--report", default=DEFAULT_REPORT, help=f"report directory (default {DEFAULT_REPORT}; '' for none)"),
     _o("--baseline-url", SERVERS, action="append", default=[], metavar="URL",
        help="a running server without speculation (repeatable: several shard the prompts)"),
@@ -90,7 +92,7 @@ GATE_OPTIONS: tuple[OptionSpec, ...] = (
     _o("--preset", SERVERS, default=None, help="a named launch configuration to start both servers "
        "(specparity.engines.presets; llamacpp default: llamacpp-draft-simple)"),
     _o("--concurrency", SERVERS, default=None, help="requests in flight per phase (default: what the engine serves)"),
-    _o("--request-timeout", SERVERS, default=None, help="seconds one request may take (default 300)"),
+    _o("--request-timeout", SERVERS, default=None, help=f"seconds one request may take (default {EngineOptions.request_timeout:g})"),
     _o("--scorer", SERVERS, default="auto", help="teacher-forced scorer: auto, engine, embedded"),
     _o("--scorer-model", SERVERS, default=None, help="HF model directory for --scorer embedded"),
     _o("--golden", GOLDEN, default=None, metavar="FILE",

@@ -29,11 +29,10 @@ from specparity.prompts import Prompt, PromptFileError, load_many
 #: The built-in engines that apply prompt constraints (docs/STRUCTURED.md).
 CONSTRAINED_ENGINES = ("llamacpp", "sglang", "vllm")
 from specparity.scoring import SCORERS
-from specparity.types import DEFAULT_TOP_K
+from specparity.types import DEFAULT_TOP_K, MIN_TOP_K
 
 #: prompts/default.jsonl in a checkout, the copy the wheel carries when installed (fixtures.prompt_file).
 DEFAULT_PROMPTS = prompt_file("default.jsonl")
-MIN_TOP_K = 5
 
 
 class BadInput(ValueError):
@@ -252,12 +251,12 @@ def build_setup(raw: Mapping[str, Any], *, check_report: bool = False, speculate
         spec_mode=raw.get("spec_mode"),
         dtype=dtype if info is None or info.dtypes else "server",
         num_draft_tokens=_int(raw, "num_draft_tokens", "--num-draft-tokens", 1),
-        threads=_int(raw, "threads", "--threads", 1, default=1),
+        threads=_int(raw, "threads", "--threads", 1, default=EngineOptions.threads),
         extra=parse_engine_opts(raw.get("engine_opt") or []),
         baseline_urls=tuple(raw.get("baseline_url") or ()),
         spec_urls=tuple(raw.get("spec_url") or ()),
         preset=raw.get("preset"),
-        request_timeout=_float(raw, "request_timeout", "--request-timeout", 1.0, default=300.0),
+        request_timeout=_float(raw, "request_timeout", "--request-timeout", 1.0, default=EngineOptions.request_timeout),
         log_dir=str(Path(report) / "servers") if report else None,
         kv_cache_dtype=_kv_cache_dtype(raw.get("kv_cache_dtype"), info),
         device=_device(raw.get("device"), info),

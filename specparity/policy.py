@@ -1,16 +1,8 @@
 """The gate policy file (``--policy FILE``): what fails a merge, in one reviewed file.
 
 A team keeps its rules next to its CI (``ci/policy.toml``) and changes them by review, not by
-editing flags scattered over workflow files::
-
-    [gate]
-    fail_on = ["diverged", "error", "drifted"]  # classes that fail; add "near_tie" to demand bit-exactness
-    max_near_tie = 0.25                          # fraction of prompts that may be near-tie flips
-    min_accept_length = 1.5                      # acceptance floor (mean accept length)
-    max_accept_drop = 0.25                       # specparity compare: largest accept-length drop vs OLD
-    require_all_paths = 0                        # each speculative path on at least N prompts (0: warn)
-    allow_unknown_activity = false
-    allow_unknown = ["mamba-slots"]              # probes whose "unknown" answer may pass (by name)
+editing flags scattered over workflow files; :data:`EXAMPLE` is such a file, every key with its
+default (``min_accept_length`` and ``allow_unknown``, which have none, with an example).
 
 ``diverged`` and ``error`` always fail (a policy cannot make a real bug pass). ``drifted`` left
 out of ``fail_on`` makes drift a warning; ``near_tie`` in it makes the gate bit-exact. A flag given
@@ -35,10 +27,24 @@ else:  # pragma: no cover - Python 3.10
 from pathlib import Path
 from typing import Any, Sequence
 
+from specparity.acceptance import DEFAULT_MAX_ACCEPT_DROP
 from specparity.compare import CLASSES
+from specparity.records import DEFAULT_MAX_NEAR_TIE, GatePolicy
 
 ALWAYS_FAIL = ("diverged", "error")
 KEYS = ("fail_on", "max_near_tie", "min_accept_length", "max_accept_drop", "require_all_paths", "allow_unknown_activity", "allow_unknown")
+
+#: A policy file setting every key (:data:`KEYS`), with the defaults written from where they are defined.
+EXAMPLE = "".join(f"{setting:<44} # {why}\n" if why else f"{setting}\n" for setting, why in (
+    ("[gate]", ""),
+    ('fail_on = ["diverged", "error", "drifted"]', 'classes that fail; add "near_tie" to demand bit-exactness'),
+    (f"max_near_tie = {DEFAULT_MAX_NEAR_TIE:g}", "fraction of prompts that may be near-tie flips"),
+    ("min_accept_length = 1.5", "acceptance floor (mean accept length)"),
+    (f"max_accept_drop = {DEFAULT_MAX_ACCEPT_DROP:g}", "specparity compare: largest accept-length drop vs OLD"),
+    (f"require_all_paths = {GatePolicy.require_paths}", "each speculative path on at least N prompts (0: warn)"),
+    (f"allow_unknown_activity = {str(GatePolicy.allow_unknown_activity).lower()}", ""),
+    ('allow_unknown = ["mamba-slots"]', 'probes whose "unknown" answer may pass (by name)'),
+))
 
 
 class PolicyError(ValueError):

@@ -15,7 +15,6 @@ three modules later.
 
 from __future__ import annotations
 
-import json
 import random
 import re
 from dataclasses import dataclass, field
@@ -23,6 +22,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from specparity.constraints import CONSTRAINT_FIELDS, Constraint
+from specparity.jsonl import JsonlError, read_jsonl
 
 SCHEMA_VERSION = 1
 HEADER_KEY = "specparity_prompts"
@@ -92,6 +92,10 @@ def _fail(where: str, fieldname: str, expected: str) -> PromptFileError:
     return PromptFileError(f"{where}: {fieldname}: {expected}")
 
 
+def _not_json(exc: JsonlError) -> PromptFileError:
+    return _fail(exc.where, "<line>", f"invalid JSON ({exc.reason} at column {exc.column})")
+
+
 def _parse_record(obj: Any, where: str) -> Prompt:
     if not isinstance(obj, dict):
         raise _fail(where, "<line>", f"expected a JSON object, got {type(obj).__name__}")
@@ -156,33 +160,20 @@ def load_prompts(path: str | Path) -> PromptSuite:
     """Load and validate one prompt file; raise :class:`PromptFileError` naming file:line:field."""
     path = Path(path)
     try:
-        data = path.read_bytes()
+        jsonl = read_jsonl(path)
     except FileNotFoundError:
         raise PromptFileError(f"{path}: file not found (expected a specparity prompts JSONL file)") from None
     except IsADirectoryError:
         raise PromptFileError(f"{path}: is a directory (expected a specparity prompts JSONL file)") from None
     except OSError as exc:
         raise PromptFileError(f"{path}: cannot read ({exc.strerror or exc})") from None
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        line = data.count(b"\n", 0, exc.start) + 1
-        column = exc.start - (data.rfind(b"\n", 0, exc.start) + 1) + 1
-        raise PromptFileError(
-            f"{path}:{line}: <line>: expected UTF-8 text ({exc.reason}: byte 0x{data[exc.start]:02x} at column {column})"
-        ) from None
-    lines = text.splitlines()
+    except JsonlError as exc:
+        raise _fail(exc.where, "<line>", exc.detail) from None
     header_seen = False
     suite = PromptSuite(path=str(path), description="")
     seen: dict[str, str] = {}
-    for lineno, line in enumerate(lines, start=1):
+    for lineno, obj in jsonl.records(error=_not_json):
         where = f"{path}:{lineno}"
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise _fail(where, "<line>", f"invalid JSON ({exc.msg} at column {exc.colno})") from None
         if not header_seen:
             if not isinstance(obj, dict) or HEADER_KEY not in obj:
                 raise _fail(where, HEADER_KEY, f'expected a header line {{"{HEADER_KEY}": {SCHEMA_VERSION}, ...}}')
@@ -199,7 +190,7 @@ def load_prompts(path: str | Path) -> PromptSuite:
     if not header_seen:
         raise _fail(f"{path}:1", HEADER_KEY, "expected a header line; the file is empty")
     if not suite.prompts:
-        raise _fail(f"{path}:{len(lines)}", "<file>", "expected at least one prompt after the header")
+        raise _fail(f"{path}:{jsonl.last_line}", "<file>", "expected at least one prompt after the header")
     return suite
 
 

@@ -14,7 +14,7 @@ from specparity.compare import Verdict
 from specparity.coverage import Coverage
 from specparity.noise import DEFAULT_CEILING_NATS, NearTieThreshold
 from specparity.prompts import Prompt
-from specparity.types import DEFAULT_TOP_K, Fingerprint, GenerationRequest, GenerationResult, SpecStats, TokenScores, accept_length
+from specparity.types import DEFAULT_TOP_K, MIN_TOP_K, Fingerprint, GenerationRequest, GenerationResult, SpecStats, TokenScores, accept_length
 
 DEFAULT_MAX_NEW_TOKENS = 48
 DEFAULT_MAX_NEAR_TIE = 0.25
@@ -102,8 +102,8 @@ class GateConfig:
     def __post_init__(self) -> None:
         if self.max_new_tokens is not None and self.max_new_tokens < 1:
             raise ValueError(f"--max-new-tokens: expected an integer >= 1, got {self.max_new_tokens}")
-        if self.top_k < 5:
-            raise ValueError(f"--top-k: expected >= 5 alternatives per position, got {self.top_k}")
+        if self.top_k < MIN_TOP_K:
+            raise ValueError(f"--top-k: expected >= {MIN_TOP_K} alternatives per position, got {self.top_k}")
         if not self.near_tie_ceiling > 0:
             raise ValueError(f"--near-tie-ceiling: expected a number of nats > 0, got {self.near_tie_ceiling}")
 

@@ -15,8 +15,10 @@ from specparity.constraints import Constraint
 
 FinishReason = Literal["stop", "length", "error"]
 
-#: The default number of alternatives recorded per output position (the issue asks for k >= 5).
+#: The default number of alternatives recorded per output position (``--top-k``), and the fewest a
+#: run may record: a near tie is judged from the alternatives beside the chosen token.
 DEFAULT_TOP_K = 8
+MIN_TOP_K = 5
 
 
 @dataclass(frozen=True)
