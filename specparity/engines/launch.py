@@ -1,8 +1,8 @@
 """Launching servers the gate starts itself, in the manner of llama.cpp's own server tests.
 
 A :class:`ServerProcess` owns one process from argv to process-group kill: its flags come from a
-typed launch config (``LlamaServerLaunch``, ``SGLangLaunch``, ``VLLMLaunch`` — each turns its
-fields into argv, unit-tested), it binds ``127.0.0.1`` on a free port, waits for health with a
+typed launch config (``LlamaServerLaunch``, ``SGLangLaunch``, ``VLLMLaunch``: :class:`LaunchConfig`\ s,
+each turning its fields into argv, unit-tested), it binds ``127.0.0.1`` on a free port, waits for health with a
 deadline while watching the process (a server that exits during start-up fails at once, with the
 tail of its log), keeps the whole log in a file (which goes into the report), and always stops the
 whole process group — on ``stop()``, on leaving a ``with`` block, and at interpreter exit.
@@ -26,6 +26,9 @@ from specparity.engines.http import Endpoint, ServerError
 #: Seconds a launched server has to answer ``/health`` when its launch config does not say
 #: (:attr:`LaunchConfig.startup_timeout_s`; ``--engine-opt startup_timeout`` overrides both).
 DEFAULT_STARTUP_TIMEOUT_S = 300.0
+#: The same for a GPU server (SGLang, vLLM): loading a large checkpoint, compiling and capturing CUDA
+#: graphs takes many minutes.
+GPU_STARTUP_TIMEOUT_S = 1800.0
 
 #: Every process started and not yet stopped, so an interpreter exit never leaves a server behind.
 _LIVE: set["ServerProcess"] = set()

@@ -598,12 +598,13 @@ class LlamaCppEngine(ServerEngine):
 
     def server_info(self, endpoint: Endpoint) -> dict[str, Any]:
         props = self.props(endpoint)
-        launch = self.launches[1] if endpoint in self.spec.fleet.endpoints else self.launches[0]
+        is_spec = self.is_speculative(endpoint)
+        launch = self.launches[1] if is_spec else self.launches[0]
         spec_config = launch.spec_config() if launch else {"spec_type": "unknown (server not launched by the gate)"}
         return {
             "version": f"llama.cpp {props.get('build_info', 'unknown build')}",
             "dtype": props.get("model_ftype", "unknown"),
-            "spec_config": spec_config if endpoint in self.spec.fleet.endpoints else {},
+            "spec_config": spec_config if is_spec else {},
             "summary": {k: props.get(k) for k in ("build_info", "model_path", "model_ftype", "total_slots")},
             "identity": self.endpoint_identity(endpoint),
         }

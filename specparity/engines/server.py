@@ -9,9 +9,11 @@ launch config (:mod:`specparity.engines.launch`, presets in :mod:`specparity.eng
 An adapter (``llamacpp``, ``sglang``, ``vllm``) subclasses :class:`ServerEngine` and implements
 only the wire format: :meth:`ServerEngine.complete` (one greedy request → a
 :class:`~specparity.types.GenerationResult`) and, if the server can, :meth:`ServerEngine.score`.
-Everything else — sharding, bounded timeouts, turning every failure into an ``error`` result
-with its cause, the sanity checks every server answer gets, health, fingerprint, logs,
-stopping what was launched — lives here once.
+Everything else — launch-or-URL (:func:`start_sessions`, with the GPUs of each launch), the
+``--engine-opt`` keys the adapters share (:func:`server_options`), requests in flight, cached
+server facts, determinism declared on every server of both sides, sharding, bounded timeouts,
+turning every failure into an ``error`` result with its cause, the sanity checks every server
+answer gets, health, fingerprint, logs, stopping what was launched — lives here once.
 """
 
 from __future__ import annotations
@@ -344,6 +346,10 @@ class ServerEngine:
     def every_server(self) -> list[tuple[str, Endpoint]]:
         """(role, endpoint) of every server of both sides, the baseline's first."""
         return [(s.role, e) for s in (self.baseline, self.spec) for e in s.fleet.endpoints]
+
+    def is_speculative(self, endpoint: Endpoint) -> bool:
+        """Whether ``endpoint`` serves the speculative side."""
+        return endpoint in self.spec.fleet.endpoints
 
     def scoring_endpoint(self, prompt_ids: Sequence[int]) -> Endpoint:
         """The baseline server that scores ``prompt_ids`` (sharded like the prompts)."""

@@ -63,7 +63,7 @@ from specparity.engines.base import (
     parse_positive_int,
 )
 from specparity.engines.http import Endpoint, ServerError
-from specparity.engines.launch import LaunchConfig
+from specparity.engines.launch import GPU_STARTUP_TIMEOUT_S, LaunchConfig
 from specparity.engines.presets import preset_launch_values
 from specparity.engines.common import artifact
 from specparity.engines.server import (
@@ -139,8 +139,7 @@ class SGLangLaunch(LaunchConfig):
     (``arg_groups/arg_utils.py:288-290`` in 0.5.23, ``:218`` in 0.5.19). ``None`` / ``False`` leave a
     flag out (the server's default). ``python``: the interpreter that has SGLang (default: this one)."""
 
-    #: Loading a large checkpoint and capturing CUDA graphs takes minutes.
-    startup_timeout_s: ClassVar[float] = 1800.0
+    startup_timeout_s: ClassVar[float] = GPU_STARTUP_TIMEOUT_S
 
     model_path: str
     context_length: int | None = None
@@ -479,7 +478,7 @@ class SGLangEngine(ServerEngine):
 
     def server_info(self, endpoint: Endpoint) -> dict[str, Any]:
         info = self.raw_server_info(endpoint) or {}
-        is_spec = endpoint in self.spec.fleet.endpoints
+        is_spec = self.is_speculative(endpoint)
         summary = {k: info.get(k) for k in SUMMARY_KEYS if k in info}
         states = info.get("internal_states") or [{}]
         first = states[0] if isinstance(states, list) and states and isinstance(states[0], dict) else {}

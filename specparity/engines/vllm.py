@@ -72,7 +72,7 @@ from specparity.engines.base import (
     parse_positive_int,
 )
 from specparity.engines.http import Endpoint, ServerError
-from specparity.engines.launch import LaunchConfig
+from specparity.engines.launch import GPU_STARTUP_TIMEOUT_S, LaunchConfig
 from specparity.engines.presets import fill, preset_launch_values
 from specparity.engines.common import artifact
 from specparity.engines.server import (
@@ -243,8 +243,7 @@ class VLLMLaunch(LaunchConfig):
     entrypoint: str = "serve"
     extra: tuple[str, ...] = field(default_factory=tuple)
 
-    #: Loading a large checkpoint, compiling and capturing CUDA graphs takes minutes.
-    startup_timeout_s: ClassVar[float] = 1800.0
+    startup_timeout_s: ClassVar[float] = GPU_STARTUP_TIMEOUT_S
 
     def validate(self) -> None:
         if self.entrypoint not in ENTRYPOINTS:
@@ -596,7 +595,7 @@ class VLLMEngine(ServerEngine):
 
     # ------------------------------------------------------------------ protocol
     def server_info(self, endpoint: Endpoint) -> dict[str, Any]:
-        is_spec = endpoint in self.spec.fleet.endpoints
+        is_spec = self.is_speculative(endpoint)
         version = self.version(endpoint)
         card = self.model_card(endpoint)
         dev = self.dev_server_info(endpoint) or {}
