@@ -1,8 +1,8 @@
 """Launching servers the gate starts itself, in the manner of llama.cpp's own server tests.
 
 A :class:`ServerProcess` owns one process from argv to process-group kill: its flags come from a
-typed launch config (``LlamaServerLaunch``, ``SGLangLaunch``, ``VLLMLaunch`` — each turns its
-fields into argv, unit-tested), it binds ``127.0.0.1`` on a free port, waits for health with a
+typed launch config (``LlamaServerLaunch``, ``SGLangLaunch``, ``VLLMLaunch``: :class:`LaunchConfig`\ s,
+each turning its fields into argv, unit-tested), it binds ``127.0.0.1`` on a free port, waits for health with a
 deadline while watching the process (a server that exits during start-up fails at once, with the
 tail of its log), keeps the whole log in a file (which goes into the report), and always stops the
 whole process group — on ``stop()``, on leaving a ``with`` block, and at interpreter exit.
@@ -19,9 +19,16 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Any, Callable, ClassVar, Sequence
 
 from specparity.engines.http import Endpoint, ServerError
+
+#: Seconds a launched server has to answer ``/health`` when its launch config does not say
+#: (:attr:`LaunchConfig.startup_timeout_s`; ``--engine-opt startup_timeout`` overrides both).
+DEFAULT_STARTUP_TIMEOUT_S = 300.0
+#: The same for a GPU server (SGLang, vLLM): loading a large checkpoint, compiling and capturing CUDA
+#: graphs takes many minutes.
+GPU_STARTUP_TIMEOUT_S = 1800.0
 
 #: Every process started and not yet stopped, so an interpreter exit never leaves a server behind.
 _LIVE: set["ServerProcess"] = set()
@@ -50,7 +57,7 @@ class ServerProcess:
     args: Sequence[str]
     host: str = "127.0.0.1"
     port: int | None = None
-    startup_timeout_s: float = 300.0
+    startup_timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S
     log_dir: str | None = None
     env: dict[str, str] = field(default_factory=dict)
     ready: Callable[[Endpoint], str | None] | None = None
@@ -154,6 +161,37 @@ class ServerProcess:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+class LaunchConfig:
+    """What every engine's typed launch config (``LlamaServerLaunch``, ``SGLangLaunch``,
+    ``VLLMLaunch``) has alike: a program, its flags, its environment, and :meth:`process` to turn
+    them into a :class:`ServerProcess`. Subclasses are dataclasses of that server's flags and set
+    ``startup_timeout_s`` where their server takes longer (or less) to load than the default."""
+
+    #: Seconds to wait for ``/health`` after the start.
+    startup_timeout_s: ClassVar[float] = DEFAULT_STARTUP_TIMEOUT_S
+
+    @property
+    def program(self) -> list[str]:
+        raise NotImplementedError
+
+    def args(self) -> list[str]:
+        raise NotImplementedError
+
+    def env(self) -> dict[str, str]:
+        """Environment variables the launch itself sets (besides the GPUs the engine assigns)."""
+        return {}
+
+    def spec_config(self) -> dict[str, Any]:
+        """The speculative settings of this launch, for the fingerprint."""
+        raise NotImplementedError
+
+    def process(self, name: str, *, log_dir: str | None, startup_timeout_s: float | None = None,
+                env: dict[str, str] | None = None) -> ServerProcess:
+        return ServerProcess(name, self.program, self.args(), log_dir=log_dir,
+                             startup_timeout_s=startup_timeout_s or self.startup_timeout_s,
+                             env={**self.env(), **(env or {})})
 
 
 def _signal_group(pgid: int, sig: int) -> None:

@@ -47,7 +47,7 @@ import os
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, ClassVar, Sequence
 
 import numpy as np
 
@@ -60,17 +60,20 @@ from specparity.engines.base import (
     engine_factory,
     parse_positive_int,
 )
-from specparity.engines.http import Endpoint, ServerError, check_url
-from specparity.engines.launch import ServerProcess
+from specparity.engines.http import Endpoint, ServerError
+from specparity.engines.launch import LaunchConfig
 from specparity.engines.presets import fill, get_preset, presets_for
 from specparity.engines.common import FULL_HASH_LIMIT, artifact
 from specparity.engines.gguf_meta import GGUFError, GGUFVocab, read_vocab
 from specparity.engines.server import (
+    INFO_TIMEOUT_S,
     HFTokenizer,
     ServerEngine,
+    check_both_sides,
     check_distinct_sides,
-    open_sessions,
+    check_urls,
     resolve_tokenizer_dir,
+    start_sessions,
 )
 from specparity.constraints import CONSTRAINT_FIELDS
 from specparity.fixtures import MANIFEST, fixture_dir, in_checkout
@@ -106,8 +109,12 @@ def find_binary(explicit: str | None = None) -> Path | None:
 
 
 @dataclass
-class LlamaServerLaunch:
-    """Typed ``llama-server`` flags (host and port are added by :class:`ServerProcess`)."""
+class LlamaServerLaunch(LaunchConfig):
+    """Typed ``llama-server`` flags (host and port are added by
+    :class:`~specparity.engines.launch.ServerProcess`)."""
+
+    #: The small GGUFs it is run with load in seconds on a CPU.
+    startup_timeout_s: ClassVar[float] = 120.0
 
     binary: str
     model: str
@@ -126,6 +133,10 @@ class LlamaServerLaunch:
     #: draft token: every verify step takes the target's own token and rolls the drafts back).
     synth_len: float | None = None
     extra: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def program(self) -> list[str]:
+        return [self.binary]
 
     def args(self) -> list[str]:
         a = ["-m", self.model, "--threads", str(self.threads), "-c", str(self.ctx_size), "--parallel", str(self.parallel),
@@ -154,9 +165,6 @@ class LlamaServerLaunch:
         if self.cache_type:
             a += ["-ctk", self.cache_type, "-ctv", self.cache_type]
         return a + list(self.extra)
-
-    def process(self, name: str, *, log_dir: str | None, startup_timeout_s: float = 120.0) -> ServerProcess:
-        return ServerProcess(name, [self.binary], self.args(), log_dir=log_dir, startup_timeout_s=startup_timeout_s)
 
     def spec_config(self) -> dict[str, Any]:
         out: dict[str, Any] = {"spec_type": self.spec_type}
@@ -258,13 +266,8 @@ def launch_configs(options: EngineOptions) -> tuple[LlamaServerLaunch, LlamaServ
 
 def check_options(options: EngineOptions) -> None:
     """Everything the llamacpp engine needs, checked before anything launches (ValueError)."""
-    if bool(options.baseline_urls) != bool(options.spec_urls):
-        missing = "--spec-url" if options.baseline_urls else "--baseline-url"
-        raise ValueError(f"{missing}: the llamacpp engine needs both --baseline-url and --spec-url (or neither: "
-                         "it then launches both servers)")
-    for flag, urls in (("--baseline-url", options.baseline_urls), ("--spec-url", options.spec_urls)):
-        for u in urls:
-            check_url(flag, u)
+    check_both_sides(options, "llamacpp", "or neither: it then launches both servers")
+    check_urls(options)
     if options.extra.get("tokenizer"):
         resolve_tokenizer_dir(options, "llamacpp")
     if options.force_reject and options.spec_urls:
@@ -472,14 +475,12 @@ class LlamaCppEngine(ServerEngine):
     cross_instance_unmeasured = ("llama.cpp scores one request per position, so the calibration set is not scored "
                                  "again on the speculative server; the noise is the baseline server's own")
 
-    def __init__(self, *args: Any, launches: tuple[LlamaServerLaunch | None, LlamaServerLaunch | None],
-                 slots: int, vocab: GGUFVocab | None, **kwargs: Any):
+    launches: tuple[LlamaServerLaunch | None, LlamaServerLaunch | None]
+
+    def __init__(self, *args: Any, slots: int, vocab: GGUFVocab | None, **kwargs: Any):
         super().__init__(*args, **kwargs)
-        self.launches = launches
         self.slots = slots
         self.vocab = vocab
-        self._props: dict[str, dict[str, Any]] = {}
-        self._identity: dict[str, dict[str, Any]] = {}
         self._digests: dict[str, str] = {}
         # the served model's own byte pieces (its GGUF vocabulary; else the tokenizer the user named)
         pieces = gguf_byte_pieces(vocab) if vocab is not None else byte_piece_tokens(self.tokenizer)
@@ -535,7 +536,7 @@ class LlamaCppEngine(ServerEngine):
         n = len(continuation_ids)
         if n == 0:
             return TokenScores.empty(top_k)
-        endpoint = self.baseline.fleet.pick("score:" + ",".join(map(str, prompt_ids[:8])))
+        endpoint = self.scoring_endpoint(prompt_ids)
         token_ids = np.full(n, -1, np.int64)
         logprobs = np.full(n, np.nan, np.float32)
         top_ids = np.full((n, top_k), -1, np.int64)
@@ -558,18 +559,18 @@ class LlamaCppEngine(ServerEngine):
 
     def props(self, endpoint: Endpoint) -> dict[str, Any]:
         """``/props`` of ``endpoint`` (cached; empty when the server does not answer it)."""
-        if endpoint.base_url not in self._props:
+        def read() -> dict[str, Any]:
             try:
-                answer = endpoint.get_json("/props", timeout_s=30.0)
+                answer = endpoint.get_json("/props", timeout_s=INFO_TIMEOUT_S)
             except ServerError:
                 answer = {}
-            self._props[endpoint.base_url] = answer if isinstance(answer, dict) else {}
-        return self._props[endpoint.base_url]
+            return answer if isinstance(answer, dict) else {}
+        return self.cached(endpoint, "props", read)
 
     def endpoint_identity(self, endpoint: Endpoint) -> dict[str, Any]:
         """What names the served target: ``/v1/models``' vocabulary and model sizes, the chat
         template and special tokens of ``/props``, and the ids ``/tokenize`` gives a probe text."""
-        if endpoint.base_url not in self._identity:
+        def read() -> dict[str, Any]:
             props = self.props(endpoint)
             ident: dict[str, Any] = {k: props.get(k) for k in ("model_ftype", "bos_token", "eos_token")}
             path = props.get("model_path")
@@ -582,7 +583,7 @@ class LlamaCppEngine(ServerEngine):
             template = props.get("chat_template")
             ident["chat_template_sha256"] = hashlib.sha256(template.encode()).hexdigest()[:16] if template else None
             try:
-                models = endpoint.get_json("/v1/models", timeout_s=30.0)
+                models = endpoint.get_json("/v1/models", timeout_s=INFO_TIMEOUT_S)
                 meta = (models.get("data") or [{}])[0].get("meta") or {}
                 ident.update({k: meta.get(k) for k in ("vocab_type", "n_vocab", "n_params", "size", "n_embd",
                                                        "n_ctx_train")})
@@ -592,17 +593,18 @@ class LlamaCppEngine(ServerEngine):
                 ident["tokenize_probe"] = server_tokenize(endpoint, TOKENIZE_PROBE)
             except (ServerError, KeyError, TypeError, ValueError):
                 ident["tokenize_probe"] = None
-            self._identity[endpoint.base_url] = ident
-        return self._identity[endpoint.base_url]
+            return ident
+        return self.cached(endpoint, "identity", read)
 
     def server_info(self, endpoint: Endpoint) -> dict[str, Any]:
         props = self.props(endpoint)
-        launch = self.launches[1] if endpoint in self.spec.fleet.endpoints else self.launches[0]
+        is_spec = self.is_speculative(endpoint)
+        launch = self.launches[1] if is_spec else self.launches[0]
         spec_config = launch.spec_config() if launch else {"spec_type": "unknown (server not launched by the gate)"}
         return {
             "version": f"llama.cpp {props.get('build_info', 'unknown build')}",
             "dtype": props.get("model_ftype", "unknown"),
-            "spec_config": spec_config if endpoint in self.spec.fleet.endpoints else {},
+            "spec_config": spec_config if is_spec else {},
             "summary": {k: props.get(k) for k in ("build_info", "model_path", "model_ftype", "total_slots")},
             "identity": self.endpoint_identity(endpoint),
         }
@@ -630,18 +632,14 @@ class LlamaCppEngine(ServerEngine):
 
 @engine_factory(INFO)
 def create(options: EngineOptions) -> LlamaCppEngine:
-    base_launch = spec_launch = None
-    processes = None
-    if options.baseline_urls:
-        target, draft = options.target, options.draft
-    else:
-        base_launch, spec_launch = launch_configs(options)
-        processes = (base_launch.process("llama-server-baseline", log_dir=options.log_dir),
-                     spec_launch.process("llama-server-spec", log_dir=options.log_dir))
-        target, draft = spec_launch.model, spec_launch.draft
-    baseline, spec = open_sessions(options, processes)
+    launches: tuple[LlamaServerLaunch | None, LlamaServerLaunch | None] = (None, None)
+    target, draft = options.target, options.draft
+    if not options.baseline_urls:
+        launches = launch_configs(options)
+        target, draft = launches[1].model, launches[1].draft
+    baseline, spec = start_sessions(options, launches, "llama-server")
     try:
-        return _engine(options, baseline, spec, target, draft, (base_launch, spec_launch))
+        return _engine(options, baseline, spec, target, draft, launches)
     except BaseException:
         baseline.close()
         spec.close()
@@ -655,7 +653,7 @@ def _engine(options: EngineOptions, baseline: Any, spec: Any, target: str | None
     :meth:`LlamaCppEngine.health` then checks before anything is judged."""
     first = baseline.fleet.endpoints[0]
     try:
-        props = first.get_json("/props", timeout_s=30.0)
+        props = first.get_json("/props", timeout_s=INFO_TIMEOUT_S)
     except ServerError as exc:
         props = {"model_path": f"unknown: {exc}"}
     props = props if isinstance(props, dict) else {}
@@ -674,7 +672,7 @@ def _engine(options: EngineOptions, baseline: Any, spec: Any, target: str | None
     slots = spec_launch.parallel if spec_launch else 1
     if spec_launch is None:
         try:
-            slots = int(spec.fleet.endpoints[0].get_json("/props", timeout_s=30.0).get("total_slots") or 1)
+            slots = int(spec.fleet.endpoints[0].get_json("/props", timeout_s=INFO_TIMEOUT_S).get("total_slots") or 1)
         except (ServerError, ValueError, TypeError, AttributeError):
             pass
     engine = LlamaCppEngine(options, baseline, spec, tokenizer, target=artifact(target, "gguf") or ArtifactId("", "", ""),

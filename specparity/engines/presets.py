@@ -2,7 +2,9 @@
 
 A preset names one engine kind and two launch configurations — ``baseline`` (no speculation) and
 ``spec`` — as field values of that engine's typed launch config (``LlamaServerLaunch``,
-``SGLangLaunch``, ``VLLMLaunch``). ``@target`` and ``@draft`` are filled from ``--target`` /
+``SGLangLaunch``, ``VLLMLaunch``). :data:`PRESETS` is one table, a row per preset, written with one
+constructor per engine (:func:`llamacpp`, :func:`sglang`, :func:`vllm`) that holds what that
+engine's presets share, so each row says only its name, description, speculative settings and source. ``@target`` and ``@draft`` are filled from ``--target`` /
 ``--draft`` (or, for llama.cpp, the fixture GGUFs). Field values, not argv strings: each
 adapter's launch config turns them into argv, and those argv are unit-tested.
 
@@ -28,7 +30,9 @@ class Preset:
     notes: tuple[str, ...] = field(default_factory=tuple)
 
 
+#: Both llama.cpp launches: the target, a 4K context, one slot.
 _LLAMA_COMMON = {"model": "@target", "ctx_size": 4096, "parallel": 1}
+#: Field report 000's SGLang launch: 128K context on a 32 GB card (hybrid Mamba model, fp8 KV).
 _SG_128K = {
     "model_path": "@target",
     "context_length": 131072,
@@ -40,77 +44,81 @@ _SG_128K = {
     "page_size": 1,
     "language_only": True,
 }
+#: Field report 003's SGLang launch: 32K context, 16 requests at once.
+_SG_32K = {"model_path": "@target", "context_length": 32768, "max_running_requests": 16, "mamba_ssm_dtype": "bfloat16"}
+#: SGLang's DFlash2 speculation with the ``--draft`` model, block 8.
 _SG_DFLASH = {"speculative_algorithm": "DFLASH", "speculative_draft_model_path": "@draft",
               "speculative_num_draft_tokens": 8}
 #: vLLM presets: the fraction of the GPU's memory each of the two launches may take
 #: (``--gpu-memory-utilization``), so that baseline and speculative server fit one GPU together.
 VLLM_GPU_FRACTION = 0.3
-_VLLM_SHARE = {"gpu_memory_utilization": VLLM_GPU_FRACTION}
-_SG_32K = {"model_path": "@target", "context_length": 32768, "max_running_requests": 16, "mamba_ssm_dtype": "bfloat16"}
+
+
+def llamacpp(name: str, description: str, **spec: Any) -> Preset:
+    """A llama.cpp preset: both launches :data:`_LLAMA_COMMON`, the speculative one adding ``spec``."""
+    return Preset(name, "llamacpp", description, baseline=dict(_LLAMA_COMMON), spec={**_LLAMA_COMMON, **spec})
+
+
+def sglang(name: str, description: str, common: dict[str, Any], *, source: str, **spec: Any) -> Preset:
+    """An SGLang preset: both launches ``common``, the speculative one adding ``spec`` (none: the
+    same launch twice)."""
+    return Preset(name, "sglang", description, baseline=dict(common), spec={**common, **spec}, source=source)
+
+
+def vllm(name: str, description: str, speculative_config: dict[str, Any], *, source: str = "") -> Preset:
+    """A vLLM preset: both launches the target on :data:`VLLM_GPU_FRACTION` of the GPU, the
+    speculative one with ``speculative_config`` (``--speculative-config``)."""
+    common = {"model": "@target", "gpu_memory_utilization": VLLM_GPU_FRACTION}
+    return Preset(name, "vllm", f"{description}; {VLLM_GPU_FRACTION:g} of the GPU per launch", baseline=common,
+                  spec={**common, "speculative_config": speculative_config}, source=source)
+
 
 PRESETS: dict[str, Preset] = {
     p.name: p
     for p in (
         # ---------------------------------------------------------------- llama.cpp (CPU, CI)
-        Preset("llamacpp-draft-simple", "llamacpp", "standalone draft model, 4 draft tokens",
-               baseline=dict(_LLAMA_COMMON),
-               spec={**_LLAMA_COMMON, "spec_type": "draft-simple", "draft": "@draft", "draft_n_max": 4}),
-        Preset("llamacpp-ngram-simple", "llamacpp", "n-gram lookup (n=3, m=8: the server's defaults 12/48 never "
-               "draft on short prompts)",
-               baseline=dict(_LLAMA_COMMON),
-               spec={**_LLAMA_COMMON, "spec_type": "ngram-simple", "ngram_size_n": 3, "ngram_size_m": 8}),
-        Preset("llamacpp-ngram-map-k", "llamacpp", "n-gram map (n=3, m=8)",
-               baseline=dict(_LLAMA_COMMON),
-               spec={**_LLAMA_COMMON, "spec_type": "ngram-map-k", "ngram_size_n": 3, "ngram_size_m": 8}),
-        Preset("llamacpp-draft-mtp", "llamacpp", "the target's own MTP head (no draft model), 4 draft tokens "
-               "(fixtures/models/hybrid carries one)",
-               baseline=dict(_LLAMA_COMMON),
-               spec={**_LLAMA_COMMON, "spec_type": "draft-mtp", "draft_n_max": 4}),
-        Preset("llamacpp-draft-dflash", "llamacpp", "DFlash2 block-diffusion draft (7 draft tokens = block 8 - 1; "
-               "llama.cpp's own default is 3)",
-               baseline=dict(_LLAMA_COMMON),
-               spec={**_LLAMA_COMMON, "spec_type": "draft-dflash", "draft": "@draft", "draft_n_max": 7}),
+        llamacpp("llamacpp-draft-simple", "standalone draft model, 4 draft tokens",
+                 spec_type="draft-simple", draft="@draft", draft_n_max=4),
+        llamacpp("llamacpp-ngram-simple", "n-gram lookup (n=3, m=8: the server's defaults 12/48 never draft on "
+                 "short prompts)",
+                 spec_type="ngram-simple", ngram_size_n=3, ngram_size_m=8),
+        llamacpp("llamacpp-ngram-map-k", "n-gram map (n=3, m=8)",
+                 spec_type="ngram-map-k", ngram_size_n=3, ngram_size_m=8),
+        llamacpp("llamacpp-draft-mtp", "the target's own MTP head (no draft model), 4 draft tokens "
+                 "(fixtures/models/hybrid carries one)",
+                 spec_type="draft-mtp", draft_n_max=4),
+        llamacpp("llamacpp-draft-dflash", "DFlash2 block-diffusion draft (7 draft tokens = block 8 - 1; llama.cpp's "
+                 "own default is 3)",
+                 spec_type="draft-dflash", draft="@draft", draft_n_max=7),
         # ---------------------------------------------------------------- SGLang (GPU; field reports)
-        Preset("sglang-dflash2-128k", "sglang", "DFlash2, 128K context, single stream, fp8 KV (field report 000)",
-               baseline=dict(_SG_128K), spec={**_SG_128K, **_SG_DFLASH},
+        sglang("sglang-dflash2-128k", "DFlash2, 128K context, single stream, fp8 KV (field report 000)",
+               _SG_128K, **_SG_DFLASH,
                source="shared/seeds/000: launch command in section 2 (sglang 0.5.19, RTX 4080 SUPER 32G)"),
-        Preset("sglang-dflash2-128k-dual", "sglang", "DFlash2, 128K context, two streams (field report 000)",
-               baseline={**_SG_128K, "max_running_requests": 2, "max_mamba_cache_size": 10},
-               spec={**_SG_128K, **_SG_DFLASH, "max_running_requests": 2, "max_mamba_cache_size": 10},
+        sglang("sglang-dflash2-128k-dual", "DFlash2, 128K context, two streams (field report 000)",
+               {**_SG_128K, "max_running_requests": 2, "max_mamba_cache_size": 10}, **_SG_DFLASH,
                source="shared/seeds/000 'dflash-128k-dual' (flags inferred: two streams need "
                       "--max-mamba-cache-size 10, section 6 trap 4)"),
-        Preset("sglang-nospec-128k", "sglang", "no speculation, 128K context (field report 000's control); the "
-               "spec side is the same launch, so the gate checks run-to-run identity",
-               baseline=dict(_SG_128K), spec=dict(_SG_128K),
-               source="shared/seeds/000 'nospec-128k'"),
-        Preset("sglang-mtp", "sglang", "built-in MTP head run as EAGLE, 3 steps, top-k 1, 4 draft tokens "
-               "(field report 003)",
-               baseline=dict(_SG_32K),
-               spec={**_SG_32K, "speculative_algorithm": "EAGLE", "speculative_num_steps": 3,
-                     "speculative_eagle_topk": 1, "speculative_num_draft_tokens": 4},
+        sglang("sglang-nospec-128k", "no speculation, 128K context (field report 000's control); the spec side is "
+               "the same launch, so the gate checks run-to-run identity",
+               _SG_128K, source="shared/seeds/000 'nospec-128k'"),
+        sglang("sglang-mtp", "built-in MTP head run as EAGLE, 3 steps, top-k 1, 4 draft tokens (field report 003)",
+               _SG_32K, speculative_algorithm="EAGLE", speculative_num_steps=3, speculative_eagle_topk=1,
+               speculative_num_draft_tokens=4,
                source="shared/seeds/003: 'SGLang · MTP' launch command"),
-        Preset("sglang-dflash2-fp8", "sglang", "DFlash2 with an FP8 draft (draft quantization fp8), 32K context "
+        sglang("sglang-dflash2-fp8", "DFlash2 with an FP8 draft (draft quantization fp8), 32K context "
                "(field report 003)",
-               baseline=dict(_SG_32K),
-               spec={**_SG_32K, **_SG_DFLASH, "speculative_draft_model_quantization": "fp8"},
+               _SG_32K, **_SG_DFLASH, speculative_draft_model_quantization="fp8",
                source="shared/seeds/003: 'SGLang · DFlash2' launch command"),
         # ---------------------------------------------------------------- vLLM (GPU)
         # Both launches share one GPU unless --engine-opt baseline_gpus/spec_gpus part them: each takes
         # VLLM_GPU_FRACTION of it (vLLM's default 0.9 each cannot start twice on one device; measured
         # live with vLLM 0.26.0). A larger model needs its own fraction: --engine-opt
         # server_args="--gpu-memory-utilization 0.45" (the later flag wins) or one GPU per side.
-        Preset("vllm-mtp", "vllm", f"MTP, 3 speculative tokens (field report 003: INT8 W8A8 with MTP-BF16 draft); "
-               f"{VLLM_GPU_FRACTION:g} of the GPU per launch",
-               baseline={"model": "@target", **_VLLM_SHARE},
-               spec={"model": "@target", **_VLLM_SHARE,
-                     "speculative_config": {"method": "mtp", "num_speculative_tokens": 3}},
-               source="shared/seeds/003 INT8/INT4 rows (vLLM, MTP only; flags inferred)"),
-        Preset("vllm-ngram", "vllm", f"n-gram prompt lookup, 4 speculative tokens; {VLLM_GPU_FRACTION:g} of the GPU "
-               "per launch",
-               baseline={"model": "@target", **_VLLM_SHARE},
-               spec={"model": "@target", **_VLLM_SHARE,
-                     "speculative_config": {"method": "ngram", "num_speculative_tokens": 4,
-                                            "prompt_lookup_max": 4, "prompt_lookup_min": 2}}),
+        vllm("vllm-mtp", "MTP, 3 speculative tokens (field report 003: INT8 W8A8 with MTP-BF16 draft)",
+             {"method": "mtp", "num_speculative_tokens": 3},
+             source="shared/seeds/003 INT8/INT4 rows (vLLM, MTP only; flags inferred)"),
+        vllm("vllm-ngram", "n-gram prompt lookup, 4 speculative tokens",
+             {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2}),
     )
 }
 

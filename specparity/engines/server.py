@@ -9,23 +9,34 @@ launch config (:mod:`specparity.engines.launch`, presets in :mod:`specparity.eng
 An adapter (``llamacpp``, ``sglang``, ``vllm``) subclasses :class:`ServerEngine` and implements
 only the wire format: :meth:`ServerEngine.complete` (one greedy request → a
 :class:`~specparity.types.GenerationResult`) and, if the server can, :meth:`ServerEngine.score`.
-Everything else — sharding, bounded timeouts, turning every failure into an ``error`` result
-with its cause, the sanity checks every server answer gets, health, fingerprint, logs,
-stopping what was launched — lives here once.
+Everything else — launch-or-URL (:func:`start_sessions`, with the GPUs of each launch), the
+``--engine-opt`` keys the adapters share (:func:`server_options`), requests in flight, cached
+server facts, determinism declared on every server of both sides, sharding, bounded timeouts,
+turning every failure into an ``error`` result with its cause, the sanity checks every server
+answer gets, health, fingerprint, logs, stopping what was launched — lives here once.
 """
 
 from __future__ import annotations
 
 import copy
 import json
+import shlex
+import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
-from specparity.engines.base import Capabilities, EngineOptions
+from specparity.engines.base import (
+    Capabilities,
+    EngineOptions,
+    OptionSpec,
+    parse_positive_float,
+    parse_positive_int,
+)
 from specparity.engines.http import Endpoint, Fleet, ServerError, check_url
-from specparity.engines.launch import ServerProcess
+from specparity.engines.launch import LaunchConfig, ServerProcess
 from specparity.engines.presets import presets_for
 from specparity.prompts import encode_prompt
 from specparity.types import (
@@ -35,6 +46,17 @@ from specparity.types import (
     GenerationResult,
     TokenScores,
 )
+
+
+#: The two sides, in this order everywhere: names of the sessions, of the launched processes
+#: (``<engine>-baseline``) and of the ``--engine-opt <role>_gpus`` options.
+ROLES = ("baseline", "spec")
+#: Seconds for a GET of what a server says about itself (``/health``, ``/props``, ``/server_info``,
+#: ``/version``, ``/v1/models``, ``/metrics``): small answers, but from a server that may be busy.
+INFO_TIMEOUT_S = 30.0
+#: Requests in flight per server and phase when neither ``--engine-opt max_concurrency`` nor the
+#: server's own slots say otherwise.
+DEFAULT_CONCURRENCY = 8
 
 
 class HFTokenizer:
@@ -127,6 +149,63 @@ def open_sessions(options: EngineOptions,
     return baseline, spec
 
 
+def gpu_env(options: EngineOptions, role: str) -> dict[str, str]:
+    """``CUDA_VISIBLE_DEVICES`` of the ``role`` launch, from ``--engine-opt <role>_gpus`` (empty: the
+    server sees what the gate sees)."""
+    gpus = options.extra.get(f"{role}_gpus")
+    return {"CUDA_VISIBLE_DEVICES": gpus} if gpus else {}
+
+
+def launch_processes(options: EngineOptions, launches: tuple[LaunchConfig, LaunchConfig],
+                     prefix: str) -> tuple[ServerProcess, ServerProcess]:
+    """The baseline and speculative processes of ``launches``, named ``<prefix>-baseline`` /
+    ``<prefix>-spec``, logging into ``--log-dir``, each with its GPUs and the start-up deadline of
+    ``--engine-opt startup_timeout`` (else the launch config's own)."""
+    timeout = options.extra.get("startup_timeout")
+    base, spec = (launch.process(f"{prefix}-{role}", log_dir=options.log_dir,
+                                 startup_timeout_s=float(timeout) if timeout else None, env=gpu_env(options, role))
+                  for role, launch in zip(ROLES, launches))
+    return base, spec
+
+
+def start_sessions(options: EngineOptions, launches: tuple[LaunchConfig | None, LaunchConfig | None],
+                   prefix: str) -> tuple[Session, Session]:
+    """Launch-or-URL: the running servers of ``--baseline-url`` / ``--spec-url`` when given (the
+    ``launches`` are then ``(None, None)``), else the two ``launches`` started here
+    (:func:`launch_processes`, :func:`open_sessions`)."""
+    base, spec = launches
+    if options.baseline_urls or base is None or spec is None:
+        return open_sessions(options)
+    return open_sessions(options, launch_processes(options, (base, spec), prefix))
+
+
+def server_options(engine: str, server: str, *, startup_timeout_s: float, concurrency_note: str = "",
+                   gpus_note: str = "") -> dict[str, OptionSpec]:
+    """The ``--engine-opt`` keys every engine that sends token ids to preset-launched (GPU) servers
+    has alike: the tokenizer, requests in flight, and for launches the start-up deadline, extra
+    ``server`` flags and the GPUs of each side."""
+    return {
+        "tokenizer": OptionSpec("local Hugging Face tokenizer directory used to encode prompts (default: --target "
+                                f"when it is a local directory); {engine} is always sent token ids"),
+        "max_concurrency": OptionSpec(f"requests in flight per phase (default {DEFAULT_CONCURRENCY}{concurrency_note})",
+                                      parse=parse_positive_int),
+        "startup_timeout": OptionSpec(f"launches: seconds to wait for /health (default {startup_timeout_s:g})",
+                                      parse=parse_positive_float),
+        "server_args": OptionSpec(f"launches: extra {server} flags for both launches, as one string",
+                                  parse=shlex.split),
+        "baseline_gpus": OptionSpec(f"launches: CUDA_VISIBLE_DEVICES of the baseline server (both servers run at "
+                                    f"once{gpus_note})"),
+        "spec_gpus": OptionSpec("launches: CUDA_VISIBLE_DEVICES of the speculative server"),
+    }
+
+
+def concurrency(options: EngineOptions, spec: Session, per_server: int | None = None) -> int:
+    """Requests in flight per phase: ``--engine-opt max_concurrency`` (else ``per_server``, else
+    :data:`DEFAULT_CONCURRENCY`) per server, times the speculative servers that shard the prompts."""
+    n = int(options.extra.get("max_concurrency") or per_server or DEFAULT_CONCURRENCY)
+    return n * max(1, len(spec.fleet.endpoints))
+
+
 def resolve_tokenizer_dir(options: EngineOptions, engine: str) -> str:
     """``--engine-opt tokenizer=DIR``, else ``--target`` when it is a local directory; ValueError otherwise."""
     tok = options.extra.get("tokenizer")
@@ -155,22 +234,32 @@ def check_distinct_sides(options: EngineOptions) -> None:
                          "server of its own, launched without speculation")
 
 
+def check_both_sides(options: EngineOptions, engine: str, otherwise: str) -> None:
+    """``--baseline-url`` and ``--spec-url`` together or not at all (``otherwise`` says what the
+    engine does without them)."""
+    if bool(options.baseline_urls) != bool(options.spec_urls):
+        missing = "--spec-url" if options.baseline_urls else "--baseline-url"
+        raise ValueError(f"{missing}: the {engine} engine needs both --baseline-url and --spec-url ({otherwise})")
+
+
+def check_urls(options: EngineOptions) -> None:
+    """Every ``--baseline-url`` / ``--spec-url`` well formed (ValueError naming the flag)."""
+    for flag, urls in (("--baseline-url", options.baseline_urls), ("--spec-url", options.spec_urls)):
+        for u in urls:
+            check_url(flag, u)
+
+
 def check_server_flags(options: EngineOptions, engine: str) -> None:
     """Running servers (both URLs) or a preset to launch, never both, never half; URLs well formed;
     no server on both sides."""
-    if bool(options.baseline_urls) != bool(options.spec_urls):
-        missing = "--spec-url" if options.baseline_urls else "--baseline-url"
-        raise ValueError(f"{missing}: the {engine} engine needs both --baseline-url and --spec-url (or --preset to "
-                         "launch both servers)")
+    check_both_sides(options, engine, "or --preset to launch both servers")
     if options.baseline_urls and options.preset:
         raise ValueError(f"--preset {options.preset}: give either --baseline-url/--spec-url (running servers) or "
                          "--preset (launch them), not both")
     if not options.baseline_urls and not options.preset:
         raise ValueError(f"--baseline-url: the {engine} engine needs --baseline-url and --spec-url (running servers) "
                          f"or --preset NAME to launch them (presets: {', '.join(presets_for(engine))})")
-    for flag, urls in (("--baseline-url", options.baseline_urls), ("--spec-url", options.spec_urls)):
-        for u in urls:
-            check_url(flag, u)
+    check_urls(options)
     check_distinct_sides(options)
     if options.baseline_urls and options.num_draft_tokens is not None:
         raise ValueError(f"--num-draft-tokens: the {engine} servers at --spec-url run with their own launch setting; "
@@ -182,25 +271,89 @@ def named(endpoint: Endpoint, exc: ServerError) -> ServerError:
         return exc
     return ServerError(f"{endpoint.base_url}: {exc}", transport=exc.transport, status=exc.status)
 
+
+@contextmanager
+def named_errors(endpoint: Endpoint, malformed: str | None = None) -> Iterator[None]:
+    """Every :class:`ServerError` raised inside names ``endpoint`` (:func:`named`); with
+    ``malformed`` (e.g. ``"scoring answer malformed"``), an answer of an unexpected shape (KeyError,
+    TypeError, ValueError, IndexError) becomes a ServerError saying so."""
+    try:
+        yield
+    except ServerError as exc:
+        raise named(endpoint, exc) from None
+    except (KeyError, TypeError, ValueError, IndexError) as exc:
+        if malformed is None:
+            raise
+        raise ServerError(f"{endpoint.base_url}: {malformed} ({type(exc).__name__}: {exc})") from None
+
+
+def declared_on_every_server(said: Sequence[tuple[str, str, str]], what: str,
+                             where_note: str = "") -> tuple[str | None, str | None]:
+    """(``Capabilities.deterministic``, ``deterministic_partial``) from what each server of both
+    sides says (``(role, url, "true" | anything else)``): deterministic only when every one says
+    ``true`` — bit-exact output is promised between two deterministic servers, not between a
+    deterministic one and an ordinary one; some saying it is only reported. ``what`` names the
+    setting and where it was read."""
+    if not any(on == "true" for _, _, on in said):
+        return None, None
+    where = ", ".join(f"{role} {url}: {on}" for role, url, on in said)
+    if all(on == "true" for _, _, on in said):
+        return f"{what} ({where}{where_note})", None
+    return None, f"{what}, but not on every server of both sides ({where})"
+
 class ServerEngine:
     """The engine protocol over a baseline session and a speculative session.
 
     Subclasses set ``name`` and implement :meth:`complete` (and :meth:`score` when the server can
-    score teacher-forced), :meth:`server_info` and :meth:`capabilities`.
+    score teacher-forced), :meth:`server_info` and :meth:`capabilities`. ``launches`` are the
+    (baseline, speculative) launch configs the gate started, ``(None, None)`` for running servers;
+    ``max_concurrency`` is the requests in flight per phase (:func:`concurrency`).
     """
 
     name = "server"
 
     def __init__(self, options: EngineOptions, baseline: Session, spec: Session, tokenizer: Any,
-                 *, target: ArtifactId, draft: ArtifactId | None):
+                 *, target: ArtifactId, draft: ArtifactId | None,
+                 launches: tuple[LaunchConfig | None, LaunchConfig | None] = (None, None),
+                 max_concurrency: int = DEFAULT_CONCURRENCY):
         self.options = options
         self.baseline = baseline
         self.spec = spec
         self.tokenizer = tokenizer
         self._target = target
         self._draft = draft
+        self.launches = launches
+        self.max_concurrency = max_concurrency
         self._fingerprint: Fingerprint | None = None
         self._same_target_checked = False
+        self._facts: dict[tuple[str, str], Any] = {}
+        self._facts_lock = threading.Lock()
+
+    # ------------------------------------------------------------------ server facts
+    def cached(self, endpoint: Endpoint, what: str, read: Callable[[], Any]) -> Any:
+        """``read()`` once per endpoint and ``what`` (thread-safe): what a server says about itself
+        does not change during a run. An exception from ``read`` is not cached (a server still
+        starting may answer later)."""
+        key = (endpoint.base_url, what)
+        with self._facts_lock:
+            if key in self._facts:
+                return self._facts[key]
+        value = read()
+        with self._facts_lock:
+            self._facts[key] = value
+        return value
+
+    def every_server(self) -> list[tuple[str, Endpoint]]:
+        """(role, endpoint) of every server of both sides, the baseline's first."""
+        return [(s.role, e) for s in (self.baseline, self.spec) for e in s.fleet.endpoints]
+
+    def is_speculative(self, endpoint: Endpoint) -> bool:
+        """Whether ``endpoint`` serves the speculative side."""
+        return endpoint in self.spec.fleet.endpoints
+
+    def scoring_endpoint(self, prompt_ids: Sequence[int]) -> Endpoint:
+        """The baseline server that scores ``prompt_ids`` (sharded like the prompts)."""
+        return self.baseline.fleet.pick("score:" + ",".join(map(str, prompt_ids[:8])))
 
     # ------------------------------------------------------------------ wire format (adapters)
     def complete(self, endpoint: Endpoint, req: GenerationRequest, speculative: bool) -> GenerationResult:
@@ -223,8 +376,7 @@ class ServerEngine:
         endpoints (both reporting it) is a :class:`ServerError` naming both and the difference."""
         if self._same_target_checked:
             return
-        endpoints = [(s.role, e) for s in (self.baseline, self.spec) for e in s.fleet.endpoints]
-        identities = [(role, e, self.endpoint_identity(e)) for role, e in endpoints]
+        identities = [(role, e, self.endpoint_identity(e)) for role, e in self.every_server()]
         for role, e, ident in identities[1:]:
             ref_role, ref, ref_ident = identities[0]
             diff = sorted(k for k in set(ident) & set(ref_ident)
@@ -236,7 +388,7 @@ class ServerEngine:
         self._same_target_checked = True
 
     def capabilities(self) -> Capabilities:
-        return Capabilities(scoring=False, counters="request", max_concurrency=8)
+        return Capabilities(scoring=False, counters="request", max_concurrency=self.max_concurrency)
 
     # ------------------------------------------------------------------ protocol
     def encode_prompt(self, prompt: str | None, messages: list[dict[str, str]] | None) -> list[int]:
@@ -298,7 +450,7 @@ class ServerEngine:
         for session in (self.baseline, self.spec):
             for endpoint in session.fleet.endpoints:
                 try:
-                    endpoint.request("GET", "/health", timeout_s=30.0)
+                    endpoint.request("GET", "/health", timeout_s=INFO_TIMEOUT_S)
                 except ServerError as exc:
                     raise ServerError(f"{session.role} endpoint unhealthy: {self._explain(session, endpoint, exc)}",
                                       transport=exc.transport) from None

@@ -46,12 +46,10 @@ from __future__ import annotations
 
 import json
 import math
-import shlex
 import sys
-import threading
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, ClassVar, Sequence
 
 import numpy as np
 
@@ -62,20 +60,24 @@ from specparity.engines.base import (
     OptionSpec,
     engine_factory,
     parse_bool,
-    parse_positive_float,
     parse_positive_int,
 )
 from specparity.engines.http import Endpoint, ServerError
-from specparity.engines.launch import ServerProcess
+from specparity.engines.launch import GPU_STARTUP_TIMEOUT_S, LaunchConfig
 from specparity.engines.presets import preset_launch_values
 from specparity.engines.common import artifact
 from specparity.engines.server import (
+    DEFAULT_CONCURRENCY,
+    INFO_TIMEOUT_S,
     HFTokenizer,
     ServerEngine,
     check_server_flags,
-    named,
-    open_sessions,
+    concurrency,
+    declared_on_every_server,
+    named_errors,
     resolve_tokenizer_dir,
+    server_options,
+    start_sessions,
 )
 from specparity.constraints import Constraint
 from specparity.types import ArtifactId, GenerationRequest, GenerationResult, SpecStats, TokenScores
@@ -113,8 +115,6 @@ UNSENT_HARMFUL_KEYS = ("stop", "stop_regex", "regex", "json_schema", "ebnf", "st
 #: ``--cuda-graph-backend-prefill`` choices (0.5.19 also has ``tc_piecewise``, which 0.5.23 rejects).
 CUDA_GRAPH_BACKENDS = ("full", "breakable", "disabled", "tc_piecewise")
 MAMBA_SSM_DTYPES = ("float32", "bfloat16", "float16")
-DEFAULT_CONCURRENCY = 8
-DEFAULT_STARTUP_TIMEOUT_S = 1800.0
 #: Keys of ``/server_info`` kept in the fingerprint.
 SUMMARY_KEYS = ("version", "model_path", "dtype", "kv_cache_dtype", "context_length", "page_size", "tp_size",
                 "max_running_requests", "mem_fraction_static", "attention_backend", "sampling_backend",
@@ -131,12 +131,15 @@ SPEC_SOURCE = ("sglang meta_info spec_verify_ct / spec_num_correct_drafts / spec
 
 
 @dataclass
-class SGLangLaunch:
-    """Typed ``python -m sglang.launch_server`` flags (host and port are added by :class:`ServerProcess`).
+class SGLangLaunch(LaunchConfig):
+    """Typed ``python -m sglang.launch_server`` flags (host and port are added by
+    :class:`~specparity.engines.launch.ServerProcess`).
 
     Field names are ``ServerArgs`` field names; the CLI flag is ``--`` + the name with ``_`` → ``-``
     (``arg_groups/arg_utils.py:288-290`` in 0.5.23, ``:218`` in 0.5.19). ``None`` / ``False`` leave a
-    flag out (the server's default)."""
+    flag out (the server's default). ``python``: the interpreter that has SGLang (default: this one)."""
+
+    startup_timeout_s: ClassVar[float] = GPU_STARTUP_TIMEOUT_S
 
     model_path: str
     context_length: int | None = None
@@ -157,10 +160,11 @@ class SGLangLaunch:
     enable_deterministic_inference: bool = False
     tp_size: int | None = None
     extra: tuple[str, ...] = field(default_factory=tuple)
+    python: str | None = None
 
     @property
     def program(self) -> list[str]:
-        return [sys.executable, "-m", "sglang.launch_server"]
+        return [self.python or sys.executable, "-m", "sglang.launch_server"]
 
     def validate(self) -> None:
         spec_fields = [k for k in ("speculative_draft_model_path", "speculative_num_draft_tokens",
@@ -199,12 +203,6 @@ class SGLangLaunch:
             a.append("--enable-deterministic-inference")
         return a + list(self.extra)
 
-    def process(self, name: str, *, log_dir: str | None, startup_timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S,
-                python: str | None = None, env: dict[str, str] | None = None) -> ServerProcess:
-        program = [python, "-m", "sglang.launch_server"] if python else self.program
-        return ServerProcess(name, program, self.args(), log_dir=log_dir, startup_timeout_s=startup_timeout_s,
-                             env=dict(env or {}))
-
     def spec_config(self) -> dict[str, Any]:
         out: dict[str, Any] = {"speculative_algorithm": self.speculative_algorithm}
         for key in SPEC_KEYS[1:6] + ("kv_cache_dtype", "enable_deterministic_inference"):
@@ -215,21 +213,13 @@ class SGLangLaunch:
 
 
 OPTIONS = {
-    "tokenizer": OptionSpec("local Hugging Face tokenizer directory used to encode prompts (default: --target when "
-                            "it is a local directory); SGLang is always sent token ids"),
-    "max_concurrency": OptionSpec(f"requests in flight per phase (default {DEFAULT_CONCURRENCY}, capped by a launch's "
-                                  "max_running_requests)", parse=parse_positive_int),
+    **server_options("SGLang", "sglang.launch_server", startup_timeout_s=SGLangLaunch.startup_timeout_s,
+                     concurrency_note=", capped by a launch's max_running_requests",
+                     gpus_note=": on one GPU their --mem-fraction-static must fit together"),
     "python": OptionSpec("launches: the Python interpreter that has SGLang installed (default: this one)"),
-    "startup_timeout": OptionSpec(f"launches: seconds to wait for /health (default {DEFAULT_STARTUP_TIMEOUT_S:g})",
-                                  parse=parse_positive_float),
-    "server_args": OptionSpec("launches: extra sglang.launch_server flags for both launches, as one string",
-                              parse=shlex.split),
     "tp_size": OptionSpec("launches: --tp-size for both launches", parse=parse_positive_int),
     "deterministic": OptionSpec("launches: --enable-deterministic-inference on both launches (true/false)",
                                 parse=parse_bool),
-    "baseline_gpus": OptionSpec("launches: CUDA_VISIBLE_DEVICES of the baseline server (both servers run at once: "
-                                "on one GPU their --mem-fraction-static must fit together)"),
-    "spec_gpus": OptionSpec("launches: CUDA_VISIBLE_DEVICES of the speculative server"),
 }
 
 
@@ -242,6 +232,8 @@ def launch_configs(options: EngineOptions) -> tuple[SGLangLaunch, SGLangLaunch]:
         common["tp_size"] = ex["tp_size"]
     if "deterministic" in ex:
         common["enable_deterministic_inference"] = bool(ex["deterministic"])
+    if ex.get("python"):
+        common["python"] = ex["python"]
     common["extra"] = tuple(ex.get("server_args") or ())
     base, spec = {**base, **common}, {**spec, **common}
     if options.num_draft_tokens is not None:
@@ -444,33 +436,25 @@ class SGLangEngine(ServerEngine):
     scorer_description = ("SGLang prompt logprobs on the baseline server: one /generate of prompt + continuation "
                           "with logprob_start_len = len(prompt) - 1 (entry 0 is null and dropped), max_new_tokens 1")
 
-    def __init__(self, *args: Any, launches: tuple[SGLangLaunch | None, SGLangLaunch | None],
-                 max_concurrency: int, **kwargs: Any):
-        super().__init__(*args, **kwargs)
-        self.launches = launches
-        self.max_concurrency = max_concurrency
-        self._info: dict[str, dict[str, Any]] = {}
-        self._info_lock = threading.Lock()
+    launches: tuple[SGLangLaunch | None, SGLangLaunch | None]
 
     # ------------------------------------------------------------------ server facts
     def raw_server_info(self, endpoint: Endpoint) -> dict[str, Any] | None:
         """``GET /server_info`` (``/get_server_info`` where it is missing), cached; None when unreadable."""
-        with self._info_lock:
-            if endpoint.base_url in self._info:
-                return self._info[endpoint.base_url]
-        info: dict[str, Any] | None = None
-        for path in ("/server_info", "/get_server_info"):
-            try:
-                got = endpoint.get_json(path, timeout_s=30.0)
-            except ServerError as exc:
-                if exc.status == 404:
-                    continue
-                return None  # not cached: a server still starting may answer later
-            info = got if isinstance(got, dict) else None
-            break
-        with self._info_lock:
-            self._info[endpoint.base_url] = info or {}
-        return info
+        def read() -> dict[str, Any]:
+            for path in ("/server_info", "/get_server_info"):
+                try:
+                    got = endpoint.get_json(path, timeout_s=INFO_TIMEOUT_S)
+                except ServerError as exc:
+                    if exc.status == 404:
+                        continue
+                    raise
+                return got if isinstance(got, dict) else {}
+            return {}
+        try:
+            return self.cached(endpoint, "server_info", read) or None
+        except ServerError:
+            return None  # not cached: a server still starting may answer later
 
     def preferred_problem(self, endpoint: Endpoint) -> str | None:
         """The server's ``--preferred-sampling-params`` keys that would change a request's tokens."""
@@ -494,7 +478,7 @@ class SGLangEngine(ServerEngine):
 
     def server_info(self, endpoint: Endpoint) -> dict[str, Any]:
         info = self.raw_server_info(endpoint) or {}
-        is_spec = endpoint in self.spec.fleet.endpoints
+        is_spec = self.is_speculative(endpoint)
         summary = {k: info.get(k) for k in SUMMARY_KEYS if k in info}
         states = info.get("internal_states") or [{}]
         first = states[0] if isinstance(states, list) and states and isinstance(states[0], dict) else {}
@@ -519,30 +503,15 @@ class SGLangEngine(ServerEngine):
         A declaration by only some of them (or a server whose ``/server_info`` is unreadable or lacks
         the key) goes to ``deterministic_partial``, in the same words, and makes nothing strict."""
         said = []
-        for session in (self.baseline, self.spec):
-            for endpoint in session.fleet.endpoints:
-                info = self.raw_server_info(endpoint) or {}
-                on = info.get("enable_deterministic_inference")
-                said.append((session.role, endpoint.base_url, "unknown" if on is None else str(bool(on)).lower()))
-        deterministic = partial = None
-        if any(on == "true" for _, _, on in said):
-            where = ", ".join(f"{role} {url}: {on}" for role, url, on in said)
-            if all(on == "true" for _, _, on in said):
-                deterministic = f"sglang /server_info enable_deterministic_inference=true ({where})"
-            else:
-                partial = (f"sglang /server_info enable_deterministic_inference=true, but not on every server of both "
-                           f"sides ({where})")
+        for role, endpoint in self.every_server():
+            on = (self.raw_server_info(endpoint) or {}).get("enable_deterministic_inference")
+            said.append((role, endpoint.base_url, "unknown" if on is None else str(bool(on)).lower()))
+        deterministic, partial = declared_on_every_server(said, "sglang /server_info enable_deterministic_inference=true")
         return Capabilities(scoring=True, top_k=None, counters="request", max_concurrency=self.max_concurrency,
                             deterministic=deterministic, deterministic_partial=partial)
 
     # ------------------------------------------------------------------ requests
     def complete(self, endpoint: Endpoint, req: GenerationRequest, speculative: bool) -> GenerationResult:
-        try:
-            return self._complete(endpoint, req, speculative)
-        except ServerError as exc:
-            raise named(endpoint, exc) from None
-
-    def _complete(self, endpoint: Endpoint, req: GenerationRequest, speculative: bool) -> GenerationResult:
         declared = self.declared_algorithm(endpoint)
         problem = self.preferred_problem(endpoint)
         if problem:
@@ -571,43 +540,29 @@ class SGLangEngine(ServerEngine):
         if not prompt_ids:
             raise ServerError("cannot score a continuation without at least one prompt token")
         ids = list(prompt_ids) + list(continuation_ids)
-        endpoint = self.baseline.fleet.pick("score:" + ",".join(map(str, prompt_ids[:8])))
-        try:
+        endpoint = self.scoring_endpoint(prompt_ids)
+        with named_errors(endpoint, "scoring answer malformed"):
             body = endpoint.post_json("/generate", generate_body(ids, 1, (), top_k,
                                                                  logprob_start_len=len(prompt_ids) - 1,
                                                                  rid=f"specparity-score-{uuid.uuid4().hex[:12]}"))
             return parse_score(body, prompt_ids, continuation_ids, top_k)
-        except ServerError as exc:
-            raise named(endpoint, exc) from None
-        except (KeyError, TypeError, ValueError, IndexError) as exc:
-            raise ServerError(f"{endpoint.base_url}: scoring answer malformed ({type(exc).__name__}: {exc})") from None
 
 
 @engine_factory(INFO)
 def create(options: EngineOptions) -> SGLangEngine:
     tokenizer = HFTokenizer(resolve_tokenizer_dir(options, "sglang"))
-    ex = options.extra
-    concurrency = int(ex.get("max_concurrency") or DEFAULT_CONCURRENCY)
     launches: tuple[SGLangLaunch | None, SGLangLaunch | None] = (None, None)
-    processes = None
+    per_server = None
     target, draft = options.target, options.draft
     if not options.baseline_urls:
-        base_launch, spec_launch = launches = launch_configs(options)
-        timeout = float(ex.get("startup_timeout") or DEFAULT_STARTUP_TIMEOUT_S)
-        python = ex.get("python")
-        env_b = {"CUDA_VISIBLE_DEVICES": ex["baseline_gpus"]} if ex.get("baseline_gpus") else {}
-        env_s = {"CUDA_VISIBLE_DEVICES": ex["spec_gpus"]} if ex.get("spec_gpus") else {}
-        processes = (base_launch.process("sglang-baseline", log_dir=options.log_dir, startup_timeout_s=timeout,
-                                         python=python, env=env_b),
-                     spec_launch.process("sglang-spec", log_dir=options.log_dir, startup_timeout_s=timeout,
-                                         python=python, env=env_s))
-        if spec_launch.max_running_requests and "max_concurrency" not in ex:
-            concurrency = min(concurrency, spec_launch.max_running_requests)
+        launches = launch_configs(options)
+        spec_launch = launches[1]
+        if spec_launch.max_running_requests:  # no more in flight than the server runs at once
+            per_server = min(DEFAULT_CONCURRENCY, spec_launch.max_running_requests)
         target, draft = spec_launch.model_path, spec_launch.speculative_draft_model_path
-    baseline, spec = open_sessions(options, processes)
-    concurrency *= max(1, len(spec.fleet.endpoints))
+    baseline, spec = start_sessions(options, launches, "sglang")
     engine = SGLangEngine(options, baseline, spec, tokenizer, target=artifact(target) or ArtifactId("", "", ""),
-                          draft=artifact(draft), launches=launches, max_concurrency=concurrency)
+                          draft=artifact(draft), launches=launches, max_concurrency=concurrency(options, spec, per_server))
     if not target:  # name the model the server says it serves (hashed when that path is local)
         info = engine.raw_server_info(spec.fleet.endpoints[0]) or {}
         engine._target = artifact(info.get("model_path"), "/server_info model_path") or engine._target

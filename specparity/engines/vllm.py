@@ -54,13 +54,11 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
-import shlex
 import sys
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, ClassVar, Sequence
 
 import numpy as np
 
@@ -71,29 +69,30 @@ from specparity.engines.base import (
     OptionSpec,
     engine_factory,
     parse_bool,
-    parse_positive_float,
     parse_positive_int,
 )
 from specparity.engines.http import Endpoint, ServerError
-from specparity.engines.launch import ServerProcess
+from specparity.engines.launch import GPU_STARTUP_TIMEOUT_S, LaunchConfig
 from specparity.engines.presets import fill, preset_launch_values
 from specparity.engines.common import artifact
 from specparity.engines.server import (
+    INFO_TIMEOUT_S,
     HFTokenizer,
     ServerEngine,
     check_server_flags,
-    named,
-    open_sessions,
+    concurrency,
+    declared_on_every_server,
+    named_errors,
     resolve_tokenizer_dir,
+    server_options,
+    start_sessions,
 )
-from specparity.engines.sglang import DEFAULT_CONCURRENCY
 from specparity.packages import installed_package_dir
 from specparity.constraints import CONSTRAINT_FIELDS, Constraint
 from specparity.types import ArtifactId, GenerationRequest, GenerationResult, SpecStats, TokenScores
 
 #: ``--max-logprobs`` default (``vllm/config/model.py:286``).
 DEFAULT_MAX_LOGPROBS = 20
-DEFAULT_STARTUP_TIMEOUT_S = 1800.0
 #: The counters read around the speculative phase: our name -> exposed sample name.
 SPEC_COUNTERS = {
     "proposed": "vllm:spec_decode_num_draft_tokens_total",
@@ -223,8 +222,9 @@ def vllm_binary() -> str:
 
 
 @dataclass
-class VLLMLaunch:
-    """Typed ``vllm serve`` flags (host and port are added by :class:`ServerProcess`).
+class VLLMLaunch(LaunchConfig):
+    """Typed ``vllm serve`` flags (host and port are added by
+    :class:`~specparity.engines.launch.ServerProcess`).
 
     ``speculative_config`` goes to ``--speculative-config`` as JSON (``vllm/engine/arg_utils.py:1864``);
     ``batch_invariant`` sets the environment variable ``VLLM_BATCH_INVARIANT=1`` (``vllm/envs.py:638``:
@@ -242,6 +242,8 @@ class VLLMLaunch:
     batch_invariant: bool = False
     entrypoint: str = "serve"
     extra: tuple[str, ...] = field(default_factory=tuple)
+
+    startup_timeout_s: ClassVar[float] = GPU_STARTUP_TIMEOUT_S
 
     def validate(self) -> None:
         if self.entrypoint not in ENTRYPOINTS:
@@ -280,11 +282,6 @@ class VLLMLaunch:
     def env(self) -> dict[str, str]:
         return {"VLLM_BATCH_INVARIANT": "1"} if self.batch_invariant else {}
 
-    def process(self, name: str, *, log_dir: str | None, startup_timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S,
-                env: dict[str, str] | None = None) -> ServerProcess:
-        return ServerProcess(name, self.program, self.args(), log_dir=log_dir, startup_timeout_s=startup_timeout_s,
-                             env={**self.env(), **(env or {})})
-
     def spec_config(self) -> dict[str, Any]:
         out: dict[str, Any] = dict(self.speculative_config or {})
         if self.batch_invariant:
@@ -293,22 +290,15 @@ class VLLMLaunch:
 
 
 OPTIONS = {
-    "tokenizer": OptionSpec("local Hugging Face tokenizer directory used to encode prompts (default: --target when "
-                            "it is a local directory); vLLM is always sent token ids"),
-    "max_concurrency": OptionSpec(f"requests in flight per phase (default {DEFAULT_CONCURRENCY})", parse=parse_positive_int),
+    **server_options("vLLM", "vllm serve", startup_timeout_s=VLLMLaunch.startup_timeout_s),
     "max_logprobs": OptionSpec(f"the servers' --max-logprobs (default {DEFAULT_MAX_LOGPROBS}); launches pass it on",
                                parse=parse_positive_int),
     "served_model_name": OptionSpec("the model name sent in requests (default: the first id of GET /v1/models)"),
-    "startup_timeout": OptionSpec(f"launches: seconds to wait for /health (default {DEFAULT_STARTUP_TIMEOUT_S:g})",
-                                  parse=parse_positive_float),
-    "server_args": OptionSpec("launches: extra vllm serve flags for both launches, as one string", parse=shlex.split),
     "batch_invariant": OptionSpec("launches: set VLLM_BATCH_INVARIANT=1 for both servers (true/false)", parse=parse_bool),
     "per_request_metrics": OptionSpec("launches: --per-request-spec-decode-metrics on the speculative server "
                                       "(per-request draft counters)", choices=PER_REQUEST_METRICS),
     "entrypoint": OptionSpec("launches: 'serve' (vllm serve MODEL) or 'api_server' (python -m "
                              "vllm.entrypoints.openai.api_server)", choices=ENTRYPOINTS),
-    "baseline_gpus": OptionSpec("launches: CUDA_VISIBLE_DEVICES of the baseline server (both servers run at once)"),
-    "spec_gpus": OptionSpec("launches: CUDA_VISIBLE_DEVICES of the speculative server"),
 }
 
 
@@ -533,37 +523,32 @@ class VLLMEngine(ServerEngine):
     scorer_description = ("vLLM prompt_logprobs on the baseline server: prompt + continuation, max_tokens 1, "
                           "prompt_logprobs k (position 0 is null)")
 
-    def __init__(self, *args: Any, launches: tuple[VLLMLaunch | None, VLLMLaunch | None], max_concurrency: int,
-                 max_logprobs: int, served_model_name: str | None = None, notes: Sequence[str] = (), **kwargs: Any):
+    launches: tuple[VLLMLaunch | None, VLLMLaunch | None]
+
+    def __init__(self, *args: Any, max_logprobs: int, served_model_name: str | None = None, notes: Sequence[str] = (),
+                 **kwargs: Any):
         super().__init__(*args, **kwargs)
-        self.launches = launches
-        self.max_concurrency = max_concurrency
         self.max_logprobs = max_logprobs
         self.served_model_name = served_model_name
         #: What the adapter changed or fell back to for this vLLM (e.g. a dropped per-request flag).
         self.notes: list[str] = list(notes)
-        self._facts: dict[tuple[str, str], Any] = {}
-        self._lock = threading.Lock()
 
     # ------------------------------------------------------------------ server facts (cached)
-    def _fact(self, endpoint: Endpoint, what: str, read: Any) -> Any:
-        key = (endpoint.base_url, what)
-        with self._lock:
-            if key in self._facts:
-                return self._facts[key]
-        try:
-            value = read()
-        except ServerError as exc:
-            if exc.transport:
-                raise
-            value = None
-        with self._lock:
-            self._facts[key] = value
-        return value
+    def _fact(self, endpoint: Endpoint, what: str, read: Callable[[], Any]) -> Any:
+        """``read()`` once (:meth:`ServerEngine.cached`); an answer that is an HTTP error is None,
+        a server that cannot be reached raises (and is asked again next time)."""
+        def answered() -> Any:
+            try:
+                return read()
+            except ServerError as exc:
+                if exc.transport:
+                    raise
+                return None
+        return self.cached(endpoint, what, answered)
 
     def version(self, endpoint: Endpoint) -> str | None:
         def read() -> str | None:
-            v = endpoint.get_json("/version", timeout_s=30.0)
+            v = endpoint.get_json("/version", timeout_s=INFO_TIMEOUT_S)
             return str(v.get("version")) if isinstance(v, dict) and v.get("version") else None
         return self._fact(endpoint, "version", read)
 
@@ -572,20 +557,20 @@ class VLLMEngine(ServerEngine):
             return self.served_model_name
 
         def read() -> str | None:
-            data = endpoint.get_json("/v1/models", timeout_s=30.0).get("data") or []
+            data = endpoint.get_json("/v1/models", timeout_s=INFO_TIMEOUT_S).get("data") or []
             return str(data[0]["id"]) if data else None
         return self._fact(endpoint, "model", read)
 
     def model_card(self, endpoint: Endpoint) -> dict[str, Any]:
         def read() -> dict[str, Any]:
-            data = endpoint.get_json("/v1/models", timeout_s=30.0).get("data") or [{}]
+            data = endpoint.get_json("/v1/models", timeout_s=INFO_TIMEOUT_S).get("data") or [{}]
             return data[0] if isinstance(data[0], dict) else {}
         return self._fact(endpoint, "card", read) or {}
 
     def dev_server_info(self, endpoint: Endpoint) -> dict[str, Any] | None:
         """``GET /server_info?config_format=json``: only on ``VLLM_SERVER_DEV_MODE=1`` servers (else 404 → None)."""
         def read() -> dict[str, Any] | None:
-            got = endpoint.get_json("/server_info?config_format=json", timeout_s=30.0)
+            got = endpoint.get_json("/server_info?config_format=json", timeout_s=INFO_TIMEOUT_S)
             return got if isinstance(got, dict) else None
         try:
             return self._fact(endpoint, "server_info", read)
@@ -593,10 +578,8 @@ class VLLMEngine(ServerEngine):
             return None
 
     def read_metrics(self, endpoint: Endpoint) -> dict[str, Any]:
-        try:
-            text = endpoint.request("GET", "/metrics", timeout_s=30.0).body.decode("utf-8", "replace")
-        except ServerError as exc:
-            raise named(endpoint, exc) from None
+        with named_errors(endpoint):
+            text = endpoint.request("GET", "/metrics", timeout_s=INFO_TIMEOUT_S).body.decode("utf-8", "replace")
         try:
             return parse_metrics(text)
         except ValueError as exc:
@@ -612,7 +595,7 @@ class VLLMEngine(ServerEngine):
 
     # ------------------------------------------------------------------ protocol
     def server_info(self, endpoint: Endpoint) -> dict[str, Any]:
-        is_spec = endpoint in self.spec.fleet.endpoints
+        is_spec = self.is_speculative(endpoint)
         version = self.version(endpoint)
         card = self.model_card(endpoint)
         dev = self.dev_server_info(endpoint) or {}
@@ -658,29 +641,17 @@ class VLLMEngine(ServerEngine):
                 return None, f"vllm: VLLM_BATCH_INVARIANT=1 set for the {' and '.join(on)} launch only"
             return None, None
         said = []
-        for session in (self.baseline, self.spec):
-            for endpoint in session.fleet.endpoints:
-                info = self.dev_server_info(endpoint)
-                # vllm_env holds the parsed envs values: VLLM_BATCH_INVARIANT is a bool (JSON true)
-                value = (info.get("vllm_env") or {}).get("VLLM_BATCH_INVARIANT") if info is not None else None
-                on = "unknown (no dev-mode /server_info)" if info is None else (
-                    "true" if str(value).lower() in ("1", "true") else json.dumps(value))
-                said.append((session.role, endpoint.base_url, on))
-        if not any(on == "true" for _, _, on in said):
-            return None, None
-        where = ", ".join(f"{role} {url}: {on}" for role, url, on in said)
-        if all(on == "true" for _, _, on in said):
-            return f"vllm /server_info vllm_env.VLLM_BATCH_INVARIANT=true ({where}; VLLM_SERVER_DEV_MODE=1 servers)", None
-        return None, (f"vllm /server_info vllm_env.VLLM_BATCH_INVARIANT=true, but not on every server of both sides "
-                      f"({where})")
+        for role, endpoint in self.every_server():
+            info = self.dev_server_info(endpoint)
+            # vllm_env holds the parsed envs values: VLLM_BATCH_INVARIANT is a bool (JSON true)
+            value = (info.get("vllm_env") or {}).get("VLLM_BATCH_INVARIANT") if info is not None else None
+            on = "unknown (no dev-mode /server_info)" if info is None else (
+                "true" if str(value).lower() in ("1", "true") else json.dumps(value))
+            said.append((role, endpoint.base_url, on))
+        return declared_on_every_server(said, "vllm /server_info vllm_env.VLLM_BATCH_INVARIANT=true",
+                                        "; VLLM_SERVER_DEV_MODE=1 servers")
 
     def complete(self, endpoint: Endpoint, req: GenerationRequest, speculative: bool) -> GenerationResult:
-        try:
-            return self._complete(endpoint, req, speculative)
-        except ServerError as exc:
-            raise named(endpoint, exc) from None
-
-    def _complete(self, endpoint: Endpoint, req: GenerationRequest, speculative: bool) -> GenerationResult:
         if req.top_k > self.max_logprobs:
             raise ServerError(f"--top-k {req.top_k} is above the server's --max-logprobs {self.max_logprobs} "
                               "(pass --engine-opt max_logprobs=N when the server allows more)")
@@ -709,9 +680,9 @@ class VLLMEngine(ServerEngine):
             return TokenScores.empty(top_k)
         if top_k > self.max_logprobs:
             raise ServerError(f"--top-k {top_k} is above the server's --max-logprobs {self.max_logprobs}")
-        endpoint = self.baseline.fleet.pick("score:" + ",".join(map(str, prompt_ids[:8])))
+        endpoint = self.scoring_endpoint(prompt_ids)
         ids = list(prompt_ids) + list(continuation_ids)
-        try:
+        with named_errors(endpoint, "scoring answer malformed"):
             body = completion_body(self.model_name(endpoint), ids, 1, (), logprobs=None,
                                    top_k=top_k_disabled(self.version(endpoint)), prompt_logprobs=top_k)
             answer = endpoint.post_json("/v1/completions", body)
@@ -719,10 +690,6 @@ class VLLMEngine(ServerEngine):
                 raise ServerError("/v1/completions (scoring) answered without 'choices'")
             return parse_prompt_logprobs(answer["choices"][0].get("prompt_logprobs"), prompt_ids, continuation_ids,
                                          top_k)
-        except ServerError as exc:
-            raise named(endpoint, exc) from None
-        except (KeyError, TypeError, ValueError, IndexError) as exc:
-            raise ServerError(f"{endpoint.base_url}: scoring answer malformed ({type(exc).__name__}: {exc})") from None
 
     def activity_counters(self) -> dict[str, Any]:
         """Run-wide draft counters of the speculative servers, summed, once they stopped moving."""
@@ -750,28 +717,21 @@ class VLLMEngine(ServerEngine):
 def create(options: EngineOptions) -> VLLMEngine:
     tokenizer = HFTokenizer(resolve_tokenizer_dir(options, "vllm"))
     ex = options.extra
-    concurrency = int(ex.get("max_concurrency") or DEFAULT_CONCURRENCY)
     max_logprobs = int(ex.get("max_logprobs") or DEFAULT_MAX_LOGPROBS)
     launches: tuple[VLLMLaunch | None, VLLMLaunch | None] = (None, None)
-    processes = None
     notes: list[str] = []
     target, draft = options.target, options.draft
     if not options.baseline_urls:
-        base_launch, spec_launch = launches = launch_configs(options)
+        launches = launch_configs(options)
+        spec_launch = launches[1]
         dropped = drop_unsupported_per_request(spec_launch, installed_has_per_request_flag())
         if dropped:
             notes.append(dropped)
-        timeout = float(ex.get("startup_timeout") or DEFAULT_STARTUP_TIMEOUT_S)
-        env_b = {"CUDA_VISIBLE_DEVICES": ex["baseline_gpus"]} if ex.get("baseline_gpus") else {}
-        env_s = {"CUDA_VISIBLE_DEVICES": ex["spec_gpus"]} if ex.get("spec_gpus") else {}
-        processes = (base_launch.process("vllm-baseline", log_dir=options.log_dir, startup_timeout_s=timeout, env=env_b),
-                     spec_launch.process("vllm-spec", log_dir=options.log_dir, startup_timeout_s=timeout, env=env_s))
         target = spec_launch.model
         draft = (spec_launch.speculative_config or {}).get("model") or options.draft
-    baseline, spec = open_sessions(options, processes)
-    concurrency *= max(1, len(spec.fleet.endpoints))
+    baseline, spec = start_sessions(options, launches, "vllm")
     engine = VLLMEngine(options, baseline, spec, tokenizer, target=artifact(target) or ArtifactId("", "", ""),
-                        draft=artifact(draft), launches=launches, max_concurrency=concurrency,
+                        draft=artifact(draft), launches=launches, max_concurrency=concurrency(options, spec),
                         max_logprobs=max_logprobs, served_model_name=ex.get("served_model_name"), notes=notes)
     if not target:  # name the model the server says it serves (hashed when that path is local)
         try:
