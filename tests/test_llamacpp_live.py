@@ -167,11 +167,12 @@ def test_the_same_dflash2_draft_accepts_alike_in_the_reference_and_in_llamacpp(l
 
 def test_self_draft_and_slot_batching_invariance(llamacpp, tmp_path):
     """`pytest suites/invariance` on llama.cpp: `-md` with the target's own GGUF, and each prompt
-    alone vs four parallel slots (the default suite's token limit of this module). Nothing may be beyond the noise; the counts are recorded
-    (docs/INVARIANCE.md), not asserted."""
+    alone vs four parallel slots, at this module's token limit for the default suite. Nothing may be
+    beyond the noise; the counts are recorded (docs/INVARIANCE.md), not asserted."""
     target = str(llamacpp[1] / "target.gguf")
     code, out = run_pytest("-q", "suites/invariance", "--engine", "llamacpp", "--target", target, "--draft", target,
-                           "--engine-opt", "parallel=4", "--categories", "repeat,code,paths", *SUITE_TOKENS, "--report", str(tmp_path))
+                           "--engine-opt", "parallel=4", "--categories", "repeat,code,paths", *SUITE_TOKENS,
+                           "--report", str(tmp_path))
     assert code == 0, out[-4000:]
     data = json.loads((tmp_path / "invariance" / "invariance.json").read_text())
     self_draft, batching = data
