@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 
 from foreign_model import FOREIGN_PROMPTS, GGUF_PRE, ForeignModel, build_foreign_model
+from inprocess import run_cli, run_pytest
 from specparity import exitcodes
 from specparity.engines import EngineLoadError, load_engine
 from specparity.engines.base import EngineOptions
@@ -122,12 +123,10 @@ def test_target_without_the_draft_its_mode_needs_is_refused_before_loading(forei
 
 
 def test_target_without_draft_is_exit_4_on_the_command_line(foreign, tmp_path):
-    proc = subprocess.run([sys.executable, "-c", "import sys; from specparity.cli import main; sys.exit(main())", "run",
-                           "--engine", "hf", "--target", str(foreign.path), "--report", str(tmp_path / "r")],
-                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == exitcodes.BAD_INPUT, proc.stdout + proc.stderr
-    lines = [x for x in proc.stderr.splitlines() if x.strip()]
-    assert len(lines) == 1 and "--draft" in lines[0], proc.stderr
+    code, out = run_cli("run", "--engine", "hf", "--target", str(foreign.path), "--report", str(tmp_path / "r"))
+    assert code == exitcodes.BAD_INPUT, out
+    lines = [x for x in out.splitlines() if x.strip()]
+    assert len(lines) == 1 and "--draft" in lines[0], out
 
 
 def test_the_fixture_demo_says_fixture_models(prompts):
@@ -253,11 +252,10 @@ def test_llamacpp_sides_serving_different_models_are_refused_before_judging(fore
     assert conclude(run).exit_code == exitcodes.ENGINE_ERROR
 
 
-def invariance(*args: str, report: Path) -> subprocess.CompletedProcess[str]:
-    from llamacpp_fixtures import SUITE_PYTEST
-
-    return subprocess.run([*SUITE_PYTEST, "suites/invariance", "--engine", "llamacpp", "--report", str(report), *args],
-                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
+def invariance(*args: str, report: Path) -> tuple[int, str]:
+    """``pytest suites/invariance --engine llamacpp ARGS`` in this process (its llama-servers are
+    real child processes): (exit status, its output)."""
+    return run_pytest("-q", "suites/invariance", "--engine", "llamacpp", "--report", str(report), *args)
 
 
 @pytest.mark.slow
@@ -267,11 +265,10 @@ def test_llamacpp_invariance_on_the_foreign_model(foreign_ggufs, tmp_path):
     prompts = tmp_path / "foreign.jsonl"
     prompts.write_text(FOREIGN_PROMPTS)
     target = str(foreign_ggufs["target"])
-    proc = invariance("--target", target, "--draft", target, "--prompts", str(prompts), report=tmp_path / "ok")
-    assert proc.returncode == exitcodes.PASS, (proc.stdout + proc.stderr)[-3000:]
-    assert "| self-draft | llamacpp |" in proc.stdout and "| batching | llamacpp |" in proc.stdout
-    proc = invariance("--target", target, "--draft", str(foreign_ggufs["other"]), "--prompts", str(prompts),
-                      report=tmp_path / "bad")
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == exitcodes.ENGINE_ERROR, out[-3000:]
+    code, out = invariance("--target", target, "--draft", target, "--prompts", str(prompts), report=tmp_path / "ok")
+    assert code == exitcodes.PASS, out[-3000:]
+    assert "| self-draft | llamacpp |" in out and "| batching | llamacpp |" in out
+    code, out = invariance("--target", target, "--draft", str(foreign_ggufs["other"]), "--prompts", str(prompts),
+                           report=tmp_path / "bad")
+    assert code == exitcodes.ENGINE_ERROR, out[-3000:]
     assert "Traceback" not in out and "is not the target" in out, out[-3000:]

@@ -20,7 +20,6 @@ import json
 import os
 import re
 import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,7 +31,7 @@ import specparity.engines.llamacpp as llamacpp
 from fakes import FakeServer, LlamaCppServer, Rule, SGLangServer, VLLMServer
 from fakes.backend import TARGET
 from fakes.gate import pytest_in_process
-from llamacpp_fixtures import require_llamacpp
+from llamacpp_fixtures import SUITE_PYTEST, require_llamacpp
 from specparity import exitcodes
 from specparity.engines import load_engine
 from specparity.engines.base import EngineOptions
@@ -479,7 +478,8 @@ def test_real_llama_server_killed_mid_run(tmp_path):
     exited and where its log is; the three before stay exact; exit code 1."""
     require_llamacpp()
     report = tmp_path / "report"
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "suites/lossless",
+    # a child process: the SIGKILLed server's exit must reach the gate as it does in a user's run
+    cmd = [*SUITE_PYTEST, "suites/lossless",
            "--engine", f"{TESTS / 'llamacpp_fixtures.py'}:killing_llamacpp", "--engine-opt", "kill_after=3",
            "--categories", "math", "--max-new-tokens", str(MAX_NEW), "--calibration", "selected", "--report", str(report),
            "--request-timeout", "10"]

@@ -519,9 +519,11 @@ def test_0_5_19_server_and_deterministic_flag(servers):
 
 def test_gate_end_to_end_passes(servers, tmp_path, default_prompts):
     """`pytest suites/lossless --engine sglang --baseline-url … --spec-url …` over two emulators: exit 0,
-    every math prompt exact, speculation active (per-request counters from meta_info)."""
+    every math prompt exact, speculation active (per-request counters from meta_info). The command runs
+    in this process: its verdict, report and exit status are the subject, not the process."""
     base, spec = servers
-    proc, records = run_lossless("sglang", base.url, spec.url, tmp_path / "report", "--target", str(TARGET))
+    proc, records = run_lossless("sglang", base.url, spec.url, tmp_path / "report", "--target", str(TARGET),
+                                 in_process=True)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     prompts = [r for r in records if r["kind"] == "prompt"]
     assert len(prompts) == sum(p.category == "math" for p in default_prompts)  # --categories math

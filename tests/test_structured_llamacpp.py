@@ -11,13 +11,12 @@ an unconstrained run. Skips without a llama-server build (fails under
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 from pathlib import Path
 
 import pytest
 
-from llamacpp_fixtures import SUITE_PYTEST, require_llamacpp
+from inprocess import run_pytest
+from llamacpp_fixtures import require_llamacpp
 from specparity.fixtures import REPO_ROOT
 from specparity.prompts import load_prompts
 
@@ -32,18 +31,17 @@ def llamacpp():
     return require_llamacpp()
 
 
-def gate(*args: str, report: Path) -> tuple[subprocess.CompletedProcess[str], list[dict]]:
-    cmd = [*SUITE_PYTEST, "suites/lossless", "--report", str(report), *args]
-    proc = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=900,
-                          env={**os.environ, "HF_HUB_OFFLINE": "1"})
+def gate(*args: str, report: Path) -> tuple[int, str, list[dict]]:
+    """``pytest suites/lossless ARGS`` in this process (the llama-servers it launches are real
+    child processes): (exit status, its output, the lines of results.jsonl)."""
+    code, out = run_pytest("-q", "suites/lossless", "--report", str(report), *args)
     path = report / "results.jsonl"
-    return proc, [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
+    return code, out, [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
 
 
 def test_structured_prompts_pass_exact_and_valid_with_drafting_active(llamacpp, tmp_path):
-    proc, lines = gate("--engine", "llamacpp", "--prompts", STRUCTURED, report=tmp_path)
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, out[-4000:]
+    code, out, lines = gate("--engine", "llamacpp", "--prompts", STRUCTURED, report=tmp_path)
+    assert code == 0, out[-4000:]
     judged = [x for x in lines if x["kind"] == "prompt"]
     assert len(judged) == len(load_prompts(REPO_ROOT / STRUCTURED).prompts)
     for rec in judged:
@@ -57,17 +55,19 @@ def test_structured_prompts_pass_exact_and_valid_with_drafting_active(llamacpp, 
 
 def test_a_lost_grammar_state_fails_constrained_prompts_and_passes_an_unconstrained_run(llamacpp, tmp_path):
     schema_ids = {"json-person-001", "json-math-004"}
-    proc, lines = gate("--engine", LOST, "--prompts", STRUCTURED, "--calibration", "selected",
-                       "-k", " or ".join(sorted(schema_ids)), report=tmp_path / "structured")
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 1, out[-4000:]
+    code, out, lines = gate("--engine", LOST, "--prompts", STRUCTURED, "--calibration", "selected",
+                            "-k", " or ".join(sorted(schema_ids)), report=tmp_path / "structured")
+    assert code == 1, out[-4000:]
     judged = {x["prompt"]["id"]: x["verdict"] for x in lines if x["kind"] == "prompt"}
     assert set(judged) == schema_ids
     for pid, v in judged.items():
         assert v["class"] == "diverged" and v["reason"].startswith("constraint broken under speculation"), (pid, v)
         assert v["constraint"]["baseline"]["status"] == "valid" and v["constraint"]["spec"]["status"] == "invalid"
-    assert "prompt(s) broke their output constraint under speculation" in proc.stdout
-    plain, plain_lines = gate("--engine", LOST, "--categories", "math", "--calibration", "selected",
-                              report=tmp_path / "plain")
-    assert plain.returncode == 0, (plain.stdout + plain.stderr)[-4000:]
-    assert all(x["verdict"]["class"] == "exact" for x in plain_lines if x["kind"] == "prompt")
+    assert "prompt(s) broke their output constraint under speculation" in out
+    # unconstrained prompts need no grammar state: a few tokens show the same engine passing them
+    plain, plain_out, plain_lines = gate("--engine", LOST, "--categories", "math", "--calibration", "selected",
+                                         "--max-new-tokens", "16", report=tmp_path / "plain")
+    assert plain == 0, plain_out[-4000:]
+    judged = [x for x in plain_lines if x["kind"] == "prompt"]
+    assert judged and all(x["verdict"]["class"] == "exact" for x in judged)
+    assert sum(x["spec"]["spec"]["accepted"] for x in judged) > 0

@@ -311,10 +311,11 @@ def test_misconfigured_servers_and_per_request_metrics(servers):
 
 def test_gate_end_to_end_passes(servers, tmp_path, default_prompts):
     """`pytest suites/lossless --engine vllm --baseline-url … --spec-url …` over two emulators: exit 0,
-    every math prompt exact, speculation active (the /metrics counters moved)."""
+    every math prompt exact, speculation active (the /metrics counters moved). The command runs in this
+    process: its verdict, report and exit status are the subject, not the process."""
     base, spec = servers
     proc, records = run_lossless("vllm", base.url, spec.url, tmp_path / "report", "--engine-opt",
-                                 f"tokenizer={TARGET}")
+                                 f"tokenizer={TARGET}", in_process=True)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     prompts = [r for r in records if r["kind"] == "prompt"]
     assert len(prompts) == sum(p.category == "math" for p in default_prompts)  # --categories math
