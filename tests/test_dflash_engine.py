@@ -16,7 +16,6 @@ from inprocess import run_pytest
 from prompt_subsets import first_of_each
 from specparity.engines.base import Engine
 from specparity.engines.dflash import DFlashEngine, DFlashLoadError
-from specparity.fixtures import REPO_ROOT
 from specparity.types import GenerationRequest
 
 MAX_NEW = 32
