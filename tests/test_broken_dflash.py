@@ -5,12 +5,11 @@ cannot change the output."""
 from __future__ import annotations
 
 import json
-import subprocess
 
 import pytest
 
 from broken_dflash import BENIGN, BUGS, MODELS_DIR, DFlashLoopEngine, model_options
-from llamacpp_fixtures import SUITE_PYTEST
+from inprocess import run_pytest
 from specparity.fixtures import REPO_ROOT
 from specparity.gate import decide
 from specparity.records import GateConfig
@@ -129,19 +128,19 @@ def test_draft_side_bug_passes_the_gate(loop_prompts, control, bug):
 
 
 def test_pytest_exits_nonzero_with_a_reason(tmp_path):
+    """`pytest suites/lossless` under a broken DFlash loop (as a nested session: the child process's
+    exit status is proven for a broken loop in tests/test_gate_broken_loops.py) fails and says why."""
     prompts = tmp_path / "raw.jsonl"
     prompts.write_text("\n".join(
         [json.dumps({"specparity_prompts": 1, "description": "raw-text prompts"})]
         + [json.dumps({"id": pid, "category": "raw", "lang": "en", "prompt": text}) for pid, text in RAW.items()]
     ) + "\n")
-    cmd = [
-        *SUITE_PYTEST, "suites/lossless",
+    code, out = run_pytest(
+        "-q", "suites/lossless",
         "--engine", f"{REPO_ROOT / 'tests' / 'broken_dflash.py'}:create", "--engine-opt", "bug=accept_past_mismatch",
         "--target", str(MODELS_DIR / "target"), "--draft", str(MODELS_DIR / "dflash2"),
         "--prompts", str(prompts), "--calibration", "selected", "--max-new-tokens", str(MAX_NEW),
         "--report", str(tmp_path / "r"),
-    ]
-    proc = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 1, out[-3000:]
+    )
+    assert code == 1, out[-3000:]
     assert "[diverged]" in out and "specparity lossless gate: FAIL" in out, out[-3000:]

@@ -84,14 +84,21 @@ def test_record_compare_report(tmp_path, capsys, default_prompts):
     assert (report / "summary.md").is_file() and (report / "report.html").is_file()
 
 
-def test_bad_inputs_are_one_line(tmp_path):
-    missing = cli("compare", str(tmp_path / "nope.jsonl"), str(tmp_path))
-    assert missing.returncode == exitcodes.BAD_INPUT and "OLD" in missing.stderr and "no such file" in missing.stderr
+def test_bad_inputs_are_one_line(tmp_path, capsys):
+    """Each is refused before any model loads (in this process: the exit code and what went to stderr)."""
+    from specparity import cli as cli_main
+
+    def refused(*args: str) -> str:
+        code = cli_main.main(list(args))
+        err = capsys.readouterr().err
+        assert code == exitcodes.BAD_INPUT, err
+        return err
+
+    err = refused("compare", str(tmp_path / "nope.jsonl"), str(tmp_path))
+    assert "OLD" in err and "no such file" in err
     (tmp_path / "results.jsonl").write_text('{"kind": "prompt"}\n')
-    bad = cli("report", str(tmp_path))
-    assert bad.returncode == exitcodes.BAD_INPUT and "results.jsonl:1:" in bad.stderr
-    no_golden = cli("record", *SELECT)
-    assert no_golden.returncode == exitcodes.BAD_INPUT and "--golden" in no_golden.stderr
+    assert "results.jsonl:1:" in refused("report", str(tmp_path))
+    assert "--golden" in refused("record", *SELECT)
 
 
 # --------------------------------------------------------------------------- compare: errors and activity

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
 from dataclasses import replace
 from types import SimpleNamespace
 
@@ -13,11 +12,10 @@ import pytest
 import torch
 
 from broken_dflash import MODELS_DIR, model_options
-from llamacpp_fixtures import SUITE_PYTEST
+from inprocess import run_pytest
 from prompt_subsets import first_of_each
 from specparity.engines.base import Engine
 from specparity.engines.dflash import DFlashEngine, DFlashLoadError
-from specparity.fixtures import REPO_ROOT
 from specparity.types import GenerationRequest
 
 MAX_NEW = 32
@@ -160,15 +158,13 @@ def test_pytest_lossless_suite_runs_on_dflash(tmp_path):
     accept length per category."""
     prompts = tmp_path / "repeat-code.jsonl"
     first_of_each(prompts, ("repeat", "code"))
-    cmd = [
-        *SUITE_PYTEST, "suites/lossless", "--engine", "dflash",
+    code, out = run_pytest(
+        "-q", "suites/lossless", "--engine", "dflash",
         "--target", str(MODELS_DIR / "target"), "--draft", str(MODELS_DIR / "dflash2"),
         "--prompts", str(prompts), "--calibration", "selected", "--max-new-tokens", str(MAX_NEW),
         "--report", str(tmp_path / "r"),
-    ]
-    proc = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, out[-3000:]
+    )
+    assert code == 0, out[-3000:]
     assert "accept len" in out and "dflash" in out, out[-3000:]
 
 

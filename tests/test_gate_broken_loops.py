@@ -13,6 +13,7 @@ import pytest
 
 from broken_loops import BUGS, LoopEngine
 from llamacpp_fixtures import SUITE_PYTEST
+from prompt_subsets import write_subset
 from specparity.compare import OWN_ROW_REJECTED
 from specparity.engines.base import EngineOptions
 from specparity.fixtures import REPO_ROOT
@@ -136,13 +137,20 @@ def test_correct_loop_rows_stay_within_the_noise(control):
     assert all(d is not None and d.checked > 0 and d.start is None for d in drifts)
 
 
+#: Where ``drop_bonus`` shows in the child run below: a repeat prompt (full accepts, so bonus tokens).
+CHILD_PROMPTS = ("repeat-en-003",)
+
+
 def test_pytest_exits_nonzero_with_a_reason(tmp_path):
-    """The user-facing command: `pytest suites/lossless` under a broken loop exits non-zero and
-    says which prompt diverged and why."""
+    """The user-facing command, as its own process (the one place a broken loop's `pytest` exit status
+    is checked end to end; the other gate runs are in-process): `pytest suites/lossless` under a broken
+    loop exits non-zero and says which prompt diverged and why."""
+    prompts = tmp_path / "repeat.jsonl"
+    assert write_subset(prompts, lambda row: row["id"] in CHILD_PROMPTS) == list(CHILD_PROMPTS)
     cmd = [
         *SUITE_PYTEST, "suites/lossless",
         "--engine", f"{REPO_ROOT / 'tests' / 'broken_loops.py'}:create", "--engine-opt", "bug=drop_bonus",
-        "--categories", "repeat", "--calibration", "selected", "--max-new-tokens", str(MAX_NEW),
+        "--prompts", str(prompts), "--calibration", "selected", "--max-new-tokens", str(MAX_NEW),
         "--report", str(tmp_path / "r"),
     ]
     proc = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)

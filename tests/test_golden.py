@@ -6,8 +6,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,6 +25,7 @@ from specparity.golden import (
 from specparity.journal import read_journal
 from specparity.prompts import Prompt
 from specparity.types import ArtifactId, Fingerprint, GenerationResult, SpecStats, TokenScores
+from inprocess import run_pytest
 from prompt_subsets import SHORT, first_of_categories
 
 TESTS = REPO_ROOT / "tests"
@@ -155,15 +154,15 @@ def test_keep_merges_prompts_not_recorded_now(tmp_path):
 # --------------------------------------------------------------------------- end to end (real engines)
 #
 # On a few prompts of the default suite with a short token budget (tests/prompt_subsets.py): each
-# step takes the same path through the gate as on the whole suite. The pytest gate runs as its own
-# process where the test is about it (recording a golden, judging a broken loop against one); the
-# other steps call `specparity run` in-process, which takes the same options through the same runner.
+# step takes the same path through the gate as on the whole suite. The pytest gate runs (as a nested
+# session in this process) where the test is about it (recording a golden, judging a broken loop
+# against one); the other steps call `specparity run`, which takes the same options through the same
+# runner.
 
 
-def gate(*args: str) -> subprocess.CompletedProcess[str]:
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "suites/lossless", *args]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(TESTS)}
-    return subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=600, env=env)
+def gate(*args: str) -> tuple[int, str]:
+    """``pytest suites/lossless ARGS``: its exit status and everything it printed."""
+    return run_pytest("-q", "suites/lossless", *args)
 
 
 def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
@@ -196,9 +195,9 @@ def golden_run(tmp_path_factory) -> GoldenRun:
     prompts = first_of_categories(prompts_file, {"math": 2, "code": 1})
     options = ("--prompts", str(prompts_file), "--categories", "math", *SHORT)
     golden = root / "golden" / "dflash.jsonl"
-    rec = gate(*options, "--golden", str(golden), "--update-golden", "--report", str(root / "r1"))
-    assert rec.returncode == exitcodes.PASS, rec.stdout[-3000:]
-    assert "recorded" in rec.stdout and "from this run's baselines" in rec.stdout
+    code, out = gate(*options, "--golden", str(golden), "--update-golden", "--report", str(root / "r1"))
+    assert code == exitcodes.PASS, out[-3000:]
+    assert "recorded" in out and "from this run's baselines" in out
     return GoldenRun(prompts_file, prompts, golden, options)
 
 
@@ -252,9 +251,9 @@ def test_broken_loop_against_golden_diverges(tmp_path, capsys):
     golden = tmp_path / "loop.jsonl"
     common = ("--categories", "math", *SHORT, "--engine", LOOPS, "--golden", str(golden), "--calibration", "selected")
     assert run(capsys, *common, "--update-golden", "--report", str(tmp_path / "r1"))[0] == exitcodes.PASS
-    broken = gate(*common, "--engine-opt", "bug=short_crop", "--report", str(tmp_path / "r2"))
-    assert broken.returncode == exitcodes.GATE_FAILED
-    assert "diverged" in broken.stdout and "baseline" not in kinds(tmp_path / "r2")
+    code, out = gate(*common, "--engine-opt", "bug=short_crop", "--report", str(tmp_path / "r2"))
+    assert code == exitcodes.GATE_FAILED, out[-3000:]
+    assert "diverged" in out and "baseline" not in kinds(tmp_path / "r2")
 
 
 @pytest.mark.slow

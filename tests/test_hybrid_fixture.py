@@ -16,12 +16,11 @@ and says so, and with ``SPECPARITY_REQUIRE_LLAMACPP=1`` it fails instead.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 
 import pytest
 
-from llamacpp_fixtures import SUITE_PYTEST, require_llamacpp
+from inprocess import run_pytest
+from llamacpp_fixtures import require_llamacpp
 
 from specparity.checkpoints import load_checkpoint
 from specparity.fixtures import MANIFEST, MODELS, REPO_ROOT, fixture_dir
@@ -146,14 +145,12 @@ def test_gate_on_the_hybrid_under_speculation(hybrid_gguf, tmp_path, spec):
     # The noise is measured on the prompts that run (not on the whole suite: a teacher-forced
     # request per position of every prompt); a threshold from fewer prompts can be looser, so every
     # prompt must be exact — what the hybrid shows on llama.cpp — not merely within it.
-    cmd = [*SUITE_PYTEST, "suites/lossless", "--engine", "llamacpp", "--target", str(hybrid),
-           "--categories", ",".join(CATEGORIES), "--max-new-tokens", "32", "--calibration", "selected",
-           "--report", str(tmp_path)]
-    cmd += ["--draft", str(draft)] if spec == "draft-simple" else ["--preset", "llamacpp-draft-mtp"]
-    proc = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=900,
-                          env={**os.environ, "HF_HUB_OFFLINE": "1"})
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 0, out[-4000:]
+    args = ["-q", "suites/lossless", "--engine", "llamacpp", "--target", str(hybrid),
+            "--categories", ",".join(CATEGORIES), "--max-new-tokens", "32", "--calibration", "selected",
+            "--report", str(tmp_path)]
+    args += ["--draft", str(draft)] if spec == "draft-simple" else ["--preset", "llamacpp-draft-mtp"]
+    code, out = run_pytest(*args)
+    assert code == 0, out[-4000:]
     lines = [json.loads(x) for x in (tmp_path / "results.jsonl").read_text().splitlines()]
     prompts = [x for x in lines if x["kind"] == "prompt"]
     selected = [p.id for p in load_prompts(REPO_ROOT / "prompts" / "default.jsonl").prompts if p.category in CATEGORIES]

@@ -10,7 +10,6 @@ from the module beside it. The gate must pass it, hand it the fixture target and
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import textwrap
@@ -18,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from llamacpp_fixtures import SUITE_PYTEST
+from inprocess import run_pytest
 from specparity import exitcodes
 from specparity.engines import build_engine, check_options, resolve_factory
 from specparity.engines.base import EngineInfo, EngineOptions
@@ -120,20 +119,27 @@ def plugin(tmp_path: Path) -> Path:
     return folder
 
 
-def gate(*args: str, timeout: int = 600) -> subprocess.CompletedProcess[str]:
-    """``python -m pytest suites/lossless …`` from the repository root: no PYTHONPATH, no --target."""
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env["HF_HUB_OFFLINE"] = "1"
-    return subprocess.run([*SUITE_PYTEST, "suites/lossless", *args],
-                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=timeout, env=env)
+def gate(plugin: Path, *args: str) -> tuple[int, str]:
+    """``pytest suites/lossless …`` from the repository root (no PYTHONPATH, no --target), as a nested
+    session: its exit status and everything it printed. The plugin's modules are forgotten afterwards
+    and torch's thread count restored, as when that run's process ends."""
+    import torch
+
+    threads = torch.get_num_threads()
+    try:
+        return run_pytest("suites/lossless", *args, env={"PYTHONPATH": None})
+    finally:
+        torch.set_num_threads(threads)
+        for name, module in list(sys.modules.items()):
+            if Path(getattr(module, "__file__", None) or "/").parent == plugin:
+                del sys.modules[name]
 
 
 def test_plugin_outside_the_repo_passes_the_gate_with_no_extra_flags(plugin, tmp_path):
     report = tmp_path / "r"
-    proc = gate("--engine", f"{plugin / 'mine.py'}:create", "--categories", "repeat", "--calibration", "selected", "--max-new-tokens", "24",
-                "--report", str(report))
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == exitcodes.PASS, out[-3000:]
+    code, out = gate(plugin, "--engine", f"{plugin / 'mine.py'}:create", "--categories", "repeat", "--calibration",
+                     "selected", "--max-new-tokens", "24", "--report", str(report))
+    assert code == exitcodes.PASS, out[-3000:]
     assert "specparity lossless gate: PASS" in out, out[-3000:]
     assert (report / "summary.md").read_text().startswith("# specparity lossless gate: PASS")
     seen = json.loads((plugin / "seen.json").read_text())
@@ -141,9 +147,8 @@ def test_plugin_outside_the_repo_passes_the_gate_with_no_extra_flags(plugin, tmp
 
 
 def test_threads_and_defaults_reach_an_undeclared_plugin(plugin):
-    proc = gate("--engine", f"{plugin / 'mine.py'}:undeclared", "--threads", "2", "--max-new-tokens", "4")
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == exitcodes.ENGINE_ERROR and "recorded" in out, out[-3000:]
+    code, out = gate(plugin, "--engine", f"{plugin / 'mine.py'}:undeclared", "--threads", "2", "--max-new-tokens", "4")
+    assert code == exitcodes.ENGINE_ERROR and "recorded" in out, out[-3000:]
     seen = json.loads((plugin / "seen.json").read_text())
     assert seen == {"target": str(fixture_dir("target")), "draft": str(fixture_dir("draft")), "threads": 2}
 

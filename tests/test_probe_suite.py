@@ -1,6 +1,6 @@
 """``pytest suites/probes``: one test per probe; fail = predicted failure, skip = unknown.
 
-The suite runs in a child pytest over a scratch copy of ``suites/probes`` with a stand-in root
+The suite runs as a nested pytest session (tests/inprocess.py) over a scratch copy of ``suites/probes`` with a stand-in root
 conftest that declares ``--engine/--target/--draft`` the way the project's root conftest does and
 calls :func:`specparity.pytest_options.add_probe_options`, so this test does not depend on the
 root conftest's other options. Offline: synthetic checkpoints, no server.
@@ -8,10 +8,8 @@ root conftest's other options. Offline: synthetic checkpoints, no server.
 
 from __future__ import annotations
 
-import os
 import shutil
-import subprocess
-import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import xml.etree.ElementTree as ET
@@ -20,6 +18,7 @@ from collections import Counter
 import pytest
 
 import probe_artifacts as pa
+from inprocess import run_pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 STAND_IN_CONFTEST = '''
@@ -64,21 +63,25 @@ def outcomes(junit: Path) -> dict[str, str]:
     return out
 
 
-def run_suite(scratch: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    """The probe suite in a child pytest; ``.outcomes`` maps each test to its outcome."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])}
+@dataclass
+class SuiteRun:
+    """What one ``pytest`` run of the suite gave: exit status, everything printed, and each test's outcome."""
+
+    returncode: int
+    output: str
+    outcomes: dict[str, str] = field(default_factory=dict)
+
+
+def run_suite(scratch: Path, *args: str) -> SuiteRun:
+    """The probe suite under the stand-in conftest; ``.outcomes`` maps each test to its outcome."""
     junit = scratch / "junit.xml"
     junit.unlink(missing_ok=True)
-    proc = subprocess.run(
-        # -p no:specparity: the installed plugin (pytest11 entry point) would register the gate's
-        # options too; the stand-in conftest plays a checkout without the gate
-        [sys.executable, "-m", "pytest", str(scratch / "suites" / "probes"), "-q", "-rfEs", "-p", "no:cacheprovider",
-         "-p", "no:specparity",
-         "--rootdir", str(scratch), "-c", str(scratch / "pytest.ini"), f"--junitxml={junit}", *map(str, args)],
-        capture_output=True, text=True, timeout=300, env=env, cwd=scratch,
-    )
-    proc.outcomes = outcomes(junit) if junit.is_file() else {}
-    return proc
+    # -p no:specparity: the installed plugin (pytest11 entry point) would register the gate's
+    # options too; the stand-in conftest plays a checkout without the gate
+    code, out = run_pytest(str(scratch / "suites" / "probes"), "-q", "-rfEs", "-p", "no:specparity",
+                           "--rootdir", str(scratch), "-c", str(scratch / "pytest.ini"), f"--junitxml={junit}",
+                           *map(str, args), cwd=scratch)
+    return SuiteRun(code, out, outcomes(junit) if junit.is_file() else {})
 
 
 LIVE = {"test_first_decode", "test_acceptance_floor", "test_mamba_stress", "test_self_draft"}
@@ -94,16 +97,16 @@ def static(proc) -> dict[str, str]:
 
 def test_passing_pair(scratch, dirs):
     proc = run_suite(scratch, "--target", dirs["target"], "--draft", dirs["draft"], "--probe-engine", "sglang==0.5.19")
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.returncode == 0, proc.output
     assert set(static(proc).values()) == {"passed"} and static(proc), proc.outcomes
     assert {proc.outcomes[name] for name in LIVE} == {"skipped"}
-    assert "live probe: pass --probe-live-engine" in proc.stdout
+    assert "live probe: pass --probe-live-engine" in proc.output
 
 
 def test_failing_pair_fails_with_evidence(scratch, dirs):
     proc = run_suite(scratch, "--target", dirs["fp8_head"], "--draft", dirs["draft_as_v1"], "--probe-engine", "vllm==0.11.0")
     assert proc.returncode == 1
-    out = proc.stdout
+    out = proc.output
     assert "FAILED" in out and "test_static_probe[dflash2-format]" in out
     assert "silently run as DFlash v1" in out
     assert "architectures=['DFlashDraftModel']" in out
@@ -117,20 +120,18 @@ def test_failing_pair_fails_with_evidence(scratch, dirs):
 def test_selected_without_inputs_is_a_usage_error(scratch):
     """`pytest suites/probes` with no --probe-engine: a CI job that forgot it must not go green."""
     proc = run_suite(scratch)
-    assert proc.returncode == 4, proc.stdout + proc.stderr
-    assert proc.stderr.strip().startswith("ERROR: specparity: suites/probes needs --probe-engine name==version and "
-                                          "--target DIR")
+    assert proc.returncode == 4, proc.output
+    assert any(line.startswith("ERROR: specparity: suites/probes needs --probe-engine name==version and "
+                               "--target DIR") for line in proc.output.splitlines()), proc.output
 
 
 def test_collected_with_the_whole_suite_without_inputs_skips_with_a_reason(scratch):
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])}
     junit = scratch / "junit-all.xml"
-    proc = subprocess.run([sys.executable, "-m", "pytest", str(scratch), "-q", "-rs", "-p", "no:cacheprovider", "-p", "no:specparity",
-                           "--rootdir", str(scratch), "-c", str(scratch / "pytest.ini"), f"--junitxml={junit}"],
-                          capture_output=True, text=True, timeout=300, env=env, cwd=scratch)
+    code, out = run_pytest(str(scratch), "-q", "-rs", "-p", "no:specparity", "--rootdir", str(scratch),
+                           "-c", str(scratch / "pytest.ini"), f"--junitxml={junit}", cwd=scratch)
     found = outcomes(junit)
-    assert proc.returncode == 0 and found and set(found.values()) == {"skipped"}, proc.stdout
-    assert "probes need --target DIR and --probe-engine" in proc.stdout
+    assert code == 0 and found and set(found.values()) == {"skipped"}, out
+    assert "probes need --target DIR and --probe-engine" in out
 
 
 def test_hostile_input_fails_in_one_line(scratch, dirs, tmp_path):
@@ -138,14 +139,14 @@ def test_hostile_input_fails_in_one_line(scratch, dirs, tmp_path):
     (tmp_path / "config.json").write_text("{}")
     proc = run_suite(scratch, "--target", dirs["target"], "--draft", tmp_path, "--probe-engine", "sglang==0.5.19")
     assert proc.returncode == 1
-    assert "bad probe input:" in proc.stdout and "header: invalid JSON" in proc.stdout
-    assert "Traceback" not in proc.stdout
+    assert "bad probe input:" in proc.output and "header: invalid JSON" in proc.output
+    assert "Traceback" not in proc.output
 
 
 def test_live_probes_through_the_suite(scratch, dirs):
     proc = run_suite(scratch, "--target", dirs["target"], "--draft", dirs["draft"], "--probe-engine", "sglang==0.5.19",
                      "--probe-live-engine", "probe_artifacts:copy_draft_engine", "--probe-stress-requests", "3")
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.returncode == 0, proc.output
     # the copy-draft engine's draft is not its target: the self-draft probe says so and skips
     assert {o for n, o in proc.outcomes.items() if n != "test_self_draft"} == {"passed"}, proc.outcomes
     assert proc.outcomes["test_self_draft"] == "skipped" and LIVE <= set(proc.outcomes)
@@ -154,14 +155,10 @@ def test_live_probes_through_the_suite(scratch, dirs):
 def test_with_the_project_root_conftest(dirs, tmp_path):
     """The same suite under the repository's own root conftest (which registers the options)."""
     junit = tmp_path / "junit.xml"
-    proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "suites/probes", "-q", "-p", "no:cacheprovider", "--target",
-         str(dirs["target"]), "--draft", str(dirs["draft_as_v1"]), "--probe-engine", "sglang==0.5.19",
-         f"--junitxml={junit}"],
-        capture_output=True, text=True, timeout=300, cwd=ROOT,
-    )
-    assert proc.returncode == 1, proc.stdout + proc.stderr
+    code, out = run_pytest("suites/probes", "-q", "--target", str(dirs["target"]), "--draft", str(dirs["draft_as_v1"]),
+                           "--probe-engine", "sglang==0.5.19", f"--junitxml={junit}", cwd=ROOT)
+    assert code == 1, out
     found = outcomes(junit)
     assert [n for n, o in found.items() if o == "failed"] == ["test_static_probe[dflash2-format]"], found
     assert {found[name] for name in LIVE} == {"skipped"}
-    assert "silently run as DFlash v1" in proc.stdout
+    assert "silently run as DFlash v1" in out

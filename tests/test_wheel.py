@@ -148,11 +148,17 @@ def test_lossless_under_pytest_from_the_installed_package(installed):
 
 def test_plain_pytest_loads_the_plugin_through_its_entry_point(installed):
     # Autoloaded by the pytest11 entry point; `-p specparity` names it (needed only without autoloading).
+    # Collection is where the plugin shows (its options parse, one test per prompt): the gate running to
+    # PASS under pytest from the installed package is test_lossless_under_pytest_from_the_installed_package's.
     proc = _check(installed.run(installed.python, "-m", "pytest", "-p", "specparity", "--pyargs", "specparity.suite",
-                                "--target", TARGET, "--draft", DFLASH2_DRAFT, *FAST, "--report", "out-pytest", "-q",
+                                "--target", TARGET, "--draft", DFLASH2_DRAFT, *FAST, "-q", "--collect-only",
                                 "-p", "no:cacheprovider", *NO_PLUGINS))
-    passed = 1 + len(load_prompts(installed.repo / "code.jsonl").prompts)  # the policy test and one per prompt
-    assert "specparity lossless gate: PASS" in proc.stdout and f"{passed} passed" in proc.stdout, proc.stdout[-2000:]
+    ids = [line for line in proc.stdout.splitlines() if "::" in line]
+    prompts = [p.id for p in load_prompts(installed.repo / "code.jsonl").prompts]
+    assert {i.split("::")[0].rsplit("/", 1)[-1] for i in ids} == {"test_lossless.py"}, proc.stdout[-2000:]
+    assert [i.split("::")[1] for i in ids] == [f"test_lossless[{pid}]" for pid in prompts] + ["test_gate_policy"], \
+        proc.stdout[-2000:]  # one per prompt, then the policy test
+    assert f"{len(ids)} tests collected" in proc.stdout, proc.stdout[-2000:]
     # -p no:specparity turns it off: its options are then unknown to pytest
     helps = [installed.run(installed.python, "-m", "pytest", *extra, "--help").stdout
              for extra in (("--target", str(TARGET)), ("-p", "no:specparity"))]
