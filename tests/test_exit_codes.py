@@ -7,11 +7,12 @@ runs its lossless suite as that command and records the suite's exit code in ``g
 impossible for a reason this file states;
 :func:`test_every_code_of_every_entry_point_is_accounted_for` checks that these together cover the
 whole table. Runs are tiny: one prompt, ``--calibration selected``, a few tokens. A real process for
-one case of each command that is a process (``pytest suites/lossless`` passing, ``specparity
-lossless`` judging nothing) and for ``ci/gate.sh`` (a shell script); the other ``pytest`` and
-``specparity lossless`` cases run the same command in this process (tests/inprocess.py), the rest
-through ``cli.main``, and the ``specparity run`` outcomes that make the journals for ``specparity
-report`` are the ``specparity run`` cases themselves.
+one case of each command that is a process (``pytest suites/lossless`` and ``specparity lossless``
+judging nothing: pytest's own exit 5 must not become the process's status) and for ``ci/gate.sh``
+(a shell script); the other ``pytest`` and ``specparity lossless`` cases run the same command in
+this process (tests/inprocess.py), the rest through ``cli.main``, and the ``specparity run``
+outcomes that make the journals for ``specparity report`` are the ``specparity run`` cases
+themselves.
 """
 
 from __future__ import annotations
@@ -187,11 +188,11 @@ def journals(tmp_path_factory, one_prompt) -> Journals:
 
 
 def _pytest_pass(tmp_path, capsys, one_prompt, journals, monkeypatch):
-    return pytest_lossless(*gate_argv(one_prompt, tmp_path / "r")), "specparity lossless gate: PASS"
+    return pytest_lossless_here(*gate_argv(one_prompt, tmp_path / "r")), "specparity lossless gate: PASS"
 
 
 def _pytest_nothing_selected(tmp_path, capsys, one_prompt, journals, monkeypatch):
-    return pytest_lossless_here(*gate_argv(one_prompt, tmp_path / "r"), "-k", "no_such_prompt"), "nothing judged"
+    return pytest_lossless(*gate_argv(one_prompt, tmp_path / "r"), "-k", "no_such_prompt"), "nothing judged"
 
 
 def _pytest_cannot_load(tmp_path, capsys, one_prompt, journals, monkeypatch):
