@@ -1,10 +1,8 @@
 """``ci/gate.sh``, the pre-merge gate, run for real: JUnit XML per suite, ``gate.json``, the policy
 file, the worst exit code.
 
-The script is the subject here, so every run is a real ``bash ci/gate.sh``. Its lossless runs use the
-embedded engine on one prompt (the first of ``prompts/default.jsonl``'s code prompts in a file of its
-own, ``--calibration selected``, a short token budget): how the script runs, reports and exits is
-the point, not the prompts; the probes
+The lossless runs use the embedded engine on a few prompts (two of ``prompts/default.jsonl``'s code
+prompts in a file of their own, ``--calibration selected``); the probes
 run on the fixtures against ``llamacpp==11434``, whose ``dflash2-format`` probe fails on the DFlash2
 fixture draft (it reads the target's last layer, docs/notes/findings.md F9) — a real predicted failure.
 """
@@ -22,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from llamacpp_fixtures import SUITE_PYTEST
-from prompt_subsets import SHORT, first_of_each
+from prompt_subsets import first_of_each
 from specparity import exitcodes
 from specparity.fixtures import REPO_ROOT
 
@@ -31,7 +29,7 @@ POLICY = REPO_ROOT / "ci" / "policy.toml"
 MODELS = REPO_ROOT / "fixtures" / "models"
 #: The plugins the lossless suite never uses stay unloaded in its pytest (SUITE_PYTEST's ``-p no:…``).
 NO_PLUGINS = SUITE_PYTEST[SUITE_PYTEST.index("no:cacheprovider") + 1:]
-FAST_TAIL = ("--calibration", "selected", *SHORT, *NO_PLUGINS)
+FAST_TAIL = ("--calibration", "selected", "--max-new-tokens", "16", *NO_PLUGINS)
 #: The script has no default engine: the lossless suite runs the reference decoder on the fixtures.
 ENGINE = ("--engine", "dflash")
 #: The probes that answer "unknown" for llama.cpp on the fixtures (it runs a GGUF conversion; no FP8 data).
@@ -72,9 +70,9 @@ def out(proc: subprocess.CompletedProcess[str]) -> str:
 
 @pytest.fixture(scope="module")
 def few(tmp_path_factory) -> tuple[Path, int]:
-    """A prompt file of one code prompt, and how many prompts it holds."""
+    """A prompt file of two code prompts, and how many prompts it holds."""
     path = tmp_path_factory.mktemp("prompts") / "code.jsonl"
-    return path, len(first_of_each(path, ("code",)))
+    return path, len(first_of_each(path, ("code",), per_category=2))
 
 
 @pytest.fixture(scope="module")
