@@ -9,12 +9,11 @@ answers with a finish reason outside the protocol. None of them may end as a spe
 from __future__ import annotations
 
 import json
-import subprocess
 
 import numpy as np
 import pytest
 
-from llamacpp_fixtures import SUITE_PYTEST
+from inprocess import run_pytest
 from misconfigured_engines import AbortsOne, ForeignStopSet, NotGreedy
 from prompt_subsets import rows_where
 from specparity import exitcodes
@@ -84,16 +83,15 @@ def test_an_empty_finished_stream_breaks_the_protocol(finish):
 
 
 def test_the_command_exits_3_naming_the_stop_set(tmp_path, default_prompts):
-    """The user-facing command: a misconfigured stop set is exit 3 (nothing judged) with the stop set
-    named, never exit 1 with prompts "diverged"."""
+    """The user-facing command (``pytest suites/lossless``, in this process): a misconfigured stop set
+    is exit 3 (nothing judged) with the stop set named, never exit 1 with prompts "diverged"."""
     prompts = tmp_path / "stops-early.jsonl"
     rows_where(prompts, lambda row: "stops-early" in row.get("tags", []), limit=1)
-    cmd = [*SUITE_PYTEST, "suites/lossless",
-           "--engine", f"{REPO_ROOT / 'tests' / 'misconfigured_engines.py'}:create", "--engine-opt", "mistake=stop_set",
-           "--prompts", str(prompts), "--calibration", "selected", "--report", str(tmp_path / "r")]
-    proc = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == exitcodes.ENGINE_ERROR, out[-3000:]
+    code, out = run_pytest("suites/lossless",
+                           "--engine", f"{REPO_ROOT / 'tests' / 'misconfigured_engines.py'}:create",
+                           "--engine-opt", "mistake=stop_set", "--prompts", prompts, "--calibration", "selected",
+                           "--report", tmp_path / "r")
+    assert code == exitcodes.ENGINE_ERROR, out[-3000:]
     assert "breaks the stop rule" in out and "stop set [" in out and "[diverged]" not in out, out[-3000:]
 
 

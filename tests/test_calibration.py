@@ -10,12 +10,12 @@ import pytest
 
 from broken_loops import LoopEngine
 from fault_engines import RescoredEngine
+from inprocess import run_pytest
 from prompt_subsets import one_per_category, write_subset
 from specparity import exitcodes
 from specparity.calibration import Sample, check_scorer
 from specparity.compare import measure_drift
 from specparity.engines.hf import HFEngine
-from specparity.fixtures import REPO_ROOT
 from specparity.gate import decide
 from specparity.noise import CalibrationError, NoiseStats, derive_threshold
 from specparity.records import GateConfig
@@ -125,36 +125,34 @@ def _threshold(report):
     return next(x for x in lines if x["kind"] == "threshold")
 
 
-def _pytest(tmp_path, name, prompts, *args, capsys):
-    """``pytest suites/lossless`` in this process (as ``specparity lossless`` runs it: a second
-    session through ``pytest.main``), so the four runs share the imported engine stack."""
+def _pytest(tmp_path, name, prompts, *args):
+    """``pytest suites/lossless`` in this process (tests/inprocess.py: a second session through
+    ``pytest.main``, as ``specparity lossless`` runs it), so the four runs share the imported engine
+    stack."""
     report = tmp_path / name
-    code = pytest.main([str(REPO_ROOT / "suites" / "lossless"), "-q", "-p", "no:cacheprovider", "--engine", "hf",
-                        "--prompts", str(prompts), "--max-new-tokens", "6", "--report", str(report), *args])
-    out = capsys.readouterr()
-    assert code == 0, (out.out + out.err)[-3000:]
+    code, out = run_pytest("suites/lossless", "-q", "--engine", "hf", "--prompts", prompts, "--max-new-tokens", "6",
+                           "--report", report, *args)
+    assert code == 0, out[-3000:]
     return _threshold(report)
 
 
-def test_selection_leaves_the_threshold_unchanged(tmp_path, default_prompts, monkeypatch, capsys):
+def test_selection_leaves_the_threshold_unchanged(tmp_path, default_prompts):
     """A selection (-k, --categories) is a strict subset of the prompt file; the threshold is measured
     on the whole file either way. The file: one prompt per category plus every ``code`` prompt and the
     two picked ones, so each selection leaves prompts out."""
-    monkeypatch.chdir(REPO_ROOT)
     picked_ids = ("math-en-004", "repeat-en-003")
     wanted = {p.id for p in one_per_category(default_prompts)} | set(picked_ids)
     prompts = tmp_path / "prompts.jsonl"
     kept = write_subset(prompts, lambda row: row["id"] in wanted or row["category"] == "code")
     assert set(picked_ids) <= set(kept) and len(kept) > len(picked_ids) + 1
-    full = _pytest(tmp_path, "full", prompts, capsys=capsys)
-    picked = _pytest(tmp_path, "k", prompts, "-k", " or ".join(picked_ids), capsys=capsys)
-    category = _pytest(tmp_path, "cat", prompts, "--categories", "code", capsys=capsys)
+    full = _pytest(tmp_path, "full", prompts)
+    picked = _pytest(tmp_path, "k", prompts, "-k", " or ".join(picked_ids))
+    category = _pytest(tmp_path, "cat", prompts, "--categories", "code")
     assert picked["nats"] == full["nats"] == category["nats"]
     assert picked["noise"] == full["noise"] == category["noise"]
     assert "every prompt of the prompt files" in picked["description"]
     assert "run only for calibration" in picked["calibration"]
-    selected = _pytest(tmp_path, "sel", prompts, "-k", " or ".join(picked_ids), "--calibration", "selected",
-                       capsys=capsys)
+    selected = _pytest(tmp_path, "sel", prompts, "-k", " or ".join(picked_ids), "--calibration", "selected")
     assert "depends on which prompts were selected" in selected["calibration"]
     assert selected["noise"]["positions"] < full["noise"]["positions"]
 

@@ -6,10 +6,13 @@ that is slow to start twice: a real Ctrl-C, a full ``ci/gate.sh`` run, the bad-i
 runs its lossless suite as that command and records the suite's exit code in ``gate.json``), or
 impossible for a reason this file states;
 :func:`test_every_code_of_every_entry_point_is_accounted_for` checks that these together cover the
-whole table. Runs are tiny: one prompt, ``--calibration selected``, a few tokens; processes only
-where the entry point is a process (``pytest``, ``specparity lossless``, ``ci/gate.sh``), the rest
-in-process through ``cli.main``, and the ``specparity run`` outcomes that make the journals for
-``specparity report`` are the ``specparity run`` cases themselves.
+whole table. Runs are tiny: one prompt, ``--calibration selected``, a few tokens. A real process for
+one case of each command that is a process (``pytest suites/lossless`` and ``specparity lossless``
+judging nothing: pytest's own exit 5 must not become the process's status) and for ``ci/gate.sh``
+(a shell script); the other ``pytest`` and ``specparity lossless`` cases run the same command in
+this process (tests/inprocess.py), the rest through ``cli.main``, and the ``specparity run``
+outcomes that make the journals for ``specparity report`` are the ``specparity run`` cases
+themselves.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ import pytest
 
 from bad_inputs import CASES as BAD_INPUTS, END_TO_END
 from child_signals import default_sigint
+from inprocess import QUIET_PLUGINS, run_cli, run_pytest
 from specparity import cli, exitcodes
 from specparity.fixtures import REPO_ROOT
 
@@ -124,6 +128,16 @@ def specparity_lossless(*args: str | Path) -> tuple[int, str]:
                    "lossless", "-q", "-p", "no:cacheprovider", *args)
 
 
+def pytest_lossless_here(*args: str | Path) -> tuple[int, str]:
+    """:func:`pytest_lossless` in this process."""
+    return run_pytest("suites/lossless", "-q", *args)
+
+
+def specparity_lossless_here(*args: str | Path) -> tuple[int, str]:
+    """:func:`specparity_lossless` in this process."""
+    return run_cli("lossless", "-q", *QUIET_PLUGINS, *args)
+
+
 def captured_main(*argv: str) -> tuple[int, str]:
     """``cli.main`` with its stdout and stderr, outside a test's ``capsys`` (a module fixture)."""
     out, err = io.StringIO(), io.StringIO()
@@ -174,7 +188,7 @@ def journals(tmp_path_factory, one_prompt) -> Journals:
 
 
 def _pytest_pass(tmp_path, capsys, one_prompt, journals, monkeypatch):
-    return pytest_lossless(*gate_argv(one_prompt, tmp_path / "r")), "specparity lossless gate: PASS"
+    return pytest_lossless_here(*gate_argv(one_prompt, tmp_path / "r")), "specparity lossless gate: PASS"
 
 
 def _pytest_nothing_selected(tmp_path, capsys, one_prompt, journals, monkeypatch):
@@ -182,7 +196,7 @@ def _pytest_nothing_selected(tmp_path, capsys, one_prompt, journals, monkeypatch
 
 
 def _pytest_cannot_load(tmp_path, capsys, one_prompt, journals, monkeypatch):
-    return (pytest_lossless(*gate_argv(one_prompt, tmp_path / "r"), "--engine", f"{ENGINES}:unloadable"),
+    return (pytest_lossless_here(*gate_argv(one_prompt, tmp_path / "r"), "--engine", f"{ENGINES}:unloadable"),
             "the accelerator is gone")
 
 
@@ -225,7 +239,7 @@ def _lossless_nothing_selected(tmp_path, capsys, one_prompt, journals, monkeypat
 
 def _lossless_nothing_collected_without_the_plugin(tmp_path, capsys, one_prompt, journals, monkeypatch):
     """pytest's own 5 never escapes `specparity lossless`, even when the plugin cannot map it."""
-    return specparity_lossless("-p", "no:specparity", "-k", "no_such_prompt"), "nothing judged"
+    return specparity_lossless_here("-p", "no:specparity", "-k", "no_such_prompt"), "nothing judged"
 
 
 def _compare_pass(tmp_path, capsys, one_prompt, journals, monkeypatch):

@@ -14,16 +14,22 @@ from specparity.report import render_summary_md
 from specparity.runner import conclude, run_gate
 
 
+#: Prompts per category of the run whose journal is rebuilt, and its token budget: enough for the
+#: broken loop to leave exact, drifted and diverged prompts in the journal, not a measurement.
+PER_CATEGORY, MAX_NEW_TOKENS = 2, 24
+
+
 @pytest.fixture(scope="module")
 def broken_run(tmp_path_factory):
     from specparity.fixtures import REPO_ROOT
 
     out = tmp_path_factory.mktemp("journal")
-    prompts = [p for p in load_many([REPO_ROOT / "prompts" / "default.jsonl"]) if p.category in ("math", "code")]
+    every = load_many([REPO_ROOT / "prompts" / "default.jsonl"])
+    prompts = [p for c in ("math", "code") for p in [q for q in every if q.category == c][:PER_CATEGORY]]
     engine = load_engine(f"{REPO_ROOT / 'tests' / 'broken_loops.py'}:create",
                          EngineOptions(extra={"bug": "short_crop"}))
     try:
-        run = run_gate(engine, prompts, GateConfig(report_dir=str(out)))
+        run = run_gate(engine, prompts, GateConfig(report_dir=str(out), max_new_tokens=MAX_NEW_TOKENS))
     finally:
         engine.close()
     return run, conclude(run), out

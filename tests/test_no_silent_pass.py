@@ -1,9 +1,10 @@
 """Never a silent pass: each run that once exited 0 (or misled) when it should not, run for real.
 
-Every case is a real subprocess of the command a user types, so the exit status is the one CI
-sees: a gate that prints FAIL exits non-zero however the tests were selected (``-k``, node ids,
-``-n``); an interrupted run says so in its journal and summary and never leaves an old verdict
-beside its partial results.
+A gate that prints FAIL exits non-zero however the tests were selected (``-k``, node ids, ``-n``);
+an interrupted run says so in its journal and summary and never leaves an old verdict beside its
+partial results. The runs whose subject is the process stay real subprocesses of the command a user
+types (Ctrl-C, the pytest-xdist controller); the others run the same ``pytest`` command in this
+process (tests/inprocess.py), whose exit status is the one ``pytest.main`` hands the process.
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ import json
 import re
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -20,6 +20,7 @@ import pytest
 import probe_artifacts as pa
 from bad_inputs import CASES, run_in_process
 from child_signals import default_sigint
+from inprocess import run_cli, run_pytest
 from llamacpp_fixtures import SUITE_PYTEST
 from prompt_subsets import first_of_each
 from specparity import exitcodes
@@ -48,25 +49,24 @@ def journal(report: Path) -> list[dict]:
 def test_deselected_policy_test_still_fails_the_run(tmp_path):
     """`-k math` deselects test_gate_policy; "speculation inactive" must still exit 1."""
     prompts = first_of_each(tmp_path / "prompts.jsonl", ("math", "code"))
-    proc = run(*pytest_cmd("suites/lossless", "-k", "math", "--engine", BROKEN_LOOPS, "--engine-opt", "bug=inactive",
-                           "--prompts", str(tmp_path / "prompts.jsonl"), *SELECTED, "--max-new-tokens", "16",
-                           "--report", str(tmp_path / "r")))
-    out = proc.stdout + proc.stderr
+    code, out = run_pytest("suites/lossless", "-k", "math", "--engine", BROKEN_LOOPS, "--engine-opt", "bug=inactive",
+                           "--prompts", tmp_path / "prompts.jsonl", *SELECTED, "--max-new-tokens", "12",
+                           "--report", tmp_path / "r")
     math = sum(p.category == "math" for p in prompts)
     deselected = len(prompts) - math + 1  # the other prompts and test_gate_policy
     assert re.search(rf"\b{math} passed, {deselected} deselected", out) and "failed" not in out.splitlines()[-1], out[-2000:]
     assert "specparity lossless gate: FAIL" in out and "speculation inactive" in out, out[-2000:]
-    assert proc.returncode == exitcodes.GATE_FAILED, out[-2000:]
+    assert code == exitcodes.GATE_FAILED, out[-2000:]
     final = journal(tmp_path / "r")[-1]
     assert final["kind"] == "verdict" and final["status"] == "FAIL" and final["exit_code"] == 1
     assert any("speculation inactive" in f for f in final["failures"])
 
 
 def test_node_id_selection_still_fails_the_run(tmp_path):
-    proc = run(*pytest_cmd("suites/lossless/test_lossless.py::test_lossless[repeat-en-001]", "--engine", BROKEN_LOOPS,
-                           "--engine-opt", "bug=inactive", *SELECTED, "--max-new-tokens", "16", "--report", str(tmp_path / "r")))
-    assert proc.returncode == exitcodes.GATE_FAILED, (proc.stdout + proc.stderr)[-2000:]
-    assert "1 passed" in proc.stdout
+    code, out = run_pytest("suites/lossless/test_lossless.py::test_lossless[repeat-en-001]", "--engine", BROKEN_LOOPS,
+                           "--engine-opt", "bug=inactive", *SELECTED, "--max-new-tokens", "12", "--report", tmp_path / "r")
+    assert code == exitcodes.GATE_FAILED, out[-2000:]
+    assert "1 passed" in out
 
 
 def test_ctrl_c_in_the_speculative_phase_leaves_no_stale_verdict(tmp_path):
@@ -91,9 +91,9 @@ def test_ctrl_c_in_the_speculative_phase_leaves_no_stale_verdict(tmp_path):
 
 
 def test_run_journal_ends_with_the_verdict(tmp_path, default_prompts):
-    proc = run(*pytest_cmd("suites/lossless", "--categories", "math", *SELECTED, "--max-new-tokens", "12",
-                           "--report", str(tmp_path / "r")))
-    assert proc.returncode == 0, proc.stdout[-2000:]
+    code, out = run_pytest("suites/lossless", "--categories", "math", *SELECTED, "--max-new-tokens", "12",
+                           "--report", tmp_path / "r")
+    assert code == 0, out[-2000:]
     final = journal(tmp_path / "r")[-1]
     assert final == {**final, "kind": "verdict", "status": "PASS", "passed": True, "exit_code": 0,
                      "interrupted": False}
@@ -135,11 +135,10 @@ def test_xdist_each_is_refused(tmp_path):
 def test_specparity_lossless_passes_option_values_through():
     """`specparity lossless --engine hf --categories math` (no `=`) reaches pytest intact (a bad
     --engine value through the same command is the cli-lossless-engine case of tests/bad_inputs.py)."""
-    exe = Path(sys.executable).with_name("specparity")
-    proc = run(str(exe), "lossless", "--engine", "hf", "--categories", "math", "--collect-only", *SUITE_PYTEST[3:],
-               cwd=Path("/"))
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "test_lossless[math-en-001]" in proc.stdout and "test_lossless[code-en-001]" not in proc.stdout
+    code, out = run_cli("lossless", "--engine", "hf", "--categories", "math", "--collect-only", *SUITE_PYTEST[3:],
+                        cwd=Path("/"))
+    assert code == 0, out
+    assert "test_lossless[math-en-001]" in out and "test_lossless[code-en-001]" not in out
 
 
 @pytest.fixture(scope="module")
@@ -149,10 +148,10 @@ def probe_dirs(tmp_path_factory):
 
 
 def test_probe_suite_without_probe_engine_is_a_usage_error(probe_dirs):
-    proc = run(*pytest_cmd("suites/probes", "--target", str(probe_dirs["target"]), "--draft", str(probe_dirs["draft"])))
-    assert proc.returncode == exitcodes.BAD_INPUT, proc.stdout[-2000:]
-    assert proc.stderr.strip().startswith("ERROR: specparity: suites/probes needs --probe-engine name==version")
-    assert "\n" not in proc.stderr.strip()
+    code, out = run_pytest("suites/probes", "--target", probe_dirs["target"], "--draft", probe_dirs["draft"])
+    assert code == exitcodes.BAD_INPUT, out[-2000:]
+    assert out.strip().startswith("ERROR: specparity: suites/probes needs --probe-engine name==version"), out
+    assert "\n" not in out.strip(), out
 
 
 def test_probe_of_an_unread_version_is_never_ok(probe_dirs, capsys):
@@ -171,16 +170,17 @@ def test_probe_of_an_unread_version_is_never_ok(probe_dirs, capsys):
     assert code == 0 and any(v["status"] == "ok" for v in json.loads(capsys.readouterr().out))
 
 
-def test_registry_tests_skip_with_the_reason_when_no_registry_answers(tmp_path):
+def test_registry_tests_skip_with_the_reason_when_no_registry_answers(tmp_path, monkeypatch):
     """A machine without a package registry: the wheel-reading tests skip, say why, and pytest
-    passes; with SPECPARITY_REQUIRE_REGISTRY=1 (CI) the same tests fail instead."""
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(TESTS), "SPECPARITY_CACHE": str(tmp_path),
-           "PIP_NO_INDEX": "1", "PIP_FIND_LINKS": "", "PIP_CONFIG_FILE": os.devnull}
-    env.pop("SPECPARITY_REQUIRE_REGISTRY", None)
-    cmd = pytest_cmd("-rs", "tests/test_probe_sglang_source.py", "-k", "real_releases")
-    proc = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=300, env=env)
-    assert proc.returncode == 0, proc.stdout[-2000:]
-    assert "3 skipped" in proc.stdout and "needs a package registry: pip download sglang==" in proc.stdout
-    required = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=300,
-                              env={**env, "SPECPARITY_REQUIRE_REGISTRY": "1"})
-    assert required.returncode == exitcodes.GATE_FAILED and "SPECPARITY_REQUIRE_REGISTRY is set" in required.stdout
+    passes; with SPECPARITY_REQUIRE_REGISTRY=1 (CI) the same tests fail instead. The nested session
+    shares this process's tests/probe_artifacts.py, which read the cache location when first
+    imported: the empty cache is set there as well as in SPECPARITY_CACHE."""
+    monkeypatch.setattr(pa, "WHEEL_CACHE", tmp_path / "wheels")
+    env = {"SPECPARITY_CACHE": str(tmp_path), "PIP_NO_INDEX": "1", "PIP_FIND_LINKS": "", "PIP_CONFIG_FILE": os.devnull,
+           "SPECPARITY_REQUIRE_REGISTRY": None}
+    args = ("-rs", "tests/test_probe_sglang_source.py", "-k", "real_releases")
+    code, out = run_pytest(*args, env=env)
+    assert code == 0, out[-2000:]
+    assert "3 skipped" in out and "needs a package registry: pip download sglang==" in out
+    code, out = run_pytest(*args, env={**env, "SPECPARITY_REQUIRE_REGISTRY": "1"})
+    assert code == exitcodes.GATE_FAILED and "SPECPARITY_REQUIRE_REGISTRY is set" in out, out[-2000:]

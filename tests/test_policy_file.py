@@ -3,20 +3,17 @@ policy that fails fails the run for real."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pytest
 
+from inprocess import run_pytest
 from specparity import exitcodes
 from specparity.fixtures import REPO_ROOT
 from specparity.options import BadInput, build_setup
 from specparity.policy import PolicyError, load_policy, merge
-from prompt_subsets import SHORT
+from prompt_subsets import SHORT, first_of_each
 
-#: The gate runs below: the math prompts on a short token budget, calibrated on themselves.
-SELECT = ("--categories", "math", "--calibration", "selected", *SHORT)
+#: The gate runs below: a short token budget, calibrated on the prompts that run.
+SELECT = ("--calibration", "selected", *SHORT)
 
 
 def write(tmp_path, text: str):
@@ -61,22 +58,24 @@ def test_mistakes_name_file_line_and_key(tmp_path, text, expected):
         build_setup({"policy": str(tmp_path / "policy.toml")})
 
 
-def gate(*args: str) -> subprocess.CompletedProcess[str]:
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "suites/lossless", *SELECT, *args]
-    return subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "HF_HUB_OFFLINE": "1"})
+def gate(*args: str) -> tuple[int, str]:
+    """``pytest suites/lossless ARGS`` in this process (tests/inprocess.py)."""
+    return run_pytest("-q", "suites/lossless", *SELECT, *args)
 
 
 @pytest.mark.slow
 def test_acceptance_floor_fails_the_run(tmp_path, capsys):
     from specparity import cli
 
+    # the floor is a rule over the run, not over a prompt: one math prompt takes its path
+    prompts = ("--prompts", str(tmp_path / "math.jsonl"))
+    first_of_each(tmp_path / "math.jsonl", ("math",))
     floor = write(tmp_path, "[gate]\nmin_accept_length = 99\n")
-    failed = gate("--policy", str(floor), "--report", str(tmp_path / "r"))
-    assert failed.returncode == exitcodes.GATE_FAILED
-    assert "acceptance floor: mean accept length" in failed.stdout and "min_accept_length 99" in failed.stdout
+    code, out = gate(*prompts, "--policy", str(floor), "--report", str(tmp_path / "r"))
+    assert code == exitcodes.GATE_FAILED, out[-2000:]
+    assert "acceptance floor: mean accept length" in out and "min_accept_length 99" in out
     # the same prompts under a floor they clear: `specparity run` in-process (the same options and runner)
-    code = cli.main(["run", *SELECT, "--policy", str(write(tmp_path, "[gate]\nmin_accept_length = 1.0\n")),
+    code = cli.main(["run", *prompts, *SELECT, "--policy", str(write(tmp_path, "[gate]\nmin_accept_length = 1.0\n")),
                      "--report", str(tmp_path / "r2")])
     out = capsys.readouterr().out
     assert code == exitcodes.PASS, out[-2000:]

@@ -2,7 +2,9 @@
 finishes without regenerating what finished, and every report rebuilds from the journal alone.
 
 The engine is the real ``hf`` engine (tests/fault_engines.py ``dying``) that logs every decode it is
-asked for, so "nothing regenerated" is counted, not assumed.
+asked for, so "nothing regenerated" is counted, not assumed. The runs that are killed or interrupted
+are real processes (the signal is the subject); a resume that is not interrupted again runs the same
+``pytest`` command in this process (tests/inprocess.py).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from child_signals import default_sigint
+from inprocess import run_pytest
 from specparity import exitcodes
 from specparity.fixtures import REPO_ROOT
 from specparity.gate import decide
@@ -59,6 +62,13 @@ def gate(report: Path, prompts: Prompts, *args: str, env: dict[str, str] | None 
             full_env.pop(key, None)
     return subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=600, env=full_env,
                           preexec_fn=default_sigint)
+
+
+def gate_here(report: Path, prompts: Prompts, *args: str, env: dict[str, str] | None = None) -> tuple[int, str]:
+    """:func:`gate` in this process (for a run no signal ends): its exit code and output."""
+    unset = {key: None for key in ("SPECPARITY_TEST_DIE_AFTER", "SPECPARITY_TEST_CALL_LOG")}
+    return run_pytest("-q", "suites/lossless", "--report", report, *prompts.options(), *args,
+                      env={**unset, **(env or {})})
 
 
 def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
@@ -104,8 +114,8 @@ def test_killed_run_resumes_without_regenerating(tmp_path, capsys, monkeypatch, 
     assert len(judged_before) == 3, "the 4th speculative call killed the run: 3 prompts were judged"
     assert set(before.baselines) == prompts.ids and "verdict" not in before.segment_kinds
 
-    second = gate(report, prompts, "--engine", DYING, "--resume", env={"SPECPARITY_TEST_CALL_LOG": str(log2)})
-    assert second.returncode == exitcodes.PASS, second.stdout[-3000:]
+    code, out = gate_here(report, prompts, "--engine", DYING, "--resume", env={"SPECPARITY_TEST_CALL_LOG": str(log2)})
+    assert code == exitcodes.PASS, out[-3000:]
     done = calls(log2)
     assert [c for c in done if c[0] == "base"] == [], "every baseline had finished: none may run again"
     assert {pid for kind, pid in done if kind == "spec"} == prompts.ids - judged_before
