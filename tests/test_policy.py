@@ -175,7 +175,7 @@ def test_counter_rules_are_refused_where_the_counters_cannot_check_them(counters
         with pytest.raises(BadInput) as exc:
             check_counters(policy, counters, "e", origin)
         line = str(exc.value)
-        assert "\n" not in line and f"engine 'e' reports " in line
+        assert "\n" not in line and "engine 'e' reports " in line
         assert line.startswith("--require-all-paths 2: " if policy.require_paths else
                                "ci/policy.toml:5: min_accept_length 1.5: ")
 
