@@ -70,7 +70,10 @@ def run_pytest(*args: str | Path, cwd: Path = REPO_ROOT, env: Mapping[str, str |
     ``SPECPARITY_POLICY`` and the xdist worker variables of the surrounding run are unset, as in a
     fresh shell; ``env`` adds or (with ``None``) removes more.
     """
-    before = set(sys.modules)
+    # The surrounding session's own test modules and conftests (``test_probes`` when the whole suite
+    # collects suites/) step aside, so the nested session imports its files afresh, as a new process
+    # would, and finds no module of the same name imported from another path.
+    outer = {name: sys.modules.pop(name) for name in _test_modules(iter(list(sys.modules)))}
     saved_path = list(sys.path)
     out = io.StringIO()
     environment = {"HF_HUB_OFFLINE": "1", "SPECPARITY_POLICY": None, "PYTEST_XDIST_WORKER": None,
@@ -80,8 +83,9 @@ def run_pytest(*args: str | Path, cwd: Path = REPO_ROOT, env: Mapping[str, str |
             code = pytest.main([*QUIET_PLUGINS, *(str(a) for a in args)])
     finally:
         sys.path[:] = saved_path
-        for name in _test_modules(iter(set(sys.modules) - before)):
+        for name in _test_modules(iter(list(sys.modules))):
             sys.modules.pop(name, None)
+        sys.modules.update(outer)
     return int(code), out.getvalue()
 
 
