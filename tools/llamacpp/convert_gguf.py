@@ -337,7 +337,8 @@ def main() -> int:
                             env=env, check=True, stdout=subprocess.PIPE, text=True)
         info["models"][name] = {
             "hf_dir": str(hf_dir), "target_model_dir": str(target_dir) if is_dflash else None,
-            "pre_tokenizer": pre, "outtype": outtype, "seconds": round(time.time() - t0, 1), "bytes": dest.stat().st_size,
+            "pre_tokenizer": pre, "outtype": outtype, "seconds": round(time.time() - t0, 1),
+            "bytes": dest.stat().st_size,
             "sha256": sha256_file(dest), "gguf": json.loads(rb.stdout)}
         info_path.write_text(json.dumps(info, indent=1, ensure_ascii=False) + "\n")
         log(f"{name}: {dest.stat().st_size / 1e6:.1f} MB in {time.time() - t0:.1f}s")
