@@ -11,12 +11,18 @@ lost its build never goes green on skips. ``llamacpp`` is the same as a pytest f
 the real ``llamacpp`` engine, launching both servers itself, except that it SIGKILLs the
 speculative ``llama-server`` (``ServerProcess.kill()``) right after its ``kill_after``-th
 speculative request (``--engine-opt kill_after=N``, default 3) — a server dying mid-run.
+
+``spec_args_llamacpp`` is a plugin engine (``--engine tests/llamacpp_fixtures.py:spec_args_llamacpp``):
+the real ``llamacpp`` engine, launching both servers itself, with ``--engine-opt
+spec_server_args='...'`` added to the speculative launch only (after ``server_args``, so a later
+flag wins) — one side of a deployment configured differently from the other.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
+import shlex
 import sys
 from pathlib import Path
 from typing import Any
@@ -28,10 +34,13 @@ from specparity.engines.llamacpp import (
     INFO,
     OPTIONS,
     LlamaCppEngine,
+    _engine,
     create,
     find_binary,
     fixture_gguf_dir,
+    launch_configs,
 )
+from specparity.engines.server import start_sessions
 
 REQUIRE_ENV = "SPECPARITY_REQUIRE_LLAMACPP"
 #: A child ``pytest`` that runs one of the project's suites (``suites/lossless``,
@@ -39,8 +48,9 @@ REQUIRE_ENV = "SPECPARITY_REQUIRE_LLAMACPP"
 #: the suites never use (hypothesis, anyio, syrupy), whose imports cost about a second per child.
 SUITE_PYTEST = (sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:hypothesispytest",
                 "-p", "no:anyio", "-p", "no:syrupy")
-#: The GGUFs the llamacpp tests need (draft-simple's and draft-dflash's drafts).
-REQUIRED_GGUFS = ("target.gguf", "draft.gguf", "dflash2-llamacpp.gguf", "hybrid.gguf")
+#: The GGUFs the llamacpp tests need (draft-simple's and draft-dflash's drafts; ``long.gguf``: the
+#: 40K-context model of the long-context gate).
+REQUIRED_GGUFS = ("target.gguf", "draft.gguf", "dflash2-llamacpp.gguf", "hybrid.gguf", "long.gguf")
 
 
 def binary_missing() -> str | None:
@@ -143,4 +153,35 @@ def killing_llamacpp(options: EngineOptions) -> LlamaCppEngine:
         return arm_kill(engine, after)
     except BaseException:
         engine.close()
+        raise
+
+
+# --------------------------------------------------------------------------- flags on one side only
+
+
+def _without_spec_args(options: EngineOptions) -> EngineOptions:
+    return dataclasses.replace(options, extra={k: v for k, v in options.extra.items() if k != "spec_server_args"})
+
+
+@engine_factory(EngineInfo(
+    "llamacpp-spec-args",
+    spec_modes=INFO.spec_modes,
+    options={**OPTIONS, "spec_server_args": OptionSpec("extra llama-server flags for the speculative launch only, "
+                                                       "after server_args", parse=shlex.split)},
+    dtypes=(),
+    local_models=False,
+    check=lambda options: INFO.check(_without_spec_args(options)),
+    server=True,
+    counters="request",
+))
+def spec_args_llamacpp(options: EngineOptions) -> LlamaCppEngine:
+    rest = _without_spec_args(options)
+    base, spec = launch_configs(rest)
+    spec = dataclasses.replace(spec, extra=(*spec.extra, *options.extra.get("spec_server_args", ())))
+    baseline, speculative = start_sessions(rest, (base, spec), "llama-server")
+    try:
+        return _engine(rest, baseline, speculative, spec.model, spec.draft, (base, spec))
+    except BaseException:
+        baseline.close()
+        speculative.close()
         raise

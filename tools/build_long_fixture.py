@@ -1,0 +1,132 @@
+#!/usr/bin/env python
+"""Build ``fixtures/models/long``: a one-layer Qwen3 model with a 40,960-token training context, made
+for gating llama.cpp at 32K+ tokens of context on a CPU.
+
+    python tools/build_long_fixture.py --manifest            # the committed build (seconds)
+    python tools/build_long_fixture.py --out DIR             # elsewhere, manifest untouched
+
+Why this model: llama-server caps a slot's context at the model's training context
+(``max_position_embeddings``: 4,096 for the fixture target), and a 32K-token prefill of the
+4-layer, 256-wide fixture target takes about 42 s on two CPU threads. A gate needs several such
+prefills per prompt (baseline, speculative, and the llama.cpp scorer's one request per position),
+so a long-context gate in the CPU test suite needs a model whose prefill is cheap: one layer, one
+KV head, head_dim 16, hidden 64. Attention is what grows with the context, and its cost is
+proportional to the number of heads times head_dim times layers.
+
+The weights are seeded random (``--seed``; nothing is trained), scaled so that the model is a
+usable gate subject:
+
+* greedy margins are clear: the untied ``lm_head`` is drawn with a large scale, so the top-1 /
+  top-2 logit gap is several nats at almost every position (flat logits would make every
+  position a near tie, and the gate would judge nothing);
+* the output depends on the context: the attention output is on the scale of the current token's
+  embedding in the residual stream, so the next token is a function of what the attention reads
+  from the whole prompt (greedy outputs of the first and second half of a prompt differ), with
+  smooth attention (logits of std ~1), so that rounding does not decide the argmax.
+
+The tokenizer is the fixtures' shared one (relative links to ``../tokenizer``), so prompts encode
+as for every other fixture. Determinism: every tensor comes from one ``torch.Generator`` seeded
+with ``--seed`` and is stored as bf16; the same torch version rebuilds the same bytes.
+``--manifest`` rewrites only the ``models/<out dir name>/`` lines of fixtures/MANIFEST.sha256.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT_OUT = REPO / "fixtures" / "models" / "long"
+TOKENIZER = REPO / "fixtures" / "models" / "tokenizer"
+#: The shape: one layer, cheap attention, a training context above 32K plus room for the output.
+ARCH = {
+    "vocab_size": 4096,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 1,
+    "num_attention_heads": 1,
+    "num_key_value_heads": 1,
+    "head_dim": 16,
+    "max_position_embeddings": 40960,
+    "rope_theta": 1_000_000.0,
+}
+#: Weight scales (standard deviations, or constant norm weights): see the module docstring.
+SCALES = {
+    "embed": 1.0,       # token embeddings (unit RMS, like an RMS-normed stream)
+    "qk_norm": 1.0,     # q_norm / k_norm weights: attention logits with std ~ 1
+    "proj": 0.125,      # q/k/v/gate/up projections (1/sqrt(hidden): unit-scale outputs)
+    "o_proj": 0.5,      # attention output: on the embedding's scale in the residual stream
+    "down": 0.02,       # MLP output: small
+    "lm_head": 3.0,     # logits with std ~ 3 * sqrt(hidden) = 24: clear greedy margins
+}
+SPECIAL_IDS = {"bos_token_id": None, "eos_token_id": [0, 2], "pad_token_id": 4}
+
+
+def build(out: Path, seed: int) -> None:
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(seed)
+    config = Qwen3Config(
+        vocab_size=ARCH["vocab_size"], hidden_size=ARCH["hidden_size"], intermediate_size=ARCH["intermediate_size"],
+        num_hidden_layers=ARCH["num_hidden_layers"], num_attention_heads=ARCH["num_attention_heads"],
+        num_key_value_heads=ARCH["num_key_value_heads"], head_dim=ARCH["head_dim"],
+        max_position_embeddings=ARCH["max_position_embeddings"],
+        rope_parameters={"rope_type": "default", "rope_theta": ARCH["rope_theta"]},
+        tie_word_embeddings=False, rms_norm_eps=1e-6, bos_token_id=None, eos_token_id=2, pad_token_id=4,
+        architectures=["Qwen3ForCausalLM"],
+    )
+    model = Qwen3ForCausalLM(config)
+    gen = torch.Generator().manual_seed(seed)
+
+    def normal(shape: torch.Size, std: float) -> torch.Tensor:
+        return torch.randn(shape, generator=gen, dtype=torch.float32) * std
+
+    scale_of = {"embed_tokens": "embed", "q_proj": "proj", "k_proj": "proj", "v_proj": "proj", "gate_proj": "proj",
+                "up_proj": "proj", "o_proj": "o_proj", "down_proj": "down", "lm_head": "lm_head"}
+    with torch.no_grad():
+        for name, param in sorted(model.named_parameters()):
+            leaf = name.split(".")[-2]
+            if leaf in ("q_norm", "k_norm"):
+                param.fill_(SCALES["qk_norm"])
+            elif leaf.endswith("norm"):
+                param.fill_(1.0)
+            elif leaf in scale_of:
+                param.copy_(normal(param.shape, SCALES[scale_of[leaf]]))
+            else:
+                raise ValueError(f"no scale for parameter {name}")
+    out.mkdir(parents=True, exist_ok=True)
+    model.to(torch.bfloat16).save_pretrained(out)
+    cfg = json.loads((out / "config.json").read_text())
+    cfg["dtype"] = "bfloat16"
+    (out / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+    (out / "generation_config.json").write_text(json.dumps({"do_sample": False, **{
+        k: v for k, v in SPECIAL_IDS.items() if v is not None}}, indent=2) + "\n")
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        link = out / name
+        if link.is_symlink() or link.exists():
+            link.unlink()
+        link.symlink_to(os.path.relpath(TOKENIZER / name, out))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--manifest", action="store_true", help="update fixtures/MANIFEST.sha256 for --out")
+    args = ap.parse_args()
+    build(args.out.resolve(), args.seed)
+    print(f"build_long_fixture: wrote {args.out}", file=sys.stderr)
+    if args.manifest:
+        sys.path.insert(0, str(REPO / "tools"))
+        import build_fixtures
+
+        print(f"build_long_fixture: manifest {build_fixtures.update_manifest(args.out.resolve())}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
