@@ -8,6 +8,7 @@ report then reads where the verify pass rejected what decode proposed.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 from specparity.calibration import Sample, calibrate
@@ -17,7 +18,10 @@ from specparity.invariance import BatchReport, SelfDraftReport, self_draft_repor
 from specparity.prompts import Prompt
 from specparity.records import GateConfig, GateRun
 from specparity.runner import dispatch, request_for, run_gate
-from specparity.types import GenerationRequest, GenerationResult, TokenScores
+from specparity.types import Fingerprint, GenerationRequest, GenerationResult, TokenScores
+
+#: How the gate names a scorer that is the engine's own ``score()`` (:func:`specparity.scoring.choose_scorer`).
+_ENGINE_SCORER = "the engine ("
 
 
 class InvarianceError(RuntimeError):
@@ -41,6 +45,48 @@ def run_self_draft(engine: Engine, prompts: Sequence[Prompt], config: GateConfig
     return report, run
 
 
+@dataclass
+class SoloRuns:
+    """Plain decodes and their teacher-forced scores, keyed by request id, with the request each
+    answered and the engine that made them: a gate run's baselines, reusable as a batching run's
+    solo reference when (and only when) they answer the very same requests on the same target."""
+
+    fingerprint: Fingerprint
+    runs: dict[str, tuple[GenerationRequest, GenerationResult, TokenScores]]
+
+
+def solo_runs(run: GateRun) -> SoloRuns | None:
+    """A gate run's baselines as solo runs: those decoded by this run (not a golden or journal),
+    without error, unconstrained (the gate hides a constraint's forced rows) and scored by the
+    engine itself (what :func:`run_batching` scores with). None when the run has no fingerprint."""
+    if run.fingerprint is None or not (run.scorer or "").startswith(_ENGINE_SCORER):
+        return None
+    runs = {r.request.request_id: (r.request, r.baseline, r.baseline_tf) for r in run.records
+            if r.request is not None and r.request.constraint is None and r.baseline_from == "run"
+            and r.baseline is not None and not r.baseline.error and r.baseline_tf is not None}
+    return SoloRuns(run.fingerprint, runs)
+
+
+def _plain_numerics(fp: Fingerprint) -> tuple[Any, ...]:
+    """What decides a plain decode's numerics: all of the fingerprint but the draft and the
+    speculative settings, which play no part in it."""
+    return fp.engine, fp.engine_version, fp.target, fp.dtype, fp.extra
+
+
+def _reused(engine: Engine, reqs: list[GenerationRequest], solo: SoloRuns | None
+            ) -> tuple[list[GenerationResult], list[TokenScores]] | None:
+    """The solo results and scores ``solo`` holds for exactly ``reqs`` on this engine's target and
+    dtype, or None (then every solo run is made again)."""
+    if solo is None:
+        return None
+    if _plain_numerics(engine.fingerprint()) != _plain_numerics(solo.fingerprint):
+        return None
+    found = [solo.runs.get(r.request_id) for r in reqs]
+    if any(f is None or f[0] != r for f, r in zip(found, reqs)):
+        return None
+    return [f[1] for f in found], [f[2] for f in found]
+
+
 def _batched(engine: Engine, reqs: list[GenerationRequest], batch_size: int) -> tuple[list[GenerationResult], str]:
     """Each request decoded inside a batch: one in-process batch per ``batch_size`` requests, or
     ``batch_size`` concurrent requests (a server batches what arrives together)."""
@@ -54,18 +100,26 @@ def _batched(engine: Engine, reqs: list[GenerationRequest], batch_size: int) -> 
     return [done[i] for i in range(len(reqs))], f"{batch_size} concurrent requests to the server"
 
 
-def run_batching(engine: Engine, prompts: Sequence[Prompt], config: GateConfig, batch_size: int) -> BatchReport:
+def run_batching(engine: Engine, prompts: Sequence[Prompt], config: GateConfig, batch_size: int,
+                 precomputed: SoloRuns | None = None) -> BatchReport:
     """Every prompt alone (the reference), then inside batches; each batched output classified
-    against the solo one with the gate's threshold, measured on the solo runs."""
+    against the solo one with the gate's threshold, measured on the solo runs.
+
+    ``precomputed``: solo runs already made (a self-draft gate run's baselines, :func:`solo_runs`);
+    used when they answer exactly this run's requests on the same target and dtype, else ignored."""
     if batch_size < 2:
         raise ValueError(f"batch size: expected >= 2, got {batch_size}")
     stops = tuple(engine.stop_token_ids())
     reqs = [request_for(engine, p, config, stops) for p in prompts]
-    solo = [engine.generate([r], speculative=False)[0] for r in reqs]
-    failed = [s for s in solo if s.error]
-    if failed:
-        raise InvarianceError(f"solo decode failed: {failed[0].request_id}: {failed[0].error}")
-    solo_tf = [engine.score(r.prompt_ids, s.output_ids, r.top_k) for r, s in zip(reqs, solo)]
+    reused = _reused(engine, reqs, precomputed)
+    if reused is not None:
+        solo, solo_tf = reused
+    else:
+        solo = [engine.generate([r], speculative=False)[0] for r in reqs]
+        failed = [s for s in solo if s.error]
+        if failed:
+            raise InvarianceError(f"solo decode failed: {failed[0].request_id}: {failed[0].error}")
+        solo_tf = [engine.score(r.prompt_ids, s.output_ids, r.top_k) for r, s in zip(reqs, solo)]
     _, threshold = calibrate([Sample(r.request_id, s.output_ids, s.scores, tf) for r, s, tf in zip(reqs, solo, solo_tf)],
                              scorer=f"{engine.name} score()", ceiling=config.near_tie_ceiling,
                              override=config.near_tie_nats, label=f"the {len(reqs)} solo runs")

@@ -11,7 +11,7 @@ from broken_loops import LoopEngine
 from specparity.compare import Verdict
 from specparity.engines.hf import HFEngine
 from specparity.invariance import rejection_positions, self_draft_report
-from specparity.invariance_run import InvarianceError, run_batching, run_self_draft
+from specparity.invariance_run import InvarianceError, run_batching, run_self_draft, solo_runs
 from specparity.records import GateConfig
 from specparity.types import GenerationResult, SpecStats, StepRecord, TokenScores
 
@@ -128,6 +128,44 @@ def test_batching_is_invariant_and_a_broken_batch_is_caught(hf_options, prompts)
         engine.close()
     status, why = report.status()
     assert status == "fail" and "change beyond a near tie when batched" in why, report.classes
+
+
+class CountingEngine(HFEngine):
+    """The hf engine, counting its plain decodes (to see whether solo runs were made again)."""
+
+    plain_decodes = 0
+
+    def generate(self, requests, speculative=True):
+        self.plain_decodes += 0 if speculative else len(requests)
+        return super().generate(requests, speculative=speculative)
+
+
+def test_batching_reuses_a_self_draft_runs_baselines(self_options, hf_options, prompts):
+    """A self-draft gate run's baselines serve as the batching run's solo runs: the report is the one a
+    fresh computation gives; requests that differ (another token limit) are decoded again."""
+    config = GateConfig(max_new_tokens=12)
+    engine = HFEngine(self_options)
+    try:
+        _, run = run_self_draft(engine, prompts, config, width=4)
+    finally:
+        engine.close()
+    solo = solo_runs(run)
+    assert solo is not None and len(solo.runs) == len(prompts)
+    batch_options = dataclasses.replace(hf_options, draft=None, spec_mode="prompt_lookup")
+    engine = CountingEngine(batch_options)
+    try:
+        fresh = run_batching(engine, prompts, config, batch_size=3)
+        assert engine.plain_decodes == len(prompts)
+        reused = run_batching(engine, prompts, config, batch_size=3, precomputed=solo)
+        assert engine.plain_decodes == len(prompts)  # no solo run was made again
+        other = GateConfig(max_new_tokens=10)
+        ignored = run_batching(engine, prompts, other, batch_size=3, precomputed=solo)
+        assert engine.plain_decodes == 2 * len(prompts)
+        fresh_other = run_batching(engine, prompts, other, batch_size=3)
+    finally:
+        engine.close()
+    assert reused.to_json() == fresh.to_json()
+    assert ignored.to_json() == fresh_other.to_json()
 
 
 def test_live_probe(self_options, hf_options):

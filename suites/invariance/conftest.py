@@ -55,6 +55,9 @@ class Invariance:
         self.config = config
         self.setup = gate_setup(config)
         self.explicit = config.getoption("engine") is not None
+        #: Per dtype, the embedded self-draft run's baselines: the batching case's solo runs when it
+        #: asks the very same requests (run_batching checks), so they are not decoded and scored twice.
+        self.solo: dict[str, Any] = {}
         report = config.getoption("report")
         self.out = None if not report else Path(REPO_ROOT / "reports" / "invariance" if report == DEFAULT_REPORT
                                                  else Path(report) / "invariance")
@@ -67,11 +70,14 @@ class Invariance:
             from specparity.engines import resolve_factory
 
             target = str(fixture_dir("target"))
-            # the fixture demo: self-draft drafts with the target itself; batching never speculates but
-            # the hf engine is built with the fixture target's own draft, as a named target needs one
-            draft = target if check == "self-draft" else str(fixture_dir("draft"))
-            opts = dataclasses.replace(opts, target=target, draft=draft,
-                                       spec_mode="draft", dtype=dtype, num_draft_tokens=SELF_DRAFT_WIDTH)
+            # the fixture demo: self-draft drafts with the target itself; batching never speculates, so
+            # its hf engine is built in prompt-lookup mode, which loads no draft model
+            if check == "self-draft":
+                opts = dataclasses.replace(opts, target=target, draft=target, spec_mode="draft", dtype=dtype,
+                                           num_draft_tokens=SELF_DRAFT_WIDTH)
+            else:
+                opts = dataclasses.replace(opts, target=target, draft=None, spec_mode="prompt_lookup", dtype=dtype,
+                                           num_draft_tokens=SELF_DRAFT_WIDTH)
             return build_engine(resolve_factory("hf"), opts, "hf")
         try:
             return build_engine(self.setup.factory, opts, self.setup.engine_spec)

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from specparity import exitcodes
-from specparity.invariance_run import InvarianceError, run_batching, run_self_draft
+from specparity.invariance_run import InvarianceError, run_batching, run_self_draft, solo_runs
 
 
 def _clear_margins(run) -> bool:
@@ -34,8 +34,11 @@ def test_invariance(invariance, invariance_case):
         if check == "self-draft":
             report, run = run_self_draft(engine, invariance.prompts(check), config,
                                          width=engine.fingerprint().spec_config.get("num_draft_tokens"))
+            if not invariance.explicit:  # an engine named on the command line is a fresh instance per case
+                invariance.solo[dtype] = solo_runs(run)
         else:
-            report = run_batching(engine, invariance.prompts(check), config, batch_size=4)
+            report = run_batching(engine, invariance.prompts(check), config, batch_size=4,
+                                  precomputed=invariance.solo.get(dtype))
     except InvarianceError as exc:  # nothing was measured: one line, the engine-error exit code
         pytest.exit(f"specparity invariance: {check} {dtype}: {exc}", returncode=exitcodes.ENGINE_ERROR)
     finally:
