@@ -8,6 +8,7 @@ here, so a bug that lives on any of those paths has the chance to show.
 from __future__ import annotations
 
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -18,6 +19,7 @@ from specparity.compare import OWN_ROW_REJECTED
 from specparity.engines.base import EngineOptions
 from specparity.fixtures import REPO_ROOT
 from specparity.gate import decide
+from specparity.golden import load_golden
 from specparity.prompts import load_prompts
 from specparity.records import GateConfig, GatePolicy
 from specparity.report import judgement
@@ -38,24 +40,51 @@ def loop_prompts(default_prompts):
     return [p for p in default_prompts if p.id in LOOP_PROMPTS or p.id in limit]
 
 
-def _run(hf_options, prompts, bug):
+#: The broken loop whose gate run decodes its own baselines, as the control does: the live baseline
+#: path stays covered under a broken loop. It is the bug that depends on what the engine decoded
+#: before (the previous request's last token), so it sees the same requests as in a run without a golden.
+LIVE_BUG = "stale_context"
+#: The engine name of the runs that record or read the golden.
+GOLDEN_ENGINE = "hf-loop"
+
+
+def _run(hf_options, prompts, bug, golden: Path | None = None, record: bool = False):
+    """One gate run of the hand-written loop; with ``golden`` the baselines come from that file
+    (``record``: this run decodes them and writes it). A golden is keyed by the engine's name, which
+    for the loops names the bug; every loop decodes its baseline the same way (a bug lives on the
+    speculative path only), so the runs that share a golden share one name, ``GOLDEN_ENGINE``."""
     engine = LoopEngine(hf_options, bug)
+    if golden is not None:
+        engine.name = GOLDEN_ENGINE
     try:
-        config = GateConfig()
-        run = run_gate(engine, prompts, config)
+        if golden is None:
+            run = run_gate(engine, prompts, GateConfig())
+        elif record:
+            run = run_gate(engine, prompts, GateConfig(golden=str(golden), update_golden="update"))
+        else:
+            run = run_gate(engine, prompts, GateConfig(golden=str(golden)), golden=load_golden(golden))
     finally:
         engine.close()
+    assert not run.fatal and not run.golden_error, run.fatal or run.golden_error
     return run, decide(run)
 
 
 @pytest.fixture(scope="module")
-def control(hf_options, loop_prompts):
-    return _run(hf_options, loop_prompts, None)
+def baselines(tmp_path_factory) -> Path:
+    """The golden the control records: every broken loop but ``LIVE_BUG`` reads its baselines from it
+    (same target, prompts and config), instead of decoding them again."""
+    return tmp_path_factory.mktemp("golden") / "loop.golden.jsonl"
+
+
+@pytest.fixture(scope="module")
+def control(hf_options, loop_prompts, baselines):
+    return _run(hf_options, loop_prompts, None, golden=baselines, record=True)
 
 
 def test_correct_loop_passes_and_takes_every_path(control):
     run, decision = control
     assert decision.passed, decision.failures
+    assert {r.baseline_from for r in run.records} == {"run"}
     assert decision.counts["diverged"] == 0 and decision.counts["error"] == 0
     taken = run.coverage.taken()
     assert all(n > 0 for n in taken.values()), f"a path was never taken: {taken}"
@@ -75,8 +104,13 @@ EXPECTED = {
 
 
 @pytest.mark.parametrize("bug", sorted(BUGS))
-def test_broken_loop_fails_the_gate(hf_options, loop_prompts, bug):
-    run, decision = _run(hf_options, loop_prompts, bug)
+def test_broken_loop_fails_the_gate(hf_options, loop_prompts, control, baselines, bug):
+    if bug == LIVE_BUG:
+        run, decision = _run(hf_options, loop_prompts, bug)
+        assert {r.baseline_from for r in run.records} == {"run"}
+    else:
+        run, decision = _run(hf_options, loop_prompts, bug, golden=baselines)
+        assert {r.baseline_from for r in run.records} == {"golden"}
     assert not decision.passed, f"{bug} ({BUGS[bug]}) slipped through the gate"
     expected = EXPECTED[bug]
     if expected is None:

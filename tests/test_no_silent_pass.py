@@ -103,23 +103,35 @@ def test_run_journal_ends_with_the_verdict(tmp_path, default_prompts):
 @pytest.mark.slow
 def test_xdist_runs_the_gate_once(tmp_path):
     """`-n 2`: one gate run on one worker, one summary, one valid journal, the verdict decides the
-    exit status; the harness tests beside it are spread over both workers."""
+    exit status; the harness tests beside it are spread over both workers.
+
+    Two controller runs, as small as they go: a passing one (two prompts, so the prompt tests can
+    land on both workers, beside a harness test file) that must exit 0, and a failing one (one
+    prompt, every selected test passes, the run-level rule fails) that must exit 1 with the reason.
+    One run cannot show both directions of the verdict deciding the exit status."""
     report = tmp_path / "r"
     file = tmp_path / "prompts.jsonl"
     prompts = first_of_each(file, ("math",), per_category=2)
     proc = run(*pytest_cmd("-n", "2", "suites/lossless", "tests/test_policy.py", "--prompts", str(file), *SELECTED,
-                           "--max-new-tokens", "12", "--report", str(report)))
+                           "--max-new-tokens", "8", "--report", str(report)))
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-3000:]
     assert out.count("specparity lossless gate: PASS") == 1, out[-3000:]
     lines = journal(report)  # every line parses: one writer
     kinds = [x["kind"] for x in lines]
     assert kinds.count("run") == 1 and kinds.count("prompt") == len(prompts) and kinds[-1] == "verdict"
-    broken = run(*pytest_cmd("-n", "2", "suites/lossless", "--prompts", str(file), *SELECTED, "--max-new-tokens", "12",
+    broken = run(*pytest_cmd("-n", "2", "suites/lossless", "--prompts", str(file), *SELECTED, "--max-new-tokens", "8",
                              "--engine", BROKEN_LOOPS, "--engine-opt", "bug=inactive", "-k", prompts[0].id,
                              "--report", str(tmp_path / "b")))
-    assert broken.returncode == exitcodes.GATE_FAILED, (broken.stdout + broken.stderr)[-3000:]
+    out = broken.stdout + broken.stderr
+    assert broken.returncode == exitcodes.GATE_FAILED, out[-3000:]
     assert "speculation inactive" in broken.stdout
+    assert out.count("specparity lossless gate: FAIL") == 1, out[-3000:]
+    assert re.search(r"\b1 passed\b", broken.stdout) and not re.search(r"\d+ failed", broken.stdout), out[-3000:]
+    lines = journal(tmp_path / "b")
+    kinds = [x["kind"] for x in lines]
+    assert kinds.count("run") == 1 and kinds.count("prompt") == 1
+    assert lines[-1]["kind"] == "verdict" and lines[-1]["status"] == "FAIL" and lines[-1]["exit_code"] == 1
 
 
 def test_xdist_each_is_refused(tmp_path):
