@@ -11,7 +11,7 @@ point existed (re-run ``pip install -e .``).
 
 from importlib.metadata import entry_points
 
-PLUGIN = "specparity.pytest_plugin"
+PLUGIN = "specparity.plugin.pytest_plugin"
 
 
 def _entry_point_installed() -> bool:

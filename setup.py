@@ -3,7 +3,7 @@
 ``prompts/`` at the repository root is the canonical, documented location of the prompt suites
 (``prompts/README.md``). ``build_py`` copies ``prompts/*.jsonl`` and the schema README into
 ``specparity/_prompts/`` of the build, so an installed wheel finds them
-(``specparity.fixtures.prompt_file``); nothing is copied into the source tree, and an editable
+(``specparity.model.locations.prompt_file``); nothing is copied into the source tree, and an editable
 install reads ``prompts/`` itself. A build without the prompt files fails instead of shipping a
 wheel whose default suite is missing.
 """

@@ -35,8 +35,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from specparity.engines.base import EngineOptions  # noqa: E402
-from specparity.prompts import load_many  # noqa: E402
-from specparity.types import GenerationRequest  # noqa: E402
+from specparity.model.prompts import load_many  # noqa: E402
+from specparity.model.types import GenerationRequest  # noqa: E402
 
 
 def parse_args(argv=None):
@@ -96,7 +96,7 @@ def main(argv=None) -> int:
     import torch
     import transformers
 
-    from specparity.engines.dflash import DFlashEngine
+    from specparity.engines.inprocess.dflash import DFlashEngine
 
     engine = DFlashEngine(EngineOptions(target=args.target, draft=args.draft, spec_mode=args.spec_mode,
                                         dtype=args.dtype, threads=args.threads))

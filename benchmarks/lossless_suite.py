@@ -22,15 +22,15 @@ import numpy as np
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from specparity.compare import compare  # noqa: E402
+from specparity.judge.compare import compare  # noqa: E402
 from specparity.engines import load_engine  # noqa: E402
 from specparity.engines.base import EngineOptions  # noqa: E402
-from specparity.fixtures import REPO_ROOT  # noqa: E402
-from specparity.records import GateConfig  # noqa: E402
-from specparity.noise import measure_noise  # noqa: E402
-from specparity.prompts import load_prompts  # noqa: E402
-from specparity.runner import run_gate  # noqa: E402
-from specparity.types import DEFAULT_TOP_K, GenerationResult, SpecStats, TokenScores  # noqa: E402
+from specparity.model.locations import REPO_ROOT  # noqa: E402
+from specparity.model.gate_run import GateConfig  # noqa: E402
+from specparity.judge.noise import measure_noise  # noqa: E402
+from specparity.model.prompts import load_prompts  # noqa: E402
+from specparity.run.runner import run_gate  # noqa: E402
+from specparity.model.types import DEFAULT_TOP_K, GenerationResult, SpecStats, TokenScores  # noqa: E402
 
 
 def pytest_wall(engine: str | None) -> float:
@@ -98,7 +98,7 @@ def main() -> None:
         wall = pytest_wall(args.engine)
         print("| command | wall s |\n|---|---|")
         print(f"| pytest suites/lossless{' --engine ' + args.engine if args.engine else ''} | {wall:.1f} |\n")
-    from specparity.option_table import DEFAULT_ENGINE
+    from specparity.cli.option_table import DEFAULT_ENGINE
 
     timings, n_prompts, tokens = split(args.engine or DEFAULT_ENGINE)
     total = timings["total"]

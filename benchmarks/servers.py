@@ -35,7 +35,7 @@ class Recorder:
         self.lock = threading.Lock()
 
     def install(self):
-        from specparity.engines.http import Endpoint
+        from specparity.engines.server.http import Endpoint
 
         original = Endpoint.post_json
         rec = self
@@ -72,10 +72,10 @@ def replay(calls, concurrency: int) -> float:
 
 def one(concurrency: int, max_new: int, prompts) -> dict:
     from specparity.engines.base import EngineOptions
-    from specparity.engines.http import Endpoint
-    from specparity.engines.llamacpp import create
-    from specparity.records import GateConfig
-    from specparity.runner import conclude, run_gate
+    from specparity.engines.server.http import Endpoint
+    from specparity.engines.server.llamacpp import create
+    from specparity.model.gate_run import GateConfig
+    from specparity.run.runner import conclude, run_gate
 
     rec = Recorder()
     original = rec.install()
@@ -106,8 +106,8 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--max-new-tokens", type=int, default=48)
     args = ap.parse_args(argv)
-    from specparity.fixtures import REPO_ROOT
-    from specparity.prompts import load_prompts
+    from specparity.model.locations import REPO_ROOT
+    from specparity.model.prompts import load_prompts
 
     prompts = load_prompts(REPO_ROOT / "prompts" / "default.jsonl").prompts
     rows = []

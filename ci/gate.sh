@@ -12,7 +12,7 @@
 #   SPECPARITY_ENGINE            the gate's --engine: dflash, hf, llamacpp, sglang, vllm, module:factory; required
 #                                by the lossless and invariance suites (no default: the script never gates the
 #                                fixture models by accident; --engine dflash without a target is the fixture demo)
-#   SPECPARITY_PRESET            server engines: the launch preset (--preset; specparity/engines/presets.py)
+#   SPECPARITY_PRESET            server engines: the launch preset (--preset; specparity/engines/server/presets.py)
 #   SPECPARITY_TARGET            target model directory (or GGUF for llamacpp)
 #   SPECPARITY_DRAFT             draft model directory
 #   SPECPARITY_POLICY            the policy file (default: policy.toml beside this script, when it exists)
@@ -142,7 +142,7 @@ suite_command() {  # fills CMD for suite $1; returns 4 (with a line on stderr) w
     CMD=()
     case "$suite" in
         lossless)
-            CMD=("$PYTHON" -c 'import sys; from specparity.cli import main; sys.exit(main())' lossless
+            CMD=("$PYTHON" -c 'import sys; from specparity.cli.commands import main; sys.exit(main())' lossless
                  "${ENGINE_ARGS[@]}")
             [[ -n "$DRAFT" ]] && CMD+=(--draft "$DRAFT")
             [[ -n "$POLICY" ]] && CMD+=(--policy "$POLICY")
@@ -168,7 +168,7 @@ suite_command() {  # fills CMD for suite $1; returns 4 (with a line on stderr) w
                 CMD+=(--junitxml "$JUNIT/probes.xml" "${PROBES_FLAGS[@]}")
             else  # installed package only: the probe command, its JSON turned into JUnit below
                 PROBES_VIA_CLI=1
-                CMD=("$PYTHON" -c 'import sys; from specparity.cli import main; sys.exit(main())' probe
+                CMD=("$PYTHON" -c 'import sys; from specparity.cli.commands import main; sys.exit(main())' probe
                      --target "$TARGET" --engine "$PROBE_ENGINE" --policy "$PROBE_POLICY")
                 [[ -n "$DRAFT" ]] && CMD+=(--draft "$DRAFT")
                 CMD+=(--format json)

@@ -2,7 +2,7 @@
 
 In the spirit of vLLM's ``check_outputs_equal`` (``tests/models/utils.py``), but with the gate's
 classification instead of string equality: each (baseline, speculative) pair goes through
-:func:`specparity.compare.compare` and is ``exact``, ``near_tie``, ``drifted``, ``diverged`` or
+:func:`specparity.judge.compare.compare` and is ``exact``, ``near_tie``, ``drifted``, ``diverged`` or
 ``error``.
 ::
 
@@ -27,10 +27,12 @@ from typing import Callable, Iterable, Sequence, Union
 
 import numpy as np
 
-from specparity.compare import Verdict, compare
-from specparity.calibration import Sample, calibrate
-from specparity.noise import DEFAULT_CEILING_NATS, DEFAULT_MULTIPLIER, CalibrationError, NearTieThreshold
-from specparity.types import GenerationResult, SpecStats, TokenScores
+from specparity.judge.compare import compare
+from specparity.model.verdicts import Verdict
+from specparity.judge.calibration import Sample, calibrate
+from specparity.judge.noise import CalibrationError
+from specparity.model.threshold import DEFAULT_CEILING_NATS, DEFAULT_MULTIPLIER, NearTieThreshold
+from specparity.model.types import GenerationResult, SpecStats, TokenScores
 
 Output = Union[GenerationResult, Sequence[int]]
 __all__ = ["LosslessError", "check_lossless", "measure_threshold"]
@@ -56,11 +58,11 @@ def measure_threshold(
     ``scores``) and the teacher-forced scoring of the same tokens
     (``engine.score(prompt_ids, baseline.output_ids, top_k)``). Never measure it on the speculative
     run: a broken loop would inflate its own threshold. Calibrates as the gate does
-    (:func:`specparity.calibration.calibrate`); ``describe()`` on the result says how it was made.
+    (:func:`specparity.judge.calibration.calibrate`); ``describe()`` on the result says how it was made.
     As in the gate, the teacher-forced scores are checked against the decoded ones first
-    (:mod:`specparity.calibration`: a scorer off by one position raises
-    :class:`~specparity.calibration.ScorerRefused`), and a threshold above ``ceiling`` raises
-    :class:`~specparity.noise.CalibrationError`.
+    (:mod:`specparity.judge.calibration`: a scorer off by one position raises
+    :class:`~specparity.judge.calibration.ScorerRefused`), and a threshold above ``ceiling`` raises
+    :class:`~specparity.judge.noise.CalibrationError`.
     """
     pairs = [(d.scores if isinstance(d, GenerationResult) else d, tf) for d, tf in pairs]
     samples = [Sample(f"pair {i}", d.token_ids, d, tf) for i, (d, tf) in enumerate(pairs)]
@@ -92,7 +94,7 @@ def check_lossless(
     ``AssertionError``) naming every pair that is not ``exact`` or ``near_tie`` (``exact`` only when
     ``allow_near_tie`` is false). Returns the verdicts, in order, when all pass.
 
-    ``baselines`` / ``specs``: :class:`~specparity.types.GenerationResult` (its ``request_id``
+    ``baselines`` / ``specs``: :class:`~specparity.model.types.GenerationResult` (its ``request_id``
     names the prompt) or plain token-id lists, the same number of each, generated with
     ``max_new_tokens`` and ``stop_token_ids`` (a list shorter than ``max_new_tokens`` must end on a
     stop token, as an engine's stream must). ``spec_scores[i]``: the target's teacher-forced

@@ -304,7 +304,7 @@ def run_in_process(case: Case, tmp: Path) -> Outcome:
     try:
         if case.command == "pytest":
             return _pytest_configure(["-q", "-p", "no:cacheprovider", *args])
-        from specparity import cli
+        from specparity.cli import commands as cli
 
         out, err = io.StringIO(), io.StringIO()
         with redirect_stdout(out), redirect_stderr(err):

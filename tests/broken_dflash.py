@@ -21,11 +21,11 @@ from pathlib import Path
 import torch
 
 from specparity.engines.base import EngineInfo, EngineOptions, OptionSpec, engine_factory, step_record
-from specparity.engines.dflash import INFO as DFLASH_INFO
-from specparity.engines.dflash import DFlashEngine, DFlashLoop
-from specparity.engines.inprocess import LoopOutput
-from specparity.fixtures import MODELS
-from specparity.types import GenerationRequest, StepRecord
+from specparity.engines.inprocess.dflash import INFO as DFLASH_INFO
+from specparity.engines.inprocess.dflash import DFlashEngine, DFlashLoop
+from specparity.engines.inprocess.loop import LoopOutput
+from specparity.model.locations import MODELS
+from specparity.model.types import GenerationRequest, StepRecord
 
 BUGS = {
     "accept_past_mismatch": "accepts the first mismatching draft token too (acceptance length off by one)",

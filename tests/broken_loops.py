@@ -3,8 +3,8 @@
 ``HandLoop`` is a hand-written draft-and-verify loop over the fixture target and draft (the draft
 proposes ``k`` tokens greedily, the target verifies ``[last token] + drafts`` in one pass with its
 KV cache, accepts the matching prefix, appends the bonus/correction token, crops both caches),
-written exactly as a team writes its own engine: a :class:`~specparity.engines.inprocess.SpeculativeLoop`
-over a :class:`~specparity.engines.inprocess.TorchTarget`, joined by ``InProcessEngine``. With
+written exactly as a team writes its own engine: a :class:`~specparity.engines.inprocess.loop.SpeculativeLoop`
+over a :class:`~specparity.engines.inprocess.loop.TorchTarget`, joined by ``InProcessEngine``. With
 ``bug=None`` it is lossless and the gate must pass it; each bug below is a mistake real engines
 have shipped.
 """
@@ -16,12 +16,12 @@ from typing import Sequence
 import torch
 
 from specparity.engines.base import EngineInfo, EngineOptions, OptionSpec, engine_factory, step_record
-from specparity.engines.hf import DEFAULT_DRAFT_TOKENS, HF_OPTIONS, load_draft_model
+from specparity.engines.inprocess.hf import DEFAULT_DRAFT_TOKENS, HF_OPTIONS, load_draft_model
 from specparity.engines.common import artifact
-from specparity.engines.inprocess import InProcessEngine, LoopOutput, TorchTarget
-from specparity.fixtures import fixture_dir
-from specparity.force_reject import DraftCorruptor
-from specparity.types import ArtifactId, GenerationRequest, StepRecord
+from specparity.engines.inprocess.loop import InProcessEngine, LoopOutput, TorchTarget
+from specparity.model.locations import fixture_dir
+from specparity.model.force_reject import DraftCorruptor
+from specparity.model.types import ArtifactId, GenerationRequest, StepRecord
 
 #: Fully rejected verify steps in a row after which ``reject_streak_crop`` misbehaves: longer than
 #: any streak the fixture draft produces on prompts/default.jsonl (docs/FORCE_REJECT.md has the count),

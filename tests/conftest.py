@@ -9,8 +9,8 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from specparity.engines.base import EngineOptions  # noqa: E402
-from specparity.fixtures import REPO_ROOT, fixture_dir  # noqa: E402
-from specparity.prompts import Prompt, load_prompts  # noqa: E402
+from specparity.model.locations import REPO_ROOT, fixture_dir  # noqa: E402
+from specparity.model.prompts import Prompt, load_prompts  # noqa: E402
 
 DEFAULT_PROMPTS = REPO_ROOT / "prompts" / "default.jsonl"
 
@@ -31,6 +31,14 @@ def _cost_rank(item: pytest.Item) -> int:
     if "suites" in item.path.parts:
         return 0
     return 1 if item.get_closest_marker("slow") else 2
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Under pytest-xdist, hand the files out in the order :func:`pytest_collection_modifyitems`
+    leaves them: xdist's default for scoped distribution reorders them by their number of tests,
+    which sends a file of one long test (the fp8 flips) last."""
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

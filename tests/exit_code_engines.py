@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 from specparity.engines.base import Capabilities, EngineInfo, EngineOptions, engine_factory
-from specparity.engines.hf import HF_OPTIONS, SPEC_MODES, HFEngine
-from specparity.types import GenerationResult
+from specparity.engines.inprocess.hf import HF_OPTIONS, SPEC_MODES, HFEngine
+from specparity.model.types import GenerationResult
 
 
 def unloadable(options: EngineOptions):

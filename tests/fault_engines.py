@@ -16,7 +16,7 @@ import signal
 
 from specparity.engines.common import scores_from_logits
 from specparity.engines.base import EngineInfo, EngineOptions, OptionSpec, engine_factory, parse_positive_int
-from specparity.engines.hf import HF_OPTIONS, SPEC_MODES, HFEngine
+from specparity.engines.inprocess.hf import HF_OPTIONS, SPEC_MODES, HFEngine
 
 
 class InterruptingEngine(HFEngine):

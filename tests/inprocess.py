@@ -4,7 +4,7 @@ A child process pays for importing torch, transformers and dflash again (about 4
 one-prompt gate takes on a 2-core machine); the gate itself then runs in well under a second. Tests
 whose subject is the gate's verdict, its reports or its exit status, not the process around it, run
 it here: :func:`run_pytest` calls ``pytest.main`` (a nested session, as pytest's own ``pytester``
-runs one in-process) and :func:`run_cli` calls ``specparity.cli.main``; both return the exit status
+runs one in-process) and :func:`run_cli` calls ``specparity.cli.commands.main``; both return the exit status
 and everything printed.
 
 What a child is still needed for, and keeps: signals (Ctrl-C, SIGTERM, a killed server), the
@@ -23,7 +23,7 @@ from typing import Iterator, Mapping
 
 import pytest
 
-from specparity.fixtures import REPO_ROOT
+from specparity.model.locations import REPO_ROOT
 
 #: Installed pytest plugins the gate suites never use; a child ``pytest`` leaves them out too.
 QUIET_PLUGINS = ("-p", "no:cacheprovider", "-p", "no:hypothesispytest", "-p", "no:anyio", "-p", "no:syrupy")
@@ -91,7 +91,7 @@ def run_pytest(*args: str | Path, cwd: Path = REPO_ROOT, env: Mapping[str, str |
 
 def run_cli(*args: str | Path, cwd: Path = REPO_ROOT, env: Mapping[str, str | None] | None = None) -> tuple[int, str]:
     """``specparity ARGS`` in this process: (exit status, stdout and stderr together)."""
-    from specparity import cli
+    from specparity.cli import commands as cli
 
     out = io.StringIO()
     environment = {"HF_HUB_OFFLINE": "1", "SPECPARITY_POLICY": None, **(env or {})}

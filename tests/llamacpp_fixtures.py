@@ -1,7 +1,7 @@
 """A real llama-server for tests: find it or skip (fail in CI), and a plugin engine that kills one.
 
 ``require_llamacpp()`` returns ``(binary, gguf_dir)`` — the ``llama-server`` that
-``specparity.engines.llamacpp.find_binary()`` finds and the fixture GGUF directory
+``specparity.engines.server.llamacpp.find_binary()`` finds and the fixture GGUF directory
 (``fixture_gguf_dir()``, with ``target.gguf`` and ``draft.gguf``). When either is missing the
 calling test is skipped with the reason and the command that makes it; with
 ``SPECPARITY_REQUIRE_LLAMACPP=1`` (CI, ``ci/llamacpp.sh``) it fails instead, so a CI machine that
@@ -30,7 +30,7 @@ from typing import Any
 import pytest
 
 from specparity.engines.base import EngineInfo, EngineOptions, OptionSpec, engine_factory, parse_positive_int
-from specparity.engines.llamacpp import (
+from specparity.engines.server.llamacpp import (
     INFO,
     OPTIONS,
     LlamaCppEngine,
@@ -40,7 +40,7 @@ from specparity.engines.llamacpp import (
     fixture_gguf_dir,
     launch_configs,
 )
-from specparity.engines.server import start_sessions
+from specparity.engines.server.engine import start_sessions
 
 REQUIRE_ENV = "SPECPARITY_REQUIRE_LLAMACPP"
 #: A child ``pytest`` that runs one of the project's suites (``suites/lossless``,

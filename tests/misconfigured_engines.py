@@ -15,8 +15,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 from specparity.engines.base import EngineInfo, EngineOptions, OptionSpec, engine_factory
-from specparity.engines.hf import HF_OPTIONS, HFEngine
-from specparity.types import TokenScores
+from specparity.engines.inprocess.hf import HF_OPTIONS, HFEngine
+from specparity.model.types import TokenScores
 
 MISTAKES = ("stop_set", "not_greedy", "abort")
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 import numpy as np
 
 from specparity.engines.base import EngineInfo, EngineOptions, OptionSpec, engine_factory
-from specparity.engines.hf import HF_OPTIONS, SPEC_MODES, HFEngine
-from specparity.types import TokenScores
+from specparity.engines.inprocess.hf import HF_OPTIONS, SPEC_MODES, HFEngine
+from specparity.model.types import TokenScores
 
 SIDES = ("baseline", "spec", "scorer")
 #: ``side=unreported``: the speculative run leaves the row at NAN_AT out by the protocol instead (allowed).

@@ -24,7 +24,7 @@ from typing import Any, Sequence
 import torch
 from safetensors.torch import save_file
 
-from specparity.cache import wheel_cache_dir
+from specparity.model.cache import wheel_cache_dir
 
 # Dimensions: big enough for two 128x128 scale blocks per FP8 matrix, small enough to be instant.
 H = 256  # hidden size
@@ -358,7 +358,7 @@ def raw_safetensors(path: Path, header: bytes | dict[str, Any], data: bytes = b"
 # SGLang sources: wheels from PyPI, and a patched copy
 # ----------------------------------------------------------------------------------------------
 
-#: Outside the checkout (``specparity.cache``): a clean clone never carries or commits wheels.
+#: Outside the checkout (``specparity.model.cache``): a clean clone never carries or commits wheels.
 WHEEL_CACHE = wheel_cache_dir()
 
 
@@ -516,7 +516,7 @@ class TinyHFEngine:
         return ()
 
     def _assisted(self, input_ids: torch.Tensor, max_new_tokens: int):
-        from specparity.types import StepRecord
+        from specparity.model.types import StepRecord
 
         steps: list[StepRecord] = []
         original = self.target._get_candidate_generator
@@ -548,7 +548,7 @@ class TinyHFEngine:
         return out, steps
 
     def generate(self, requests, *, speculative):
-        from specparity.types import GenerationResult, SpecStats, TokenScores
+        from specparity.model.types import GenerationResult, SpecStats, TokenScores
 
         results = []
         for req in requests:
@@ -568,7 +568,7 @@ class TinyHFEngine:
         return results
 
     def score(self, prompt_ids, continuation_ids, top_k):
-        from specparity.types import TokenScores
+        from specparity.model.types import TokenScores
 
         ids = torch.tensor([list(prompt_ids) + list(continuation_ids)])
         with torch.no_grad():
@@ -580,7 +580,7 @@ class TinyHFEngine:
                            top.values.numpy())
 
     def fingerprint(self):
-        from specparity.types import ArtifactId, Fingerprint
+        from specparity.model.types import ArtifactId, Fingerprint
 
         def sha(model) -> str:
             h = hashlib.sha256()
@@ -620,7 +620,7 @@ class SlotPoolEngine:
         return not self.dead
 
     def generate(self, requests, *, speculative):
-        from specparity.types import GenerationResult
+        from specparity.model.types import GenerationResult
 
         if self.dead:
             return [GenerationResult.failed(r.request_id, "scheduler died: AssertionError: Can not alloc mamba cache")

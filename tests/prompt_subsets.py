@@ -10,8 +10,8 @@ import json
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from specparity.fixtures import REPO_ROOT
-from specparity.prompts import Prompt, load_prompts
+from specparity.model.locations import REPO_ROOT
+from specparity.model.prompts import Prompt, load_prompts
 
 DEFAULT_PROMPTS = REPO_ROOT / "prompts" / "default.jsonl"
 #: A short token budget (the suite's prompts ask for up to 48): still several draft blocks a prompt,

@@ -17,8 +17,8 @@ from typing import Any
 import numpy as np
 
 from specparity.engines.base import EngineInfo, EngineOptions, OptionSpec, engine_factory, parse_positive_int
-from specparity.engines.llamacpp import INFO, OPTIONS, LlamaCppEngine, create
-from specparity.types import GenerationRequest, GenerationResult, SpecStats, TokenScores
+from specparity.engines.server.llamacpp import INFO, OPTIONS, LlamaCppEngine, create
+from specparity.model.types import GenerationRequest, GenerationResult, SpecStats, TokenScores
 
 
 def _check(options: EngineOptions) -> None:

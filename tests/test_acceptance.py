@@ -15,13 +15,13 @@ from pathlib import Path
 
 import pytest
 
-from specparity import exitcodes
-from specparity.acceptance import (AcceptanceSet, PromptAcceptance, compare_runs, lines, paired_interval,
+from specparity.gate import exitcodes
+from specparity.judge.acceptance import (AcceptanceSet, PromptAcceptance, compare_runs, lines, paired_interval,
                                    positions_of, wilson)
-from specparity.artefacts import recites_prompt, repetition_loop
-from specparity.fixtures import REPO_ROOT, fixture_dir
-from specparity.gate import judge_acceptance
-from specparity.types import SpecStats, StepRecord
+from specparity.judge.artefacts import recites_prompt, repetition_loop
+from specparity.model.locations import REPO_ROOT, fixture_dir
+from specparity.gate.decision import judge_acceptance
+from specparity.model.types import SpecStats, StepRecord
 from prompt_subsets import first_of_categories
 
 #: Relative scale of the seeded noise added to every draft weight: one that lowers acceptance well
@@ -47,7 +47,7 @@ def perturbed_draft(dst: Path, scale: float) -> Path:
 
 
 def main(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
-    from specparity import cli
+    from specparity.cli import commands as cli
 
     code = cli.main(list(args))
     return code, capsys.readouterr().out
@@ -55,7 +55,7 @@ def main(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
 
 def refused(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
     """``specparity ARGS`` in this process: its exit code and its one-line refusal on stderr."""
-    from specparity import cli
+    from specparity.cli import commands as cli
 
     code = cli.main(list(args))
     return code, capsys.readouterr().err
@@ -128,7 +128,7 @@ def runs(tmp_path_factory):
     """Three gate runs of the hf engine on a few prompts: the fixture draft (recording a golden
     with its acceptance), a much worse and a slightly worse copy of it. The exit codes and where
     the journals are."""
-    from specparity import cli
+    from specparity.cli import commands as cli
 
     tmp = tmp_path_factory.mktemp("acceptance")
     prompts = tmp / "prompts.jsonl"
@@ -177,7 +177,7 @@ def test_a_slight_perturbation_within_the_spread_passes(runs, capsys):
 
 
 def test_the_golden_keeps_acceptance_and_an_old_golden_says_not_recorded(runs, capsys, tmp_path):
-    from specparity.golden import digest
+    from specparity.run.golden import digest
 
     code, out = main(capsys, "compare", str(runs["golden"]), str(runs["dir"] / "worse"), "--json")
     assert code == exitcodes.GATE_FAILED and json.loads(out)["acceptance"]["failures"]

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from specparity.api import LosslessError, check_lossless, measure_threshold
-from specparity.types import GenerationResult, SpecStats, TokenScores
+from specparity.model.types import GenerationResult, SpecStats, TokenScores
 
 OTHER = 99  # a token no stream below emits: the runner-up everywhere the choice is clear
 
@@ -126,7 +126,7 @@ def test_real_engine_passes_and_a_broken_loop_fails():
 
     from specparity.engines import load_engine
     from specparity.engines.base import EngineOptions
-    from specparity.types import GenerationRequest
+    from specparity.model.types import GenerationRequest
 
     def run(engine, max_new=16):
         reqs = [GenerationRequest(f"p{i}", engine.encode_prompt(t, None), max_new, engine.stop_token_ids())

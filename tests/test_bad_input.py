@@ -15,7 +15,7 @@ from __future__ import annotations
 import pytest
 
 from bad_inputs import CASES, END_TO_END, REPO, Case, Outcome, in_process, run_in_process, run_process
-from specparity import exitcodes
+from specparity.gate import exitcodes
 
 
 def error_line(case: Case, out: Outcome) -> str:

@@ -16,14 +16,14 @@ import pytest
 from inprocess import run_pytest
 from misconfigured_engines import AbortsOne, ForeignStopSet, NotGreedy
 from prompt_subsets import rows_where
-from specparity import exitcodes
-from specparity.baseline_checks import greedy_refusal, stop_rule_refusal
-from specparity.compare import FINISH_REASONS, finish_problem
-from specparity.fixtures import REPO_ROOT
-from specparity.gate import decide
-from specparity.records import GateConfig, PromptRecord
-from specparity.runner import conclude, run_gate
-from specparity.types import GenerationRequest, GenerationResult, SpecStats, TokenScores
+from specparity.gate import exitcodes
+from specparity.judge.baseline_checks import greedy_refusal, stop_rule_refusal
+from specparity.judge.compare import FINISH_REASONS, finish_problem
+from specparity.model.locations import REPO_ROOT
+from specparity.gate.decision import decide
+from specparity.model.gate_run import GateConfig, PromptRecord
+from specparity.run.runner import conclude, run_gate
+from specparity.model.types import GenerationRequest, GenerationResult, SpecStats, TokenScores
 
 
 def _gate(engine, prompts, **config):

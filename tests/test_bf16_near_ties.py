@@ -21,12 +21,12 @@ import pytest
 
 from broken_loops import LoopEngine
 from specparity.engines.base import EngineOptions
-from specparity.engines.hf import HFEngine
-from specparity.fixtures import REPO_ROOT
-from specparity.gate import decide
-from specparity.prompts import load_prompts
-from specparity.records import GateConfig, GatePolicy
-from specparity.runner import run_gate
+from specparity.engines.inprocess.hf import HFEngine
+from specparity.model.locations import REPO_ROOT
+from specparity.gate.decision import decide
+from specparity.model.prompts import load_prompts
+from specparity.model.gate_run import GateConfig, GatePolicy
+from specparity.run.runner import run_gate
 
 BF16_STEP = 0.0625  # one bf16 step of logits in [8, 16)
 

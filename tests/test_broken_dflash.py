@@ -10,11 +10,11 @@ import pytest
 
 from broken_dflash import BENIGN, BUGS, MODELS_DIR, DFlashLoopEngine, model_options
 from inprocess import run_pytest
-from specparity.fixtures import REPO_ROOT
-from specparity.gate import decide
-from specparity.records import GateConfig
-from specparity.prompts import Prompt
-from specparity.runner import run_gate
+from specparity.model.locations import REPO_ROOT
+from specparity.gate.decision import decide
+from specparity.model.gate_run import GateConfig
+from specparity.model.prompts import Prompt
+from specparity.run.runner import run_gate
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*past_key_values.*:FutureWarning")
 

@@ -12,15 +12,16 @@ from broken_loops import LoopEngine
 from fault_engines import RescoredEngine
 from inprocess import run_pytest
 from prompt_subsets import one_per_category, write_subset
-from specparity import exitcodes
-from specparity.calibration import Sample, check_scorer
-from specparity.compare import measure_drift
-from specparity.engines.hf import HFEngine
-from specparity.gate import decide
-from specparity.noise import CalibrationError, NoiseStats, derive_threshold
-from specparity.records import GateConfig
-from specparity.runner import run_gate
-from specparity.types import TokenScores
+from specparity.gate import exitcodes
+from specparity.judge.calibration import Sample, check_scorer
+from specparity.judge.compare import measure_drift
+from specparity.engines.inprocess.hf import HFEngine
+from specparity.gate.decision import decide
+from specparity.judge.noise import CalibrationError, derive_threshold
+from specparity.model.threshold import NoiseStats
+from specparity.model.gate_run import GateConfig
+from specparity.run.runner import run_gate
+from specparity.model.types import TokenScores
 
 PROMPTS = ("math-en-004", "logic-en-003", "code-en-003", "repeat-en-003")
 
@@ -177,7 +178,8 @@ def test_a_fixed_calibration_set_does_not_move_with_the_selection(hf_options, de
 def test_threshold_and_drift_floor_cover_float32_resolution():
     """Noise measured as exactly 0 (bf16 decode and teacher-forced scoring bit-identical, seen on an
     H200) must not make a 1.9e-6-nat difference of float32 logprobs "drift" (docs/gpu-numerics.md)."""
-    from specparity.noise import FLOOR_NATS, NoiseStats, derive_threshold
+    from specparity.judge.noise import derive_threshold
+    from specparity.model.threshold import FLOOR_NATS, NoiseStats
 
     t = derive_threshold(NoiseStats(0.0, 0.0, 201, 1407))
     assert t.nats == FLOOR_NATS and t.drift_nats == FLOOR_NATS

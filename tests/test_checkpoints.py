@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 import probe_artifacts as pa
-from specparity import checkpoints
-from specparity.checkpoints import CheckpointError, load_checkpoint, parse_quant_decl, read_safetensors_header
+from specparity.probes import checkpoints
+from specparity.probes.checkpoints import CheckpointError, load_checkpoint, parse_quant_decl, read_safetensors_header
 
 
 def test_sharded_checkpoint_reads_every_header(tmp_path):

@@ -1,5 +1,5 @@
 """The checks behind each class: compare() records the rule that decided a verdict, and
-:func:`specparity.checks.verdict_checks` turns that verdict into the steps the reports show.
+:func:`specparity.judge.checks.verdict_checks` turns that verdict into the steps the reports show.
 
 Every verdict here is what the real comparison returned for constructed streams and rows; the rows
 hold binary fractions only, so every margin is exact.
@@ -15,15 +15,16 @@ from typing import Sequence
 import numpy as np
 import pytest
 
-from specparity import report
-from specparity.checks import Check, verdict_checks
-from specparity.compare import CLASSES, OWN_ROW_REJECTED, Verdict, compare
-from specparity.gate import decide, near_tie_budget, prompt_checks
-from specparity.journal import JOURNAL, RESULTS_SCHEMA, load_run
-from specparity.noise import NearTieThreshold, NoiseStats
-from specparity.prompts import Prompt
-from specparity.records import GateConfig, GatePolicy, GateRun, PromptRecord
-from specparity.types import GenerationResult, SpecStats, StepRecord, TokenScores
+from specparity.report import render as report
+from specparity.judge.checks import Check, verdict_checks
+from specparity.judge.compare import OWN_ROW_REJECTED, compare
+from specparity.model.verdicts import CLASSES, Verdict
+from specparity.gate.decision import decide, near_tie_budget, prompt_checks
+from specparity.run.journal import JOURNAL, RESULTS_SCHEMA, load_run
+from specparity.model.threshold import NearTieThreshold, NoiseStats
+from specparity.model.prompts import Prompt
+from specparity.model.gate_run import GateConfig, GatePolicy, GateRun, PromptRecord
+from specparity.model.types import GenerationResult, SpecStats, StepRecord, TokenScores
 
 K = 6
 STOP = 0

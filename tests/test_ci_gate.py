@@ -22,8 +22,8 @@ import pytest
 
 from llamacpp_fixtures import SUITE_PYTEST
 from prompt_subsets import first_of_each
-from specparity import exitcodes
-from specparity.fixtures import REPO_ROOT
+from specparity.gate import exitcodes
+from specparity.model.locations import REPO_ROOT
 
 GATE = REPO_ROOT / "ci" / "gate.sh"
 POLICY = REPO_ROOT / "ci" / "policy.toml"
@@ -83,7 +83,7 @@ def fast(few) -> tuple[str, ...]:
 
 
 def test_policy_file_is_the_documented_one():
-    from specparity.policy import load_policy
+    from specparity.gate.policy_file import load_policy
 
     policy = load_policy(POLICY)  # it parses, and says what its comments say
     assert (policy["drift_policy"], policy["max_near_tie"], policy["min_accept_length"]) == ("fail", 0.25, 1.5)

@@ -16,10 +16,11 @@ from pathlib import Path
 import pytest
 
 from child_signals import default_sigint
-from specparity import cli, exitcodes
-from specparity.compare import CLASSES
-from specparity.fixtures import REPO_ROOT
-from specparity.option_table import GATE_OPTIONS
+from specparity.cli import commands as cli
+from specparity.gate import exitcodes
+from specparity.model.verdicts import CLASSES
+from specparity.model.locations import REPO_ROOT
+from specparity.cli.option_table import GATE_OPTIONS
 
 TESTS = REPO_ROOT / "tests"
 BROKEN_LOOPS = f"{TESTS / 'broken_loops.py'}:create"

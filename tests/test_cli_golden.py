@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from specparity import exitcodes
-from specparity.fixtures import REPO_ROOT, fixture_dir
-from specparity.golden import load_golden
-from specparity.prompts import load_many
+from specparity.gate import exitcodes
+from specparity.model.locations import REPO_ROOT, fixture_dir
+from specparity.run.golden import load_golden
+from specparity.model.prompts import load_many
 from prompt_subsets import SHORT
 
 TESTS = REPO_ROOT / "tests"
@@ -43,7 +43,7 @@ def test_committed_golden_matches_prompts_and_fixtures():
 def main(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
     """``specparity ARGS`` in this process (the console script calls the same ``main``): its exit code
     and what it printed on stdout."""
-    from specparity import cli as cli_main
+    from specparity.cli import commands as cli_main
 
     code = cli_main.main(list(args))
     return code, capsys.readouterr().out
@@ -86,7 +86,7 @@ def test_record_compare_report(tmp_path, capsys, default_prompts):
 
 def test_bad_inputs_are_one_line(tmp_path, capsys):
     """Each is refused before any model loads (in this process: the exit code and what went to stderr)."""
-    from specparity import cli as cli_main
+    from specparity.cli import commands as cli_main
 
     def refused(*args: str) -> str:
         code = cli_main.main(list(args))
@@ -107,7 +107,7 @@ def test_bad_inputs_are_one_line(tmp_path, capsys):
 @pytest.fixture(scope="module")
 def journal(tmp_path_factory) -> Path:
     """A real journal: two math prompts gated in-process by `specparity run` (dflash on the fixtures)."""
-    from specparity import cli as cli_main
+    from specparity.cli import commands as cli_main
 
     root = tmp_path_factory.mktemp("journal")
     lines = (REPO_ROOT / "prompts" / "default.jsonl").read_text().splitlines()
@@ -127,7 +127,7 @@ def _rewrite(journal: Path, out: Path, edit) -> Path:
 
 
 def _compare(capsys, *args: str) -> tuple[int, dict]:
-    from specparity import cli as cli_main
+    from specparity.cli import commands as cli_main
 
     code = cli_main.main(["compare", *args, "--json"])
     return code, json.loads(capsys.readouterr().out)

@@ -6,8 +6,8 @@ import numpy as np
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from specparity.compare import OWN_ROW_REJECTED, compare, find_remerge, first_mismatch, own_row_rejections, tf_violations
-from specparity.types import GenerationResult, SpecStats, TokenScores
+from specparity.judge.compare import OWN_ROW_REJECTED, compare, find_remerge, first_mismatch, own_row_rejections, tf_violations
+from specparity.model.types import GenerationResult, SpecStats, TokenScores
 
 K = 6
 VOCAB = 50

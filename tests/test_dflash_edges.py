@@ -21,9 +21,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from broken_dflash import model_options
-from specparity.compare import _stream_problem
-from specparity.engines.dflash import DFlashEngine
-from specparity.types import GenerationRequest
+from specparity.judge.compare import _stream_problem
+from specparity.engines.inprocess.dflash import DFlashEngine
+from specparity.model.types import GenerationRequest
 
 EXAMPLES = int(os.environ.get("SPECPARITY_HYPOTHESIS_EXAMPLES", "30"))
 BLOCKS = [1, 2, 3, 4, 8, 16]
@@ -147,7 +147,7 @@ def test_zero_new_tokens_with_stats(engine):
     import dflash.model as dm
 
     ids = torch.tensor([engine.encode_prompt("hello", None)])
-    from specparity.engines.dflash import host_timer
+    from specparity.engines.inprocess.dflash import host_timer
 
     with host_timer(dm):
         out = dm.dflash_generate(engine.draft, engine.target.model, ids, 0, list(engine.stop_token_ids()), return_stats=True)

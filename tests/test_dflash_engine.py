@@ -15,8 +15,8 @@ from broken_dflash import MODELS_DIR, model_options
 from inprocess import run_pytest
 from prompt_subsets import first_of_each
 from specparity.engines.base import Engine
-from specparity.engines.dflash import DFlashEngine, DFlashLoadError
-from specparity.types import GenerationRequest
+from specparity.engines.inprocess.dflash import DFlashEngine, DFlashLoadError
+from specparity.model.types import GenerationRequest
 
 MAX_NEW = 32
 
@@ -181,8 +181,8 @@ def test_bf16_flips_are_near_ties_and_a_real_bug_still_diverges(default_prompts,
     flip depends on the CPU's kernels (tests/test_bf16_near_ties.py): recorded, not asserted."""
     from broken_dflash import DFlashLoopEngine
 
-    from specparity.records import GateConfig
-    from specparity.runner import run_gate
+    from specparity.model.gate_run import GateConfig
+    from specparity.run.runner import run_gate
 
     prompts = [p for p in default_prompts if p.id in BF16_FLIP_PROMPTS]
     opts = model_options("dflash2", dtype="bfloat16", extra={"stop_token_ids": "4"})  # <|pad|>: never emitted

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from safetensors import safe_open
 
-from specparity.fixtures import MODELS
+from specparity.model.locations import MODELS
 
 HEAD, TARGET = MODELS / "eagle3", MODELS / "target"
 TOOLS = Path(__file__).resolve().parents[1] / "tools"

@@ -1,4 +1,4 @@
-"""One exit-code table for every entry point (docs/ERRORS.md, :mod:`specparity.exitcodes`).
+"""One exit-code table for every entry point (docs/ERRORS.md, :mod:`specparity.gate.exitcodes`).
 
 Each (entry point, code) pair is either produced here, produced by a named test elsewhere (a run
 that is slow to start twice: a real Ctrl-C, a full ``ci/gate.sh`` run, the bad-input commands of
@@ -34,8 +34,9 @@ import pytest
 from bad_inputs import CASES as BAD_INPUTS, END_TO_END
 from child_signals import default_sigint
 from inprocess import QUIET_PLUGINS, run_cli, run_pytest
-from specparity import cli, exitcodes
-from specparity.fixtures import REPO_ROOT
+from specparity.cli import commands as cli
+from specparity.gate import exitcodes
+from specparity.model.locations import REPO_ROOT
 
 TESTS = REPO_ROOT / "tests"
 ENGINES = TESTS / "exit_code_engines.py"
@@ -124,7 +125,7 @@ def pytest_lossless(*args: str | Path) -> tuple[int, str]:
 
 
 def specparity_lossless(*args: str | Path) -> tuple[int, str]:
-    return process(sys.executable, "-c", "import sys; from specparity.cli import main; sys.exit(main())",
+    return process(sys.executable, "-c", "import sys; from specparity.cli.commands import main; sys.exit(main())",
                    "lossless", "-q", "-p", "no:cacheprovider", *args)
 
 
@@ -213,12 +214,12 @@ def _run_no_noise(tmp_path, capsys, one_prompt, journals, monkeypatch):
 
 
 def _run_report_write_fails(tmp_path, capsys, one_prompt, journals, monkeypatch):
-    import specparity.runner
+    import specparity.run.runner
 
     def disk_full(run, decision, report_dir):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(specparity.runner, "write_reports", disk_full)
+    monkeypatch.setattr(specparity.run.runner, "write_reports", disk_full)
     code, text = main(capsys, "run", *gate_argv(one_prompt, tmp_path / "r"))
     assert "the gate's verdict was PASS" in text  # the verdict reached is said, not lost
     assert json.loads((tmp_path / "r" / "results.jsonl").read_text().splitlines()[-1])["status"] == "PASS"
@@ -252,22 +253,22 @@ def _compare_nothing_in_common(tmp_path, capsys, one_prompt, journals, monkeypat
 
 
 def _compare_interrupted(tmp_path, capsys, one_prompt, journals, monkeypatch):
-    import specparity.cli_golden
+    import specparity.cli.golden_commands
 
     def ctrl_c(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(specparity.cli_golden, "_load_side", ctrl_c)
+    monkeypatch.setattr(specparity.cli.golden_commands, "_load_side", ctrl_c)
     return main(capsys, "compare", str(GOLDEN), str(GOLDEN)), "interrupted (Ctrl-C)"
 
 
 def _compare_report_write_fails(tmp_path, capsys, one_prompt, journals, monkeypatch):
-    import specparity.report
+    import specparity.report.render
 
     def disk_full(run, decision, report_dir):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(specparity.report, "write_reports", disk_full)
+    monkeypatch.setattr(specparity.report.render, "write_reports", disk_full)
     return (main(capsys, "compare", str(GOLDEN), str(GOLDEN), "--report", str(tmp_path / "c")),
             "writing the verdict and reports failed")
 

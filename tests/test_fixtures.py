@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from specparity.fixtures import MANIFEST, MODELS, verify_manifest
+from specparity.model.locations import MANIFEST, MODELS, verify_manifest
 
 LIMIT_BYTES = 25 * 1024 * 1024
 

@@ -17,15 +17,15 @@ import pytest
 from broken_loops import REJECT_STREAK, LoopEngine
 from llamacpp_fixtures import require_llamacpp
 from prompt_subsets import write_subset
-from specparity import exitcodes
-from specparity.coverage import step_kind
+from specparity.gate import exitcodes
+from specparity.model.coverage import step_kind
 from specparity.engines.base import EngineOptions
-from specparity.fixtures import fixture_dir
-from specparity.force_reject import MIN_REJECT_SHARE, ForceReject, RejectShare
-from specparity.gate import decide, reject_share
-from specparity.prompts import load_prompts
-from specparity.records import GateConfig
-from specparity.runner import request_for, run_gate
+from specparity.model.locations import fixture_dir
+from specparity.model.force_reject import MIN_REJECT_SHARE, ForceReject, RejectShare
+from specparity.gate.decision import decide, reject_share
+from specparity.model.prompts import load_prompts
+from specparity.model.gate_run import GateConfig
+from specparity.run.runner import request_for, run_gate
 
 SHORT_MAX_NEW = 16
 
@@ -182,9 +182,9 @@ def test_a_loop_that_ignores_the_mode_is_a_configuration_error(hf_options, short
 @pytest.mark.parametrize("engine_name", ["dflash", "hf"])
 def test_builtin_engines_pass_under_forced_rejection(engine_name, mode, short_prompts):
     if engine_name == "dflash":
-        from specparity.engines.dflash import DFlashEngine as make
+        from specparity.engines.inprocess.dflash import DFlashEngine as make
     else:
-        from specparity.engines.hf import HFEngine as make
+        from specparity.engines.inprocess.hf import HFEngine as make
     engine = make(EngineOptions(force_reject=mode))
     try:
         run = run_gate(engine, short_prompts, GateConfig(force_reject=mode, max_new_tokens=SHORT_MAX_NEW))
@@ -201,7 +201,7 @@ def test_builtin_engines_pass_under_forced_rejection(engine_name, mode, short_pr
 
 def test_the_summary_says_what_was_forced(tmp_path, short_prompts, capsys):
     """Through the command line's entry point: exit 0 and the share on the terminal and in the summary."""
-    from specparity.cli import main
+    from specparity.cli.commands import main
 
     prompts = tmp_path / "p.jsonl"
     write_subset(prompts, lambda row: row["id"] == short_prompts[0].id)
@@ -217,7 +217,7 @@ def test_the_summary_says_what_was_forced(tmp_path, short_prompts, capsys):
 # ------------------------------------------------------------------------------------ llama.cpp
 def test_llamacpp_forces_every_reject(short_prompts):
     require_llamacpp()
-    from specparity.engines.llamacpp import create
+    from specparity.engines.server.llamacpp import create
 
     engine = create(EngineOptions(force_reject="all"))
     try:

@@ -26,14 +26,14 @@ import pytest
 
 from foreign_model import FOREIGN_PROMPTS, GGUF_PRE, ForeignModel, build_foreign_model
 from inprocess import run_cli, run_pytest
-from specparity import exitcodes
+from specparity.gate import exitcodes
 from specparity.engines import EngineLoadError, load_engine
 from specparity.engines.base import EngineOptions
-from specparity.fixtures import REPO_ROOT
-from specparity.prompts import load_prompts
-from specparity.records import GateConfig
-from specparity.report import render_summary_md
-from specparity.runner import conclude, run_gate
+from specparity.model.locations import REPO_ROOT
+from specparity.model.prompts import load_prompts
+from specparity.model.gate_run import GateConfig
+from specparity.report.render import render_summary_md
+from specparity.run.runner import conclude, run_gate
 
 CONFIG = GateConfig(max_new_tokens=12, calibration="selected")
 
@@ -141,8 +141,8 @@ def test_the_fixture_demo_says_fixture_models(prompts):
 def test_without_the_fixtures_a_given_target_never_looks_for_them(foreign, monkeypatch, tmp_path):
     """An installed wheel carries no fixture models: with --target nothing asks for them (no
     FixtureError); a missing draft is the one-line --draft refusal."""
-    import specparity.engines.llamacpp as llamacpp
-    import specparity.fixtures as fixtures
+    import specparity.engines.server.llamacpp as llamacpp
+    import specparity.model.locations as fixtures
 
     for module in (fixtures, llamacpp):
         monkeypatch.setattr(module, "MANIFEST", tmp_path / "no-fixtures" / "MANIFEST.sha256")
@@ -194,7 +194,7 @@ def foreign_ggufs(tmp_path_factory, foreign, foreign_draft, foreign_other) -> di
 
 @pytest.mark.slow
 def test_gguf_metadata_is_the_models_vocabulary(foreign, foreign_ggufs):
-    from specparity.engines.gguf_meta import read_vocab
+    from specparity.engines.server.gguf_meta import read_vocab
 
     vocab = read_vocab(foreign_ggufs["target"])
     assert (vocab.architecture, vocab.tokenizer_model) == ("llama", "gpt2")
@@ -204,7 +204,7 @@ def test_gguf_metadata_is_the_models_vocabulary(foreign, foreign_ggufs):
 
 @pytest.mark.slow
 def test_llamacpp_sends_the_models_own_ids_and_passes(foreign, foreign_ggufs, prompts, tmp_path):
-    from specparity.engines.llamacpp import LlamaServerTokenizer
+    from specparity.engines.server.llamacpp import LlamaServerTokenizer
 
     engine = load_engine("llamacpp", EngineOptions(target=str(foreign_ggufs["target"]),
                                                    draft=str(foreign_ggufs["draft"]), spec_mode="draft-simple",
@@ -215,7 +215,7 @@ def test_llamacpp_sends_the_models_own_ids_and_passes(foreign, foreign_ggufs, pr
 
 @pytest.mark.slow
 def test_llamacpp_baseline_that_drafts_is_an_error_never_a_pass(foreign_ggufs, prompts, tmp_path):
-    from specparity.engines.llamacpp import LlamaServerLaunch, find_binary
+    from specparity.engines.server.llamacpp import LlamaServerLaunch, find_binary
 
     launch = LlamaServerLaunch(str(find_binary()), str(foreign_ggufs["target"]), draft=str(foreign_ggufs["draft"]),
                                spec_type="draft-simple")
@@ -234,7 +234,7 @@ def test_llamacpp_baseline_that_drafts_is_an_error_never_a_pass(foreign_ggufs, p
 
 @pytest.mark.slow
 def test_llamacpp_sides_serving_different_models_are_refused_before_judging(foreign_ggufs, prompts, tmp_path):
-    from specparity.engines.llamacpp import LlamaServerLaunch, find_binary
+    from specparity.engines.server.llamacpp import LlamaServerLaunch, find_binary
 
     binary = str(find_binary())
     base = LlamaServerLaunch(binary, str(foreign_ggufs["target"])).process("base", log_dir=str(tmp_path))

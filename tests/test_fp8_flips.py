@@ -14,9 +14,9 @@ import pytest
 
 from specparity.engines import load_engine
 from specparity.engines.base import EngineOptions
-from specparity.gate import GatePolicy
-from specparity.records import GateConfig
-from specparity.runner import conclude, run_gate
+from specparity.gate.decision import GatePolicy
+from specparity.model.gate_run import GateConfig
+from specparity.run.runner import conclude, run_gate
 
 pytestmark = pytest.mark.slow
 

@@ -15,15 +15,15 @@ import pytest
 from broken_loops import BUGS, LoopEngine
 from llamacpp_fixtures import SUITE_PYTEST
 from prompt_subsets import write_subset
-from specparity.compare import OWN_ROW_REJECTED
+from specparity.judge.compare import OWN_ROW_REJECTED
 from specparity.engines.base import EngineOptions
-from specparity.fixtures import REPO_ROOT
-from specparity.gate import decide
-from specparity.golden import load_golden
-from specparity.prompts import load_prompts
-from specparity.records import GateConfig, GatePolicy
-from specparity.report import judgement
-from specparity.runner import run_gate
+from specparity.model.locations import REPO_ROOT
+from specparity.gate.decision import decide
+from specparity.run.golden import load_golden
+from specparity.model.prompts import load_prompts
+from specparity.model.gate_run import GateConfig, GatePolicy
+from specparity.report.render import judgement
+from specparity.run.runner import run_gate
 
 MAX_NEW = 32
 

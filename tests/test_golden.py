@@ -12,9 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from specparity import exitcodes
-from specparity.fixtures import REPO_ROOT
-from specparity.golden import (
+from specparity.gate import exitcodes
+from specparity.model.locations import REPO_ROOT
+from specparity.run.golden import (
     GoldenError,
     Recorded,
     baseline_key,
@@ -22,9 +22,9 @@ from specparity.golden import (
     load_golden,
     write_golden,
 )
-from specparity.journal import read_journal
-from specparity.prompts import Prompt
-from specparity.types import ArtifactId, Fingerprint, GenerationResult, SpecStats, TokenScores
+from specparity.run.journal import read_journal
+from specparity.model.prompts import Prompt
+from specparity.model.types import ArtifactId, Fingerprint, GenerationResult, SpecStats, TokenScores
 from inprocess import run_pytest
 from prompt_subsets import SHORT, first_of_categories
 
@@ -167,7 +167,7 @@ def gate(*args: str) -> tuple[int, str]:
 
 def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
     """``specparity run ARGS`` in this process: its exit code and what it printed on stdout."""
-    from specparity import cli
+    from specparity.cli import commands as cli
 
     code = cli.main(["run", *args])
     return code, capsys.readouterr().out

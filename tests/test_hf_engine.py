@@ -7,8 +7,8 @@ import pytest
 
 from specparity.engines import EngineLoadError, load_engine
 from specparity.engines.base import Engine, EngineOptions
-from specparity.engines.hf import HFEngine
-from specparity.types import GenerationRequest
+from specparity.engines.inprocess.hf import HFEngine
+from specparity.model.types import GenerationRequest
 
 
 @pytest.fixture(scope="module", params=["draft", "prompt_lookup"])
@@ -64,19 +64,19 @@ def test_baseline_and_spec_scores_match_teacher_forcing(engine, default_prompts)
 
 
 def test_user_engine_from_module_and_file(tmp_path, hf_options):
-    eng = load_engine("specparity.engines.hf:create", hf_options)
+    eng = load_engine("specparity.engines.inprocess.hf:create", hf_options)
     assert eng.name == "hf"
     eng.close()
     # A plugin outside the repository, importing a module beside it, written the public way: a loop
     # over a TorchTarget, joined by InProcessEngine.
     (tmp_path / "my_loops.py").write_text(
-        "from specparity.engines.hf import AssistedLoop\n"
+        "from specparity.engines.inprocess.hf import AssistedLoop\n"
         "class MyLoop(AssistedLoop):\n    name = 'mine'\n"
     )
     f = tmp_path / "my_engine.py"
     f.write_text(
         "from my_loops import MyLoop\n"
-        "from specparity.engines.inprocess import InProcessEngine, TorchTarget\n"
+        "from specparity.engines.inprocess.loop import InProcessEngine, TorchTarget\n"
         "def factory(options):\n"
         "    target = TorchTarget.from_options(options)\n"
         "    return InProcessEngine(target, MyLoop(target, 'draft', 3, options.draft))\n"

@@ -22,9 +22,9 @@ import pytest
 from inprocess import run_pytest
 from llamacpp_fixtures import require_llamacpp
 
-from specparity.checkpoints import load_checkpoint
-from specparity.fixtures import MANIFEST, MODELS, REPO_ROOT, fixture_dir
-from specparity.prompts import load_prompts
+from specparity.probes.checkpoints import load_checkpoint
+from specparity.model.locations import MANIFEST, MODELS, REPO_ROOT, fixture_dir
+from specparity.model.prompts import load_prompts
 
 HYBRID = MODELS / "hybrid"
 LIMIT_BYTES = 3_000_000
@@ -79,7 +79,7 @@ def test_checkpoint_holds_the_declared_layers(cfg, ckpt):
 
 
 def test_mamba_probe_recognises_a_consistent_hybrid(ckpt):
-    from specparity.probes.capabilities import EngineSpec
+    from specparity.probes.version_facts import EngineSpec
     from specparity.probes.mamba_slots import LaunchFlags, linear_layer_report, probe_mamba_slots
     from specparity.probes.finding import Status
 

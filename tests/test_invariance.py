@@ -8,12 +8,12 @@ import dataclasses
 import pytest
 
 from broken_loops import LoopEngine
-from specparity.compare import Verdict
-from specparity.engines.hf import HFEngine
-from specparity.invariance import rejection_positions, self_draft_report
-from specparity.invariance_run import InvarianceError, run_batching, run_self_draft, solo_runs
-from specparity.records import GateConfig
-from specparity.types import GenerationResult, SpecStats, StepRecord, TokenScores
+from specparity.model.verdicts import Verdict
+from specparity.engines.inprocess.hf import HFEngine
+from specparity.judge.invariance import rejection_positions, self_draft_report
+from specparity.run.invariance import InvarianceError, run_batching, run_self_draft, solo_runs
+from specparity.model.gate_run import GateConfig
+from specparity.model.types import GenerationResult, SpecStats, StepRecord, TokenScores
 
 import numpy as np
 

@@ -6,12 +6,12 @@ import pytest
 
 from specparity.engines import load_engine
 from specparity.engines.base import EngineOptions
-from specparity.gate import decide
-from specparity.journal import JournalError, load_run, read_journal
-from specparity.prompts import load_many
-from specparity.records import GateConfig
-from specparity.report import render_summary_md
-from specparity.runner import conclude, run_gate
+from specparity.gate.decision import decide
+from specparity.run.journal import JournalError, load_run, read_journal
+from specparity.model.prompts import load_many
+from specparity.model.gate_run import GateConfig
+from specparity.report.render import render_summary_md
+from specparity.run.runner import conclude, run_gate
 
 
 #: Prompts per category of the run whose journal is rebuilt, and its token budget: enough for the
@@ -21,7 +21,7 @@ PER_CATEGORY, MAX_NEW_TOKENS = 2, 24
 
 @pytest.fixture(scope="module")
 def broken_run(tmp_path_factory):
-    from specparity.fixtures import REPO_ROOT
+    from specparity.model.locations import REPO_ROOT
 
     out = tmp_path_factory.mktemp("journal")
     every = load_many([REPO_ROOT / "prompts" / "default.jsonl"])

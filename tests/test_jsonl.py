@@ -9,11 +9,11 @@ import pickle
 
 import pytest
 
-from specparity.golden import GoldenError, Recorded, load_golden, write_golden
-from specparity.journal import JournalError, read_journal
-from specparity.jsonl import JsonlError, read_jsonl
-from specparity.prompts import Prompt, PromptFileError, load_prompts
-from specparity.types import GenerationResult, SpecStats
+from specparity.run.golden import GoldenError, Recorded, load_golden, write_golden
+from specparity.run.journal import JournalError, read_journal
+from specparity.model.jsonl import JsonlError, read_jsonl
+from specparity.model.prompts import Prompt, PromptFileError, load_prompts
+from specparity.model.types import GenerationResult, SpecStats
 from test_golden import fingerprint, recorded, scores
 
 #: Characters str.splitlines() breaks a line at that a JSON string may hold unescaped.

@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from specparity.engines import EngineLoadError, load_engine
-from specparity.engines import kvcache
+from specparity.engines.inprocess import kvcache
 from specparity.engines.base import EngineOptions
-from specparity.engines.inprocess import TorchTarget
-from specparity.engines.kvcache import (
+from specparity.engines.inprocess.loop import TorchTarget
+from specparity.engines.inprocess.kvcache import (
     FP8_E4M3_MAX,
     KV_CACHE_DTYPES,
     KVScales,
@@ -22,9 +22,9 @@ from specparity.engines.kvcache import (
     fp8_round_trip,
     resolve_kv_options,
 )
-from specparity.fixtures import REPO_ROOT, fixture_dir
-from specparity.noise import position_deltas
-from specparity.types import GenerationRequest
+from specparity.model.locations import REPO_ROOT, fixture_dir
+from specparity.judge.noise import position_deltas
+from specparity.model.types import GenerationRequest
 
 MAX_NEW = 32
 
@@ -82,7 +82,7 @@ def test_kv_cache_dtype_values_and_refusals():
 
 def test_the_module_imports_without_torch():
     """The lead validates ``--kv-cache-dtype`` against KV_CACHE_DTYPES before any model loads."""
-    code = ("import sys; from specparity.engines.kvcache import KV_CACHE_DTYPES, resolve_kv_options; "
+    code = ("import sys; from specparity.engines.inprocess.kvcache import KV_CACHE_DTYPES, resolve_kv_options; "
             "resolve_kv_options('fp8_e4m3'); assert 'torch' not in sys.modules and 'transformers' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO_ROOT)
 
@@ -302,7 +302,7 @@ def test_cache_keyword_follows_the_forward_signature():
     """transformers 5.24 takes the cache as ``cache=``, 5.15–5.23 (the H200's 5.17) as
     ``past_key_values=``; a cache passed under the other name is silently ignored there, which on
     the GPU left teacher-forced scoring unquantized (docs/gpu-numerics.md)."""
-    from specparity.engines.kvcache import cache_kwarg
+    from specparity.engines.inprocess.kvcache import cache_kwarg
 
     class Old:
         def forward(self, input_ids=None, past_key_values=None, use_cache=None, **kwargs):

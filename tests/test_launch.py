@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from specparity.engines.base import EngineOptions
-from specparity.engines.launch import LaunchError, ServerProcess
-from specparity.engines.llamacpp import LlamaServerLaunch, launch_configs
-from specparity.engines.presets import PRESETS, fill, get_preset
+from specparity.engines.server.launch import LaunchError, ServerProcess
+from specparity.engines.server.llamacpp import LlamaServerLaunch, launch_configs
+from specparity.engines.server.presets import PRESETS, fill, get_preset
 
 TOY_SERVER = r'''
 import http.server, os, subprocess, sys, time

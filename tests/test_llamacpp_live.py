@@ -8,7 +8,7 @@ get one; with ``SPECPARITY_REQUIRE_LLAMACPP=1`` (CI) they fail instead.
   for a standalone draft, an n-gram mode and ``draft-dflash``, and at concurrency 2;
 * a speculative server that serves another model is refused before anything is judged;
 * the same DFlash2 draft accepts alike under the reference ``dflash`` decoder and llama.cpp, and a
-  different draft does not (``specparity.parity``).
+  different draft does not (``specparity.gate.parity``).
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ import pytest
 
 from inprocess import run_pytest
 from llamacpp_fixtures import require_llamacpp
-from specparity import exitcodes
-from specparity.fixtures import REPO_ROOT
-from specparity.prompts import load_prompts
+from specparity.gate import exitcodes
+from specparity.model.locations import REPO_ROOT
+from specparity.model.prompts import load_prompts
 
 pytestmark = pytest.mark.slow
 
@@ -111,7 +111,7 @@ def test_a_speculative_server_serving_another_model_is_refused_before_judging(ll
     """Not a mock: two real servers, the 'speculative' one runs the draft model as its target. The
     endpoints' identities differ (another file, another size), so nothing is judged: exit 3, the
     message naming both servers and what differs."""
-    from specparity.engines.llamacpp import LlamaServerLaunch
+    from specparity.engines.server.llamacpp import LlamaServerLaunch
 
     binary, gg = llamacpp
     base = LlamaServerLaunch(str(binary), str(gg / "target.gguf")).process("base", log_dir=str(tmp_path))
@@ -134,13 +134,13 @@ def test_the_same_dflash2_draft_accepts_alike_in_the_reference_and_in_llamacpp(l
     ``PARITY_TOKENS`` new tokens the fixtures show what they show at the default 48: the same
     draft's largest per-category gap 0.063 (tolerance 0.10), the other draft's overall gap 0.26."""
     from specparity.engines.base import EngineOptions
-    from specparity.engines.dflash import DFlashEngine
-    from specparity.engines.llamacpp import create
-    from specparity.fixtures import fixture_dir
-    from specparity.golden import load_golden
-    from specparity.parity import compare_acceptance
-    from specparity.records import GateConfig
-    from specparity.runner import run_gate
+    from specparity.engines.inprocess.dflash import DFlashEngine
+    from specparity.engines.server.llamacpp import create
+    from specparity.model.locations import fixture_dir
+    from specparity.run.golden import load_golden
+    from specparity.gate.parity import compare_acceptance
+    from specparity.model.gate_run import GateConfig
+    from specparity.run.runner import run_gate
 
     _, gg = llamacpp
     prompts = [p for p in load_prompts(REPO_ROOT / "prompts" / "default.jsonl").prompts

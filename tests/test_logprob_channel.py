@@ -13,16 +13,16 @@ import numpy as np
 import pytest
 
 from degenerate_logprobs_engine import SIDES
-from specparity.calibration import DegenerateLogprobs, Sample, require_sound_channels
+from specparity.judge.calibration import DegenerateLogprobs, Sample, require_sound_channels
 from specparity.engines import load_engine
 from specparity.engines.base import EngineOptions
-from specparity.exitcodes import GATE_FAILED, ENGINE_ERROR
-from specparity.fixtures import REPO_ROOT
-from specparity.gate import decide
-from specparity.logprob_channel import MIN_CHANNEL_ROWS, channel_problem, stream_problem
-from specparity.records import GateConfig
-from specparity.runner import run_gate
-from specparity.types import TokenScores
+from specparity.gate.exitcodes import GATE_FAILED, ENGINE_ERROR
+from specparity.model.locations import REPO_ROOT
+from specparity.gate.decision import decide
+from specparity.judge.logprob_channel import MIN_CHANNEL_ROWS, channel_problem, stream_problem
+from specparity.model.gate_run import GateConfig
+from specparity.run.runner import run_gate
+from specparity.model.types import TokenScores
 
 PLUGIN = f"{REPO_ROOT / 'tests' / 'degenerate_logprobs_engine.py'}:create"
 

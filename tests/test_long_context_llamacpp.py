@@ -33,9 +33,9 @@ import pytest
 
 from inprocess import run_pytest
 from llamacpp_fixtures import require_llamacpp
-from specparity import exitcodes
-from specparity.fixtures import REPO_ROOT, fixture_dir
-from specparity.prompts import Prompt, long_context_prompt
+from specparity.gate import exitcodes
+from specparity.model.locations import REPO_ROOT, fixture_dir
+from specparity.model.prompts import Prompt, long_context_prompt
 
 pytestmark = pytest.mark.slow
 

@@ -23,8 +23,8 @@ from child_signals import default_sigint
 from inprocess import run_cli, run_pytest
 from llamacpp_fixtures import SUITE_PYTEST
 from prompt_subsets import first_of_each
-from specparity import exitcodes
-from specparity.fixtures import REPO_ROOT
+from specparity.gate import exitcodes
+from specparity.model.locations import REPO_ROOT
 
 TESTS = REPO_ROOT / "tests"
 BROKEN_LOOPS = f"{TESTS / 'broken_loops.py'}:create"
@@ -167,7 +167,7 @@ def test_probe_suite_without_probe_engine_is_a_usage_error(probe_dirs):
 
 
 def test_probe_of_an_unread_version_is_never_ok(probe_dirs, capsys):
-    from specparity.cli import main
+    from specparity.cli.commands import main
 
     code = main(["probe", "--target", str(probe_dirs["target"]), "--draft", str(probe_dirs["draft"]),
                  "--engine", "sglang==0.5.99", "--format", "json"])

@@ -11,9 +11,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from specparity.calibration import Sample, calibrate
-from specparity.noise import MIN_NEAR_PAIRS, measure_noise
-from specparity.types import TokenScores
+from specparity.judge.calibration import Sample, calibrate
+from specparity.judge.noise import measure_noise
+from specparity.model.threshold import MIN_NEAR_PAIRS
+from specparity.model.types import TokenScores
 
 
 def _rows(n: int, top: list[float], moved: list[float]) -> tuple[TokenScores, TokenScores]:

@@ -14,11 +14,11 @@ import pytest
 from nonfinite_engine import INF_AT, NAN_AT, SIDES, UNREPORTED
 from specparity.engines import load_engine
 from specparity.engines.base import EngineOptions
-from specparity.fixtures import REPO_ROOT
-from specparity.gate import decide
-from specparity.records import GateConfig
-from specparity.runner import conclude, rows_problem, run_gate
-from specparity.types import TokenScores
+from specparity.model.locations import REPO_ROOT
+from specparity.gate.decision import decide
+from specparity.model.gate_run import GateConfig
+from specparity.run.runner import conclude, rows_problem, run_gate
+from specparity.model.types import TokenScores
 
 PLUGIN = f"{REPO_ROOT / 'tests' / 'nonfinite_engine.py'}:create"
 

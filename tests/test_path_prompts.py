@@ -1,6 +1,6 @@
 """The default prompt suite drives every speculative path of both embedded engines on enough prompts.
 
-A lossless gate proves nothing about a path no prompt reaches (``specparity.coverage``), and a
+A lossless gate proves nothing about a path no prompt reaches (``specparity.model.coverage``), and a
 path reached by one prompt is one prompt edit away from untested. So for the default modes of the
 two embedded engines — ``hf`` (transformers assisted generation, fixture draft, width 4) and
 ``dflash`` (DFlash2, block 8) — the speculative side of ``prompts/default.jsonl`` must take each
@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import pytest
 
-from specparity.coverage import PATHS, Coverage
+from specparity.model.coverage import PATHS, Coverage
 from specparity.engines import load_engine
 from specparity.engines.base import EngineOptions
-from specparity.fixtures import fixture_dir
-from specparity.records import DEFAULT_MAX_NEW_TOKENS
-from specparity.types import GenerationRequest
+from specparity.model.locations import fixture_dir
+from specparity.model.gate_run import DEFAULT_MAX_NEW_TOKENS
+from specparity.model.types import GenerationRequest
 
 MIN_PROMPTS = 5
 #: engine -> (spec mode, draft fixture): the default mode of each embedded engine.

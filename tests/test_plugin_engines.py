@@ -1,7 +1,7 @@
 """Plugin engines as a third party writes them: a folder outside the repository, run by the gate
 with no extra flags.
 
-The plugin is a :class:`~specparity.engines.inprocess.SpeculativeLoop` (prompt lookup, written
+The plugin is a :class:`~specparity.engines.inprocess.loop.SpeculativeLoop` (prompt lookup, written
 with :func:`~specparity.engines.base.step_record`) over a ``TorchTarget``, importing a helper
 from the module beside it. The gate must pass it, hand it the fixture target and draft when
 ``--target`` / ``--draft`` are not given, and apply ``--threads`` before its factory runs.
@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 
 from inprocess import run_pytest
-from specparity import exitcodes
+from specparity.gate import exitcodes
 from specparity.engines import build_engine, check_options, resolve_factory
 from specparity.engines.base import EngineInfo, EngineOptions
-from specparity.fixtures import REPO_ROOT, fixture_dir
+from specparity.model.locations import REPO_ROOT, fixture_dir
 
 HELPERS = '''
 """Beside mine.py: imported as a sibling module (the plugin's folder is put on sys.path)."""
@@ -50,7 +50,7 @@ import torch
 
 from helpers import lookup_drafts
 from specparity.engines.base import EngineInfo, EngineOptions, engine_factory, step_record
-from specparity.engines.inprocess import InProcessEngine, LoopOutput, TorchTarget
+from specparity.engines.inprocess.loop import InProcessEngine, LoopOutput, TorchTarget
 
 WIDTH = 3
 

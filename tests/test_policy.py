@@ -5,13 +5,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from specparity.compare import Verdict
+from specparity.model.verdicts import Verdict
 from specparity.engines.base import step_record
-from specparity.gate import bit_exact, decide, near_tie_policy
-from specparity.noise import derive_threshold, measure_noise
-from specparity.prompts import Prompt
-from specparity.records import GateConfig, GatePolicy, GateRun, PromptRecord
-from specparity.types import GenerationResult, SpecStats, StepRecord, TokenScores
+from specparity.gate.decision import bit_exact, decide, near_tie_policy
+from specparity.judge.noise import derive_threshold, measure_noise
+from specparity.model.prompts import Prompt
+from specparity.model.gate_run import GateConfig, GatePolicy, GateRun, PromptRecord
+from specparity.model.types import GenerationResult, SpecStats, StepRecord, TokenScores
 
 
 def _run(classes, steps=None, available=True, config=None):
@@ -164,7 +164,7 @@ def test_an_empty_run_is_never_a_pass():
 def test_counter_rules_are_refused_where_the_counters_cannot_check_them(counters, paths_ok, floor_ok):
     """Path coverage needs per-step records; a mean accept length needs any counters (request totals
     and aggregates give emitted tokens and verify steps too)."""
-    from specparity.options import BadInput, check_counters
+    from specparity.run.setup import BadInput, check_counters
 
     origin = {"require_all_paths": "--require-all-paths", "min_accept_length": "ci/policy.toml:5: min_accept_length"}
     for policy, ok in ((GatePolicy(require_paths=2), paths_ok), (GatePolicy(min_accept_length=1.5), floor_ok),

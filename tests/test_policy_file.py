@@ -6,10 +6,11 @@ from __future__ import annotations
 import pytest
 
 from inprocess import run_pytest
-from specparity import exitcodes
-from specparity.fixtures import REPO_ROOT
-from specparity.options import BadInput, build_setup
-from specparity.policy import PolicyError, load_policy, merge
+from specparity.gate import exitcodes
+from specparity.model.locations import REPO_ROOT
+from specparity.cli.options import build_setup
+from specparity.run.setup import BadInput
+from specparity.gate.policy_file import PolicyError, load_policy, merge
 from prompt_subsets import SHORT, first_of_each
 
 #: The gate runs below: a short token budget, calibrated on the prompts that run.
@@ -65,7 +66,7 @@ def gate(*args: str) -> tuple[int, str]:
 
 @pytest.mark.slow
 def test_acceptance_floor_fails_the_run(tmp_path, capsys):
-    from specparity import cli
+    from specparity.cli import commands as cli
 
     # the floor is a rule over the run, not over a prompt: one math prompt takes its path
     prompts = ("--prompts", str(tmp_path / "math.jsonl"))

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import probe_artifacts as pa
-from specparity.cli import main
+from specparity.cli.commands import main
 
 @pytest.fixture(scope="module")
 def dirs(tmp_path_factory):
@@ -115,7 +115,7 @@ def test_bad_input_is_one_line_exit_four(capsys, dirs, tmp_path, case):
 def test_console_script_on_hostile_input(tmp_path, dirs):
     """The installed entry point, in a real process: one line on stderr, no traceback."""
     exe = Path(sys.executable).with_name("specparity")
-    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "specparity.cli"]
+    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "specparity.cli.commands"]
     proc = subprocess.run([*cmd, "probe", "--target", str(dirs["target"]), "--draft", str(_hostile(tmp_path)),
                            "--engine", "sglang==0.5.19"], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 4

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 import probe_artifacts as pa
-from specparity.checkpoints import load_checkpoint
-from specparity.probes.capabilities import EngineSpec
+from specparity.probes.checkpoints import load_checkpoint
+from specparity.probes.version_facts import EngineSpec
 from specparity.probes.draft_format import LOUD, SILENT, probe_dflash2_format, probe_fp8_scales
 from specparity.probes.finding import Status
 
@@ -168,9 +168,9 @@ def test_llamacpp_refuses_a_dflash_draft_that_reads_the_last_target_layer(tmp_pa
     import json
     import shutil
 
-    from specparity.checkpoints import load_checkpoint
-    from specparity.fixtures import fixture_dir
-    from specparity.probes.capabilities import EngineSpec
+    from specparity.probes.checkpoints import load_checkpoint
+    from specparity.model.locations import fixture_dir
+    from specparity.probes.version_facts import EngineSpec
     from specparity.probes.draft_format import LLAMACPP_LAYER_MESSAGE, probe_dflash2_format
     from specparity.probes.finding import Status
 

@@ -15,7 +15,7 @@ import pytest
 import probe_artifacts as pa
 from specparity.probes import live
 from specparity.probes.finding import Status
-from specparity.types import GenerationResult
+from specparity.model.types import GenerationResult
 
 SHORT = dict(prompts=live.PROMPTS[:2], max_new_tokens=24)
 

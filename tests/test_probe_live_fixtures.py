@@ -16,7 +16,7 @@ from safetensors.torch import load_file, save_file
 
 from specparity.engines import load_engine
 from specparity.engines.base import EngineOptions
-from specparity.fixtures import fixture_dir
+from specparity.model.locations import fixture_dir
 from specparity.probes import live
 from specparity.probes.finding import Status
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 import probe_artifacts as pa
-from specparity.checkpoints import load_checkpoint
-from specparity.probes.capabilities import SGLANG_MSG_0519, SGLANG_MSG_0521, EngineSpec
+from specparity.probes.checkpoints import load_checkpoint
+from specparity.probes.version_facts import SGLANG_MSG_0519, SGLANG_MSG_0521, EngineSpec
 from specparity.probes.lm_head import find_head, probe_lm_head
 from specparity.probes.finding import Status
 

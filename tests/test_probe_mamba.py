@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 import probe_artifacts as pa
-from specparity.checkpoints import load_checkpoint
-from specparity.probes.capabilities import EngineSpec, sglang_mamba_sizing
+from specparity.probes.checkpoints import load_checkpoint
+from specparity.probes.version_facts import EngineSpec, sglang_mamba_sizing
 from specparity.probes.mamba_slots import LaunchFlags, predict_slots, probe_mamba_slots
 from specparity.probes.finding import Status
 

@@ -1,6 +1,6 @@
 """The mamba exhaustion probe against real SGLang source from PyPI, plus patched copies.
 
-The wheels are downloaded once into the user cache (``specparity.cache``, outside the checkout;
+The wheels are downloaded once into the user cache (``specparity.model.cache``, outside the checkout;
 ``pip download --no-deps``, never installed) and read with ``zipfile`` / ``ast``; without a package
 registry these tests skip and say so (``registry`` mark). No GPU, no running server, nothing imported from
 sglang. What only a live SGLang can show — the scheduler actually dying — is the mamba-stress
@@ -14,8 +14,8 @@ import shutil
 import pytest
 
 import probe_artifacts as pa
-from specparity.checkpoints import load_checkpoint
-from specparity.probes.capabilities import EngineSpec
+from specparity.probes.checkpoints import load_checkpoint
+from specparity.probes.version_facts import EngineSpec
 from specparity.probes.mamba_slots import LaunchFlags, probe_mamba_exhaustion, probe_mamba_slots
 from specparity.probes.sglang_source import (
     DirSource,

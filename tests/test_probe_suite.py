@@ -2,7 +2,7 @@
 
 The suite runs as a nested pytest session (tests/inprocess.py) over a scratch copy of ``suites/probes`` with a stand-in root
 conftest that declares ``--engine/--target/--draft`` the way the project's root conftest does and
-calls :func:`specparity.pytest_options.add_probe_options`, so this test does not depend on the
+calls :func:`specparity.plugin.probe_options.add_probe_options`, so this test does not depend on the
 root conftest's other options. Offline: synthetic checkpoints, no server.
 """
 
@@ -22,7 +22,7 @@ from inprocess import run_pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 STAND_IN_CONFTEST = '''
-from specparity.pytest_options import add_probe_options
+from specparity.plugin.probe_options import add_probe_options
 
 def pytest_addoption(parser):
     for name in ("engine", "target", "draft"):

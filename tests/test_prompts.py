@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from specparity.fixtures import REPO_ROOT
-from specparity.prompts import PromptFileError, load_many, load_prompts, long_context_prompt
+from specparity.model.locations import REPO_ROOT
+from specparity.model.prompts import PromptFileError, load_many, load_prompts, long_context_prompt
 
 HEADER = json.dumps({"specparity_prompts": 1, "description": "t"})
 GOOD = {"id": "math-en-001", "category": "math", "lang": "en", "prompt": "1 + 1 ="}

@@ -24,10 +24,10 @@ from html.parser import HTMLParser
 
 import pytest
 
-from specparity import report
-from specparity.fixtures import REPO_ROOT
-from specparity.gate import decide
-from specparity.journal import load_run
+from specparity.report import render as report
+from specparity.model.locations import REPO_ROOT
+from specparity.gate.decision import decide
+from specparity.run.journal import load_run
 
 _spec = importlib.util.spec_from_file_location("report_screenshot", REPO_ROOT / "tools" / "report_screenshot.py")
 shot = importlib.util.module_from_spec(_spec)

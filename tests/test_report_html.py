@@ -1,6 +1,6 @@
 """The triage report (report.html, report.md) and summary.md on runs judged by the real comparison.
 
-Every verdict here is what :func:`specparity.compare.compare` returned for constructed token
+Every verdict here is what :func:`specparity.judge.compare.compare` returned for constructed token
 streams and rows (one prompt of each class, as in tests/test_compare.py): no engine, no browser.
 What the report *says* about each class is pinned by snapshot files (``tests/__snapshots__/``,
 rewritten by ``pytest --snapshot-update`` after a deliberate wording change); the assertions here
@@ -25,15 +25,16 @@ from typing import Callable, Sequence
 import numpy as np
 import pytest
 
-from specparity import report
-from specparity.compare import CLASSES, compare
-from specparity.fixtures import REPO_ROOT
-from specparity.gate import decide
-from specparity.noise import NearTieThreshold, NoiseStats
-from specparity.prompts import Prompt
-from specparity.records import GateConfig, GatePolicy, GateRun, PromptRecord
-from specparity.runner import ResultsWriter
-from specparity.types import ArtifactId, Fingerprint, GenerationResult, SpecStats, StepRecord, TokenScores
+from specparity.report import render as report
+from specparity.judge.compare import compare
+from specparity.model.verdicts import CLASSES
+from specparity.model.locations import REPO_ROOT
+from specparity.gate.decision import decide
+from specparity.model.threshold import NearTieThreshold, NoiseStats
+from specparity.model.prompts import Prompt
+from specparity.model.gate_run import GateConfig, GatePolicy, GateRun, PromptRecord
+from specparity.run.runner import ResultsWriter
+from specparity.model.types import ArtifactId, Fingerprint, GenerationResult, SpecStats, StepRecord, TokenScores
 
 XSS = "<script>alert('x')</script>"
 

@@ -22,10 +22,10 @@ import pytest
 
 from child_signals import default_sigint
 from inprocess import run_pytest
-from specparity import exitcodes
-from specparity.fixtures import REPO_ROOT
-from specparity.gate import decide
-from specparity.journal import load_run, read_journal
+from specparity.gate import exitcodes
+from specparity.model.locations import REPO_ROOT
+from specparity.gate.decision import decide
+from specparity.run.journal import load_run, read_journal
 from prompt_subsets import SHORT, first_of_categories
 
 TESTS = REPO_ROOT / "tests"
@@ -74,7 +74,7 @@ def gate_here(report: Path, prompts: Prompts, *args: str, env: dict[str, str] | 
 def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
     """``specparity run ARGS`` in this process (the same options and runner as the pytest gate):
     its exit code, stdout and stderr."""
-    from specparity import cli
+    from specparity.cli import commands as cli
 
     code = cli.main(["run", *args])
     out = capsys.readouterr()

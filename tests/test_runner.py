@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import json
 
-from specparity.engines.hf import HFEngine
-from specparity.gate import decide
-from specparity.records import GateConfig
-from specparity.runner import run_gate
+from specparity.engines.inprocess.hf import HFEngine
+from specparity.gate.decision import decide
+from specparity.model.gate_run import GateConfig
+from specparity.run.runner import run_gate
 
 
 class FlakyEngine(HFEngine):

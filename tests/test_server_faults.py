@@ -27,22 +27,22 @@ from typing import Any, Sequence
 
 import pytest
 
-import specparity.engines.llamacpp as llamacpp
+import specparity.engines.server.llamacpp as llamacpp
 from fakes import FakeServer, LlamaCppServer, Rule, SGLangServer, VLLMServer
 from fakes.backend import TARGET
 from fakes.gate import pytest_in_process
 from llamacpp_fixtures import SUITE_PYTEST, require_llamacpp
-from specparity import exitcodes
+from specparity.gate import exitcodes
 from specparity.engines import load_engine
 from specparity.engines.base import EngineOptions
-from specparity.engines.http import DEAD_AFTER
-from specparity.engines.server import HFTokenizer
-from specparity.fixtures import REPO_ROOT, fixture_dir
-from specparity.gate import GateDecision, decide
-from specparity.journal import load_run
-from specparity.prompts import Prompt, load_prompts
-from specparity.records import GateConfig, GateRun
-from specparity.runner import conclude, run_gate
+from specparity.engines.server.http import DEAD_AFTER
+from specparity.engines.server.engine import HFTokenizer
+from specparity.model.locations import REPO_ROOT, fixture_dir
+from specparity.gate.decision import GateDecision, decide
+from specparity.run.journal import load_run
+from specparity.model.prompts import Prompt, load_prompts
+from specparity.model.gate_run import GateConfig, GateRun
+from specparity.run.runner import conclude, run_gate
 
 TESTS = REPO_ROOT / "tests"
 MAX_NEW = 16

@@ -1,7 +1,7 @@
 """The ``sglang`` engine adapter, tested WITHOUT a real SGLang server.
 
 Nothing here talks to SGLang: no GPU is available, so no SGLang server was ever started. The
-adapter (``specparity/engines/sglang.py``) is tested against
+adapter (``specparity/engines/server/sglang.py``) is tested against
 
 * the response bodies in ``tests/data/sglang/`` — derived from the source of the SGLang **0.5.23**
   wheel (and **0.5.19** for ``error_500_unknown_sampling_param_0.5.19.json``), never recorded from
@@ -34,11 +34,11 @@ from fakes.backend import DATA, REPO, TARGET
 from fakes.gate import run_lossless
 from specparity.engines import load_engine
 from specparity.engines.base import EngineOptions
-from specparity.engines.http import Endpoint, Fleet, ServerError
-from specparity.engines.launch import health_ok
-from specparity.engines.presets import PRESETS, presets_for
-from specparity.engines.server import Session
-from specparity.engines.sglang import (
+from specparity.engines.server.http import Endpoint, Fleet, ServerError
+from specparity.engines.server.launch import health_ok
+from specparity.engines.server.presets import PRESETS, presets_for
+from specparity.engines.server.engine import Session
+from specparity.engines.server.sglang import (
     SAMPLING_KEYS_0_5_19,
     SAMPLING_KEYS_0_5_23,
     SENT_SAMPLING_KEYS,
@@ -52,8 +52,8 @@ from specparity.engines.sglang import (
     parse_score,
     spec_stats,
 )
-from specparity.prompts import load_many
-from specparity.types import GenerationRequest
+from specparity.model.prompts import load_many
+from specparity.model.types import GenerationRequest
 
 pytestmark = pytest.mark.offline
 
@@ -646,7 +646,7 @@ def test_gate_one_sided_determinism_is_not_strict(servers, tmp_path):
 def test_every_spelling_of_no_algorithm_declares_none(value):
     """SGLang's /server_info prints SpeculativeAlgorithm.NONE as "NONE"; null and the other
     spellings mean the same: no speculation (not an algorithm called "NONE")."""
-    from specparity.engines.sglang import declared_name
+    from specparity.engines.server.sglang import declared_name
 
     assert declared_name(value) is None
     assert declared_name("DFLASH") == "DFLASH"

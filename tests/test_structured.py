@@ -24,13 +24,13 @@ import pytest
 from fakes import SGLangServer, VLLMServer
 from fakes.backend import TARGET, FixtureBackend, forced_document
 from fakes.gate import pytest_in_process
-from specparity.constraints import Constraint
-from specparity.engines.sglang import SAMPLING_KEYS_0_5_19, SAMPLING_KEYS_0_5_23, generate_body
-from specparity.engines.vllm import completion_body
-from specparity.fixtures import REPO_ROOT
-from specparity.prompts import PromptFileError, load_prompts
-from specparity.structured import check_output, hide_forced_rows, json_prefix_state
-from specparity.types import TokenScores
+from specparity.model.constraints import Constraint
+from specparity.engines.server.sglang import SAMPLING_KEYS_0_5_19, SAMPLING_KEYS_0_5_23, generate_body
+from specparity.engines.server.vllm import completion_body
+from specparity.model.locations import REPO_ROOT
+from specparity.model.prompts import PromptFileError, load_prompts
+from specparity.judge.structured import check_output, hide_forced_rows, json_prefix_state
+from specparity.model.types import TokenScores
 
 STRUCTURED = REPO_ROOT / "prompts" / "structured.jsonl"
 SCHEMA = {"type": "object", "properties": {"n": {"type": "integer"}, "s": {"enum": ["a", "b"]}},
@@ -231,8 +231,8 @@ def test_forced_document_is_valid_for_every_schema_of_the_prompt_file():
 def test_a_calibration_file_with_constrained_prompts_is_refused_for_an_in_process_engine(capsys):
     """Calibration prompts run too (baselines only): a constrained one must never be decoded
     unconstrained, so it is refused like a selected one — before anything loads."""
-    from specparity import exitcodes
-    from specparity.cli import main
+    from specparity.gate import exitcodes
+    from specparity.cli.commands import main
 
     code = main(["run", "--engine", "hf", "--calibration", str(STRUCTURED)])
     err = capsys.readouterr().err.strip().splitlines()

@@ -17,8 +17,8 @@ import pytest
 
 from inprocess import run_pytest
 from llamacpp_fixtures import require_llamacpp
-from specparity.fixtures import REPO_ROOT
-from specparity.prompts import load_prompts
+from specparity.model.locations import REPO_ROOT
+from specparity.model.prompts import load_prompts
 
 pytestmark = pytest.mark.slow
 

@@ -20,9 +20,9 @@ import pytest
 from fakes import Rule, SGLangServer
 from fakes.backend import TARGET
 from prompt_subsets import first_of_categories
-from specparity import exitcodes
-from specparity.cli import main
-from specparity.sweep import LEVEL_DIR, SWEEP_JSON, SWEEP_MD, parse_levels
+from specparity.gate import exitcodes
+from specparity.cli.commands import main
+from specparity.cli.sweep import LEVEL_DIR, SWEEP_JSON, SWEEP_MD, parse_levels
 
 #: Prompts per sweep: at most the highest level below, so every request of a phase is in flight at once.
 PER_CATEGORY = {"math": 2, "code": 1}
@@ -172,9 +172,9 @@ def test_a_batch_flip_within_the_threshold_is_a_near_tie_and_passes(capsys, tmp_
 def test_a_later_level_that_fails_keeps_the_earlier_levels_results(tmp_path, prompts):
     """The speculative server starts answering HTTP 500 once level 1 is done: level 1's journal and
     its row in sweep.json stay, the later level fails, and the sweep fails."""
-    from specparity.option_table import GATE_OPTIONS
-    from specparity.options import build_setup
-    from specparity.sweep import run_sweep, write_sweep
+    from specparity.cli.option_table import GATE_OPTIONS
+    from specparity.cli.options import build_setup
+    from specparity.cli.sweep import run_sweep, write_sweep
 
     prompt_file, chosen = prompts
     base, spec = _servers()
@@ -238,7 +238,7 @@ def test_a_server_that_refuses_connections_is_an_engine_error_and_stops_the_swee
 def test_ctrl_c_in_a_level_keeps_the_finished_levels_and_exits_2(capsys, tmp_path, prompts, monkeypatch):
     """Ctrl-C during level 2's speculative phase: level 1 stays, level 2 is concluded as interrupted,
     sweep.json says INTERRUPTED, the command exits 2."""
-    import specparity.runner as runner
+    import specparity.run.runner as runner
 
     real = runner.run_gate
 

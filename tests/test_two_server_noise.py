@@ -20,11 +20,11 @@ import pytest
 from fakes import SGLangServer
 from fakes.backend import TARGET, shared_backend
 from fakes.gate import run_lossless
-from specparity.gate import decide
-from specparity.journal import load_run
-from specparity.noise import NoiseStats
-from specparity.report import render_summary_md
-from specparity.types import TokenScores
+from specparity.gate.decision import decide
+from specparity.run.journal import load_run
+from specparity.model.threshold import NoiseStats
+from specparity.report.render import render_summary_md
+from specparity.model.types import TokenScores
 
 #: One bf16 logit step for logits between 8 and 16: two instances differ by up to two of them per margin.
 STEP = 0.0625

@@ -1,6 +1,6 @@
 """The ``vllm`` engine adapter, tested without a running vLLM server (CI has no GPU).
 
-Nothing here talks to vLLM. The adapter (``specparity/engines/vllm.py``) is tested against
+Nothing here talks to vLLM. The adapter (``specparity/engines/server/vllm.py``) is tested against
 
 * the answers a **live vLLM 0.26.0** gave to the adapter's own requests, recorded on one H200
   (``tests/data/vllm-0.26.0/``): parsed as the gate parses them, and the emulator built with
@@ -35,9 +35,9 @@ from fakes.backend import DATA, TARGET
 from fakes.gate import run_lossless
 from specparity.engines import load_engine
 from specparity.engines.base import EngineOptions
-from specparity.engines.http import Endpoint, ServerError
-from specparity.engines.presets import VLLM_GPU_FRACTION, presets_for
-from specparity.engines.vllm import (
+from specparity.engines.server.http import Endpoint, ServerError
+from specparity.engines.server.presets import VLLM_GPU_FRACTION, presets_for
+from specparity.engines.server.vllm import (
     SPEC_COUNTERS,
     VLLMLaunch,
     check_options,
@@ -54,7 +54,7 @@ from specparity.engines.vllm import (
     stable_spec_config,
     top_k_disabled,
 )
-from specparity.types import GenerationRequest
+from specparity.model.types import GenerationRequest
 
 pytestmark = pytest.mark.offline
 
@@ -386,9 +386,9 @@ def test_batch_invariance_is_declared_only_for_both_sides():
 
 def _launched(launches):
     """A VLLMEngine as create() builds it for two launches, without starting them."""
-    from specparity.engines.http import Fleet
-    from specparity.engines.server import Session
-    from specparity.engines.vllm import VLLMEngine
+    from specparity.engines.server.http import Fleet
+    from specparity.engines.server.engine import Session
+    from specparity.engines.server.vllm import VLLMEngine
 
     sessions = [Session(role, Fleet(role, [Endpoint(f"http://127.0.0.1:{port}")]), [])
                 for role, port in (("baseline", 1), ("spec", 2))]

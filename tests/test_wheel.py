@@ -24,9 +24,9 @@ import pytest
 
 from llamacpp_fixtures import SUITE_PYTEST
 from prompt_subsets import first_of_each
-from specparity import exitcodes
-from specparity.fixtures import REPO_ROOT
-from specparity.prompts import load_prompts
+from specparity.gate import exitcodes
+from specparity.model.locations import REPO_ROOT
+from specparity.model.prompts import load_prompts
 
 pytestmark = pytest.mark.slow
 
@@ -108,8 +108,8 @@ def installed(tmp_path_factory) -> Installed:
 
 
 def test_the_wheel_is_what_runs(installed):
-    proc = _check(installed.run(installed.python, "-c", "import json, specparity, specparity.options as o, "
-                                "specparity.fixtures as f; print(json.dumps([specparity.__file__, str(o.DEFAULT_PROMPTS), "
+    proc = _check(installed.run(installed.python, "-c", "import json, specparity, specparity.cli.options as o, "
+                                "specparity.model.locations as f; print(json.dumps([specparity.__file__, str(o.DEFAULT_PROMPTS), "
                                 "f.in_checkout()]))"))
     module, prompts, in_checkout = json.loads(proc.stdout)
     assert Path(module).is_relative_to(installed.venv), module

@@ -15,14 +15,14 @@ import textwrap
 from pathlib import Path
 
 from fakes import LlamaCppServer
-from specparity import exitcodes
-from specparity.fixtures import REPO_ROOT, fixture_dir
+from specparity.gate import exitcodes
+from specparity.model.locations import REPO_ROOT, fixture_dir
 
 #: The child: torch cannot be imported; after the run it says whether any torch module got loaded.
 CHILD = textwrap.dedent("""
     import sys
     sys.modules["torch"] = None
-    from specparity.cli import main
+    from specparity.cli.commands import main
     code = main(sys.argv[1:])
     loaded = sorted(name for name, mod in sys.modules.items() if mod is not None and name.split(".")[0] == "torch")
     print("TORCH MODULES:", loaded)

@@ -26,8 +26,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
 def activities(engine, prompts, max_new: int, journal_dir: str) -> dict:
-    from specparity.records import GateConfig
-    from specparity.runner import run_gate
+    from specparity.model.gate_run import GateConfig
+    from specparity.run.runner import run_gate
 
     try:
         run = run_gate(engine, prompts, GateConfig(max_new_tokens=max_new, report_dir=journal_dir))
@@ -51,11 +51,11 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out or tempfile.mkdtemp(prefix="acceptance-parity-"))
 
     from specparity.engines.base import EngineOptions
-    from specparity.engines.dflash import DFlashEngine
-    from specparity.engines.llamacpp import create, fixture_gguf_dir
-    from specparity.fixtures import REPO_ROOT, fixture_dir
-    from specparity import cli
-    from specparity.prompts import load_prompts
+    from specparity.engines.inprocess.dflash import DFlashEngine
+    from specparity.engines.server.llamacpp import create, fixture_gguf_dir
+    from specparity.model.locations import REPO_ROOT, fixture_dir
+    from specparity.cli import commands as cli
+    from specparity.model.prompts import load_prompts
 
     prompts = load_prompts(REPO_ROOT / "prompts" / "default.jsonl").prompts
     gg = fixture_gguf_dir()

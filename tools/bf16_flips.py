@@ -23,11 +23,11 @@ def measure(modes: list[str]) -> dict:
     import torch
 
     from specparity.engines.base import EngineOptions
-    from specparity.engines.hf import HFEngine
-    from specparity.fixtures import REPO_ROOT, fixture_dir
-    from specparity.prompts import load_prompts
-    from specparity.records import GateConfig, GatePolicy
-    from specparity.runner import run_gate
+    from specparity.engines.inprocess.hf import HFEngine
+    from specparity.model.locations import REPO_ROOT, fixture_dir
+    from specparity.model.prompts import load_prompts
+    from specparity.model.gate_run import GateConfig, GatePolicy
+    from specparity.run.runner import run_gate
 
     prompts = load_prompts(REPO_ROOT / "prompts" / "near_tie.jsonl").prompts
     out: dict = {

@@ -606,7 +606,7 @@ def train_dflash(version: int, target, rows: torch.Tensor, cfg: dict, device: st
 
 def load_suite_prompts(tok_hf) -> list[tuple[str, str, list[int], int]]:
     """(id, category, token ids, max_new_tokens) of the prompt suite, encoded as the engines encode."""
-    from specparity.prompts import encode_prompt, load_prompts
+    from specparity.model.prompts import encode_prompt, load_prompts
 
     path = REPO / "prompts" / "default.jsonl"
     if not path.exists():

@@ -45,10 +45,10 @@ def main() -> None:
     from broken_loops import BUGS, LoopEngine
     from specparity.engines import load_engine
     from specparity.engines.base import EngineOptions
-    from specparity.fixtures import fixture_dir
-    from specparity.prompts import load_prompts
-    from specparity.records import GateConfig
-    from specparity.runner import run_gate
+    from specparity.model.locations import fixture_dir
+    from specparity.model.prompts import load_prompts
+    from specparity.model.gate_run import GateConfig
+    from specparity.run.runner import run_gate
 
     hf = EngineOptions(target=str(fixture_dir("target")), draft=str(fixture_dir("draft")), spec_mode="draft")
     loops = {"hf (built-in)": lambda: load_engine("hf", hf), "dflash (built-in)": lambda: load_engine("dflash", EngineOptions()),

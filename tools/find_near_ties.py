@@ -26,8 +26,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 import corpus  # noqa: E402
 
 from specparity.engines.base import EngineOptions  # noqa: E402
-from specparity.engines.hf import HFEngine  # noqa: E402
-from specparity.types import GenerationRequest  # noqa: E402
+from specparity.engines.inprocess.hf import HFEngine  # noqa: E402
+from specparity.model.types import GenerationRequest  # noqa: E402
 
 SEED = 7
 CORPUS_SEED = 12345  # not a training seed

@@ -142,9 +142,9 @@ def measure(args: argparse.Namespace) -> list[dict]:
     sys.path.insert(0, str(REPO))
     from specparity.engines import default_draft_fixture, load_engine
     from specparity.engines.base import EngineOptions
-    from specparity.prompts import load_prompts
-    from specparity.records import GateConfig
-    from specparity.runner import conclude, run_gate
+    from specparity.model.prompts import load_prompts
+    from specparity.model.gate_run import GateConfig
+    from specparity.run.runner import conclude, run_gate
 
     prompts = load_prompts(args.prompts).prompts
     work = Path(args.work)

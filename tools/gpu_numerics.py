@@ -9,7 +9,7 @@
 
 What each phase does:
 
-* ``inprocess``: real gate runs (``specparity.runner.run_gate`` + ``conclude``: results.jsonl,
+* ``inprocess``: real gate runs (``specparity.run.runner.run_gate`` + ``conclude``: results.jsonl,
   summary.md, report.md, report.html per run) of the in-process engines ``dflash`` and ``hf`` over
   configs (``fp32``, ``bf16``, ``bf16-fp8-tensor``, ``bf16-fp8-head``: bf16 with an fp8 e4m3 KV
   cache, per-tensor / per-head scales), verify widths (``num_draft_tokens``: dflash block sizes
@@ -19,7 +19,7 @@ What each phase does:
   is loaded per (target, config, engine) and reused across prompt sets and widths; the first width
   of a (target, config, engine, prompt set) records a golden of its baselines and the other widths
   read the baselines from it (phase 1 runs once; ``--no-golden-reuse`` turns that off). Then the
-  in-process batching check (``specparity.invariance_run.run_batching``: each prompt alone vs in
+  in-process batching check (``specparity.run.invariance.run_batching``: each prompt alone vs in
   left-padded batches) for ``--batch-configs`` at ``--batch-sizes``.
 * ``build-llamacpp``: unpacks ``.gpu/llama.cpp.tar.gz`` to ``--llama-src`` and builds
   ``llama-server`` with CUDA (``-DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90``, ``--target
@@ -428,7 +428,7 @@ def flat_target_dir(args: argparse.Namespace) -> Path:
 
 
 def select_prompts(args: argparse.Namespace, name: str) -> list[Any]:
-    from specparity.prompts import load_prompts
+    from specparity.model.prompts import load_prompts
 
     prompts = list(load_prompts(PROMPT_SETS[name]).prompts)
     limit = args.quick_prompts if args.quick else args.max_prompts
@@ -453,7 +453,7 @@ def max_new_for(args: argparse.Namespace, pset: str) -> int | None:
 def run_one_gate(m: Matrix, cid: str, base: dict[str, Any], engine: Any, prompts: list[Any], cfg: Any,
                  golden: Any = None, calibration: Any = "same") -> dict[str, Any]:
     """One gate run with the budget alarm armed; concluded even when interrupted."""
-    from specparity.runner import GateInterrupted, conclude, run_gate
+    from specparity.run.runner import GateInterrupted, conclude, run_gate
 
     t0 = time.perf_counter()
     m.arm()
@@ -475,9 +475,9 @@ def run_one_gate(m: Matrix, cid: str, base: dict[str, Any], engine: Any, prompts
 
 
 def inprocess_phase(m: Matrix) -> None:
-    from specparity.golden import load_golden
+    from specparity.run.golden import load_golden
     from specparity.engines import default_draft_fixture, load_engine
-    from specparity.records import GateConfig
+    from specparity.model.gate_run import GateConfig
 
     args, results = m.args, m.results
     runs = Path(args.work) / "runs"
@@ -602,8 +602,8 @@ def cid_inproc(target: str, config: str, engine: str, pset: str, width: int) -> 
 
 def batching_phase(m: Matrix) -> None:
     from specparity.engines import load_engine
-    from specparity.invariance_run import run_batching
-    from specparity.records import GateConfig
+    from specparity.run.invariance import run_batching
+    from specparity.model.gate_run import GateConfig
 
     args, results = m.args, m.results
     for config in args.batch_configs:
@@ -679,7 +679,7 @@ def llama_binary(args: argparse.Namespace) -> Path | None:
     if built.is_file():
         return built
     if args.device == "cpu":  # this CPU machine: the cached CPU build (bash ci/llamacpp.sh)
-        from specparity.engines.llamacpp import find_binary
+        from specparity.engines.server.llamacpp import find_binary
 
         return find_binary()
     return None
@@ -796,14 +796,14 @@ def gguf_paths(args: argparse.Namespace) -> Path:
     local = GPU_DIR / "gguf"
     if (local / "target.gguf").is_file():
         return local
-    from specparity.engines.llamacpp import fixture_gguf_dir
+    from specparity.engines.server.llamacpp import fixture_gguf_dir
 
     return fixture_gguf_dir()
 
 
 def llamacpp_phase(m: Matrix) -> None:
     from specparity.engines import load_engine
-    from specparity.records import GateConfig
+    from specparity.model.gate_run import GateConfig
 
     args, results = m.args, m.results
     binary = llama_binary(args)
@@ -937,7 +937,7 @@ def environment(args: argparse.Namespace, notes: list[str]) -> dict[str, Any]:
             env["nvidia_smi"] = str(exc)
     try:
         importlib.import_module("dflash")
-        from specparity.engines.dflash import _dflash_version
+        from specparity.engines.inprocess.dflash import _dflash_version
 
         env["dflash"] = _dflash_version()
     except Exception as exc:  # noqa: BLE001

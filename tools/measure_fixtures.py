@@ -54,8 +54,8 @@ def sizes(root: Path) -> list[tuple[str, int, int]]:
 
 
 def load_prompts(path: Path, tok) -> list[dict]:
-    """The suite's prompts with their token ids (``specparity.prompts.encode_prompt``, as the engines encode)."""
-    from specparity.prompts import encode_prompt, load_prompts as load_suite
+    """The suite's prompts with their token ids (``specparity.model.prompts.encode_prompt``, as the engines encode)."""
+    from specparity.model.prompts import encode_prompt, load_prompts as load_suite
 
     return [dict(id=p.id, category=p.category, lang=p.lang, ids=encode_prompt(tok, p.prompt, p.messages_as_dicts()),
                  max_new=p.max_new_tokens or 48) for p in load_suite(path).prompts]

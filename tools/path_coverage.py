@@ -1,12 +1,12 @@
 #!/usr/bin/env python
 """Path coverage of a prompt suite: which speculative code paths each embedded engine takes on it.
 
-A lossless check only says something about the paths a run actually took (``specparity.coverage``):
+A lossless check only says something about the paths a run actually took (``specparity.model.coverage``):
 a full reject (``reject``), a partial accept (``partial``), a fully accepted block (``all``), a
 block cut by ``max_new_tokens`` (``cut_limit``) and a block cut by a stop token inside it
 (``cut_stop``). This script runs only the *speculative* side of every prompt (no baseline, no
 scoring) on the fixture models in fp32 on the CPU, feeds each result's per-step records to a
-:class:`specparity.coverage.Coverage`, and prints, per engine/mode and path, the number of prompts
+:class:`specparity.model.coverage.Coverage`, and prints, per engine/mode and path, the number of prompts
 that took the path at least once and the number of verify steps that took it.
 
     python tools/path_coverage.py                                   # hf:draft and dflash:dflash2
@@ -32,11 +32,11 @@ from typing import Any
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 
-from specparity.coverage import PATHS, Coverage  # noqa: E402
-from specparity.fixtures import REPO_ROOT, fixture_dir  # noqa: E402
-from specparity.prompts import Prompt, load_prompts  # noqa: E402
-from specparity.records import GateConfig  # noqa: E402
-from specparity.runner import request_for  # noqa: E402
+from specparity.model.coverage import PATHS, Coverage  # noqa: E402
+from specparity.model.locations import REPO_ROOT, fixture_dir  # noqa: E402
+from specparity.model.prompts import Prompt, load_prompts  # noqa: E402
+from specparity.model.gate_run import GateConfig  # noqa: E402
+from specparity.run.runner import request_for  # noqa: E402
 
 DEFAULT_ENGINES = "hf:draft,dflash:dflash2"
 ALL_ENGINES = "hf:draft,hf:prompt_lookup,dflash:dflash2,dflash:dflash1"

@@ -112,10 +112,10 @@ def demo_run(report_dir: Path, *, dtype: str = "bfloat16", bug: str | None = "sh
     from broken_loops import LoopEngine  # noqa: PLC0415 - the test helpers are not a package
 
     from specparity.engines.base import EngineOptions
-    from specparity.fixtures import fixture_dir
-    from specparity.prompts import load_prompts
-    from specparity.records import GateConfig, GatePolicy
-    from specparity.runner import conclude, run_gate
+    from specparity.model.locations import fixture_dir
+    from specparity.model.prompts import load_prompts
+    from specparity.model.gate_run import GateConfig, GatePolicy
+    from specparity.run.runner import conclude, run_gate
 
     pool = [p for f in ("near_tie.jsonl", "default.jsonl") for p in load_prompts(REPO / "prompts" / f).prompts]
     by_id = {p.id: p for p in pool}

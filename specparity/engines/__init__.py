@@ -24,15 +24,15 @@ from typing import Callable
 
 from specparity.engines.base import Engine, EngineInfo, EngineOptions
 from specparity.engines.common import set_threads
-from specparity.fixtures import FixtureError, fixture_dir
+from specparity.model.locations import FixtureError, fixture_dir
 
 #: Built-in engines: name -> "module:factory", imported lazily (torch is heavy).
 BUILTIN: dict[str, str] = {
-    "hf": "specparity.engines.hf:create",
-    "dflash": "specparity.engines.dflash:create",
-    "llamacpp": "specparity.engines.llamacpp:create",
-    "sglang": "specparity.engines.sglang:create",
-    "vllm": "specparity.engines.vllm:create",
+    "hf": "specparity.engines.inprocess.hf:create",
+    "dflash": "specparity.engines.inprocess.dflash:create",
+    "llamacpp": "specparity.engines.server.llamacpp:create",
+    "sglang": "specparity.engines.server.sglang:create",
+    "vllm": "specparity.engines.server.vllm:create",
 }
 _REQUIRED = ("encode_prompt", "decode", "stop_token_ids", "generate", "score", "fingerprint", "close")
 
@@ -173,7 +173,7 @@ def fill_model_defaults(info: EngineInfo | None, options: EngineOptions) -> Engi
 
 def default_draft_fixture(spec_mode: str | None) -> str:
     """The fixture (``fixtures/models/<name>``) that is the default draft of ``spec_mode``."""
-    from specparity.engines.dflash import SPEC_MODES as DFLASH_MODES  # the one mode -> fixture table (no torch)
+    from specparity.engines.inprocess.dflash import SPEC_MODES as DFLASH_MODES  # the one mode -> fixture table (no torch)
 
     return DFLASH_MODES[spec_mode][1] if spec_mode in DFLASH_MODES else "draft"
 

@@ -7,7 +7,7 @@ all of them.
 
 Counter contract
 ----------------
-A speculative result reports one :class:`~specparity.types.StepRecord` per **verify step**: one
+A speculative result reports one :class:`~specparity.model.types.StepRecord` per **verify step**: one
 target forward pass of the loop that produced output tokens. The prompt's prefill is a step only
 when it also verifies draft tokens (transformers' assisted generation fuses the two); a plain
 prefill whose token exists before any draft (dflash, SGLang, vLLM, llama.cpp) is not a step, and
@@ -24,7 +24,7 @@ its token is not counted as emitted. For each step:
   accepted. A proposal narrowed by the limit whose draft was then rejected was not cut.
 
 Build records with :func:`step_record` from what was proposed and what was emitted; every count in a
-report (acceptance rate, :func:`~specparity.types.accept_length`, path coverage) derives from these
+report (acceptance rate, :func:`~specparity.model.types.accept_length`, path coverage) derives from these
 fields, so engines that follow the contract are counted alike.
 """
 
@@ -33,7 +33,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Literal, Mapping, Protocol, Sequence, TypeVar, runtime_checkable
 
-from specparity.types import Fingerprint, GenerationRequest, GenerationResult, StepRecord, TokenScores
+from specparity.model.types import Fingerprint, GenerationRequest, GenerationResult, StepRecord, TokenScores
 
 
 @dataclass
@@ -56,19 +56,19 @@ class EngineOptions:
     #: Server engines: already-running endpoints (several shard the prompts), else the engine launches.
     baseline_urls: tuple[str, ...] = ()
     spec_urls: tuple[str, ...] = ()
-    #: Server engines: a named launch configuration (:mod:`specparity.engines.presets`).
+    #: Server engines: a named launch configuration (:mod:`specparity.engines.server.presets`).
     preset: str | None = None
     #: Server engines: the read timeout of one request, seconds (no request waits unbounded).
     request_timeout: float = 300.0
     #: Where launched servers write their logs (the report directory, when there is one).
     log_dir: str | None = None
     #: In-process engines: the target's KV-cache dtype (``--kv-cache-dtype``): None / "auto" (the
-    #: model dtype) or "fp8_e4m3" (static-scale float8 round trip, :mod:`specparity.engines.kvcache`).
+    #: model dtype) or "fp8_e4m3" (static-scale float8 round trip, :mod:`specparity.engines.inprocess.kvcache`).
     kv_cache_dtype: str | None = None
     #: In-process engines: the torch device the target (and draft) run on (``--device``): "cpu"
     #: (default) or "cuda" / "cuda:N".
     device: str = "cpu"
-    #: ``--force-reject``: None, "all" or "random" (:mod:`specparity.force_reject`); only an engine
+    #: ``--force-reject``: None, "all" or "random" (:mod:`specparity.model.force_reject`); only an engine
     #: whose :attr:`EngineInfo.force_reject` names the mode is given it.
     force_reject: str | None = None
 
@@ -86,7 +86,7 @@ class Capabilities:
     ``deterministic``: the engine declares deterministic / batch-invariant inference (e.g. SGLang's
     ``enable_deterministic_inference``) for **both** sides compared — every baseline and every
     speculative server — with where that was read; the gate then demands bit-exact output
-    (:func:`specparity.gate.bit_exact`). ``deterministic_partial``: a declaration that covers only
+    (:func:`specparity.gate.decision.bit_exact`). ``deterministic_partial``: a declaration that covers only
     part of them (say, the speculative server alone), in the same words: the report shows it, the
     policy ignores it (a near tie between a deterministic and a non-deterministic server breaks no
     promise).
@@ -163,7 +163,7 @@ class EngineInfo:
     server: bool = False
     #: How this engine kind counts speculation (see ``counters`` above); None: known only once built.
     counters: Literal["steps", "request", "aggregate", "none"] | None = None
-    #: The ``--force-reject`` modes the engine can force (:mod:`specparity.force_reject`); a mode it
+    #: The ``--force-reject`` modes the engine can force (:mod:`specparity.model.force_reject`); a mode it
     #: cannot is refused before anything loads, with ``force_reject_note`` saying why.
     force_reject: tuple[str, ...] = ()
     force_reject_note: str = ""
@@ -181,7 +181,7 @@ def step_record(
     budget_before: int,
     stop_ids: Iterable[int],
 ) -> StepRecord:
-    """The :class:`~specparity.types.StepRecord` of one verify step, per the counter contract above.
+    """The :class:`~specparity.model.types.StepRecord` of one verify step, per the counter contract above.
 
     ``proposed_ids``: the draft tokens verified; ``emitted_ids``: the tokens the step appended;
     ``nominal_width``: the draft width the loop proposes when the limit does not interfere;
@@ -292,7 +292,7 @@ class Engine(Protocol):
         ``output_ids`` holds the new tokens only. ``finish_reason`` is ``"stop"`` exactly when the
         last token is a stop token (``request.stop_token_ids``, else :meth:`stop_token_ids`), which
         is kept in the output and never followed by another token; ``"length"`` exactly when
-        ``max_new_tokens`` tokens were emitted without a stop. :func:`specparity.compare.compare`
+        ``max_new_tokens`` tokens were emitted without a stop. :func:`specparity.judge.compare.compare`
         enforces this: a speculative stream that breaks it (a short ``"length"``, a token past a
         stop or past the limit) is ``diverged`` even when its tokens match, and a finish reason that
         differs from the baseline's is ``diverged`` too.

@@ -11,7 +11,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from specparity.types import ArtifactId, FinishReason, TokenScores
+from specparity.model.types import ArtifactId, FinishReason, TokenScores
 
 #: Above this many bytes of weights a model directory is hashed by config + safetensors headers +
 #: sizes instead of full content (hashing many GB on every run would dominate it).

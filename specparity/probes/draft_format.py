@@ -15,7 +15,7 @@ import re
 from collections import defaultdict
 from dataclasses import dataclass
 
-from specparity.checkpoints import (
+from specparity.probes.checkpoints import (
     FP8_DTYPES,
     Checkpoint,
     QuantDecl,
@@ -23,7 +23,7 @@ from specparity.checkpoints import (
     iter_linear_weights,
     module_of,
 )
-from specparity.probes.capabilities import FP8_SUPPORT, HEAD_ABSENT, EngineSpec, dflash2_loading_sources, selector_rule
+from specparity.probes.version_facts import FP8_SUPPORT, HEAD_ABSENT, EngineSpec, dflash2_loading_sources, selector_rule
 from specparity.probes.finding import Finding, fail, ok, unknown
 
 FP8_PROBE = "draft-fp8-scales"

@@ -1,5 +1,5 @@
 """The one result type every probe returns, static or live: a :class:`Finding` (the gate's per-prompt
-result is :class:`specparity.compare.Verdict`; a probe finds facts about a deploy, it judges no tokens).
+result is :class:`specparity.judge.compare.Verdict`; a probe finds facts about a deploy, it judges no tokens).
 
 A probe answers a deploy question ("will this draft be silently rejected?") with a status, the
 facts that led to it (tensor names and shapes, config keys, engine source lines) and what to do.

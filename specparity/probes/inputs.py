@@ -12,10 +12,10 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Callable, Mapping
 
-from specparity.cache import wheel_cache_dir
-from specparity.checkpoints import Checkpoint, load_checkpoint
+from specparity.model.cache import wheel_cache_dir
+from specparity.probes.checkpoints import Checkpoint, load_checkpoint
 from specparity.probes import draft_format, lm_head, mamba_slots
-from specparity.probes.capabilities import EngineSpec, unread_version_note
+from specparity.probes.version_facts import EngineSpec, unread_version_note
 from specparity.probes.sglang_source import FoundSource, find_source, open_source
 from specparity.probes.finding import Status, Finding
 

@@ -13,7 +13,7 @@ land. What each one is for:
   engine must stay healthy, finish or cleanly fail every request, and keep its outputs.
 * ``self_draft``: an engine whose draft *is* its target must accept every draft token, up to
   verify/decode rounding; a rejection where the target's margin is beyond its own noise is a bug in
-  the verify path (:mod:`specparity.invariance`).
+  the verify path (:mod:`specparity.judge.invariance`).
 """
 
 from __future__ import annotations
@@ -24,13 +24,15 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from specparity.engines.base import Engine
-from specparity.types import Fingerprint, GenerationRequest, GenerationResult, accept_length
+from specparity.model.types import Fingerprint, GenerationRequest, GenerationResult, accept_length
 from specparity.probes.finding import Finding, fail, ok, unknown, warn
 
 FIRST_DECODE = "first-decode"
 ACCEPTANCE = "acceptance-floor"
 STRESS = "mamba-stress"
 SELF_DRAFT = "self-draft"
+#: Every live probe's name (the policy file's ``allow_unknown`` takes them): a new live probe adds its name here.
+LIVE_PROBES = (FIRST_DECODE, ACCEPTANCE, STRESS, SELF_DRAFT)
 
 PROMPTS = (
     "Write a Python function that returns the n-th Fibonacci number.",
@@ -108,7 +110,7 @@ def save_recorded(path: str | os.PathLike[str], fp: Fingerprint, value: float) -
 
 
 def mean_accept_length(results: Sequence[GenerationResult]) -> tuple[float | None, int]:
-    """:func:`~specparity.types.accept_length` over all results that report counters, and the step count."""
+    """:func:`~specparity.model.types.accept_length` over all results that report counters, and the step count."""
     reported = [r.spec for r in results if r.spec.available and r.spec.verify_steps]
     steps = sum(s.verify_steps for s in reported)
     return accept_length(sum(s.emitted for s in reported), steps), steps
@@ -237,9 +239,9 @@ def self_draft(engine: Engine, *, prompts: Sequence[str] = PROMPTS, max_new_toke
     """Self-draft acceptance on a live engine whose draft is its target (``--draft`` = the target):
     every rejection is a place where verify and decode disagree; judged against the noise measured
     from the same engine (decode vs ``score()``), as the gate measures it."""
-    from specparity.calibration import Sample, calibrate
-    from specparity.invariance import self_draft_report
-    from specparity.noise import CalibrationError
+    from specparity.judge.calibration import Sample, calibrate
+    from specparity.judge.invariance import self_draft_report
+    from specparity.judge.noise import CalibrationError
 
     fp = engine.fingerprint()
     if fp.draft is None or not fp.draft.sha256 or fp.draft.sha256 != fp.target.sha256:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from specparity.checkpoints import (
+from specparity.probes.checkpoints import (
     DENSE_FLOAT_DTYPES,
     FP8_DTYPES,
     QUANT_SIBLINGS,
@@ -20,7 +20,7 @@ from specparity.checkpoints import (
     TensorInfo,
     module_of,
 )
-from specparity.probes.capabilities import (
+from specparity.probes.version_facts import (
     HEAD_ABSENT,
     HEAD_UNQUANTIZED,
     SGLANG_MODELOPT_FP8_HEAD_ATTRS,

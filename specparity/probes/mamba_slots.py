@@ -15,8 +15,8 @@ import shlex
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
-from specparity.checkpoints import Checkpoint
-from specparity.probes.capabilities import (
+from specparity.probes.checkpoints import Checkpoint
+from specparity.probes.version_facts import (
     MAMBA_CAP_MESSAGE,
     MAMBA_ZERO_MESSAGE,
     EngineSpec,

@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from specparity.packages import installed_package_dir
-from specparity.probes.capabilities import MambaSizing, format_version, parse_version
+from specparity.model.packages import installed_package_dir
+from specparity.probes.version_facts import MambaSizing, format_version, parse_version
 
 MEM_CACHE_DIR = "sglang/srt/mem_cache/"
 CONFIGURATOR = "sglang/srt/mem_cache/kv_cache_configurator.py"

@@ -1,7 +1,7 @@
 """The gate's pytest module, shipped in the package so the gate runs from an installed wheel.
 
 ``specparity/suite/test_lossless.py`` holds the tests (``test_lossless[<prompt id>]`` and
-``test_gate_policy``); the pytest plugin (``specparity.pytest_plugin``, registered through the
+``test_gate_policy``); the pytest plugin (``specparity.plugin.pytest_plugin``, registered through the
 ``pytest11`` entry point ``specparity``) supplies their fixtures and options. Three ways to run it:
 
 * ``specparity lossless ARGS``: pytest on this module, rootdir = the current directory;

@@ -10,7 +10,7 @@ path coverage and prompts that never finished.
 This module ships in the package (``specparity lossless`` runs it from an installed wheel);
 ``suites/lossless/test_lossless.py`` in the checkout re-exports both tests, so
 ``pytest suites/lossless`` is unchanged. Its fixtures (``lossless_prompt``, ``gate_session``) come
-from the plugin, ``specparity.pytest_plugin``.
+from the plugin, ``specparity.plugin.pytest_plugin``.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import warnings
 
 import pytest
 
-from specparity.gate import bit_exact, near_tie_policy
+from specparity.gate.decision import bit_exact, near_tie_policy
 
 
 def test_lossless(lossless_prompt, gate_session):

@@ -19,11 +19,11 @@ from typing import Any
 
 import pytest
 
-from specparity import exitcodes
-from specparity.fixtures import REPO_ROOT, fixture_dir
-from specparity.options import DEFAULT_REPORT
-from specparity.prompts import load_prompts
-from specparity.pytest_plugin import gate_setup, report_section, setup_error
+from specparity.gate import exitcodes
+from specparity.model.locations import REPO_ROOT, fixture_dir
+from specparity.cli.options import DEFAULT_REPORT
+from specparity.model.prompts import load_prompts
+from specparity.plugin.pytest_plugin import gate_setup, report_section, setup_error
 
 NEAR_TIE_PROMPTS = REPO_ROOT / "prompts" / "near_tie.jsonl"
 #: The embedded configurations: (check, dtype). Self-draft is hf with the target as assistant.
@@ -92,7 +92,7 @@ class Invariance:
         return prompts
 
     def record(self, report: Any) -> None:
-        from specparity.invariance_run import TABLE_HEADER, table
+        from specparity.run.invariance import TABLE_HEADER, table
 
         reports = self.config.stash.setdefault(_REPORTS, [])
         reports.append(report)
@@ -105,7 +105,7 @@ class Invariance:
 
     def summarize(self) -> None:
         """The whole table once, in the terminal summary (relayed to the controller under xdist)."""
-        from specparity.invariance_run import TABLE_HEADER, table
+        from specparity.run.invariance import TABLE_HEADER, table
 
         reports = self.config.stash.get(_REPORTS, [])
         if reports:

@@ -13,8 +13,8 @@ import dataclasses
 import numpy as np
 import pytest
 
-from specparity import exitcodes
-from specparity.invariance_run import InvarianceError, run_batching, run_self_draft, solo_runs
+from specparity.gate import exitcodes
+from specparity.run.invariance import InvarianceError, run_batching, run_self_draft, solo_runs
 
 
 def _clear_margins(run) -> bool:

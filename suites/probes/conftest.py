@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from specparity.checkpoints import CheckpointError
-from specparity.probes.capabilities import EngineSpecError
+from specparity.probes.checkpoints import CheckpointError
+from specparity.probes.version_facts import EngineSpecError
 from specparity.probes.sglang_source import SourceError
 
 HERE = Path(__file__).resolve().parent
@@ -88,8 +88,8 @@ def live_engine(pytestconfig: pytest.Config):
 def judge(pytestconfig: pytest.Config):
     """``check_verdict`` under the gate policy (``--policy FILE``): a probe answering unknown fails
     unless the policy's ``allow_unknown`` names it; without a policy, unknown skips with the reason."""
-    from specparity.policy import PolicyError, allowed_unknown, judge_unknown
-    from specparity.pytest_options import check_verdict
+    from specparity.gate.policy_file import PolicyError, allowed_unknown, judge_unknown
+    from specparity.plugin.probe_options import check_verdict
 
     policy = _opt(pytestconfig, "policy")
     try:

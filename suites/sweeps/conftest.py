@@ -17,12 +17,12 @@ from pathlib import Path
 
 import pytest
 
-from specparity.fixtures import REPO_ROOT
-from specparity.gate import GateDecision
-from specparity.options import DEFAULT_REPORT
-from specparity.pytest_plugin import gate_setup, report_section
-from specparity.records import Activity, GateConfig, GateRun
-from specparity.runner import conclude, run_gate
+from specparity.model.locations import REPO_ROOT
+from specparity.gate.decision import GateDecision
+from specparity.cli.options import DEFAULT_REPORT
+from specparity.plugin.pytest_plugin import gate_setup, report_section
+from specparity.model.gate_run import Activity, GateConfig, GateRun
+from specparity.run.runner import conclude, run_gate
 
 SWEEP_MAX_NEW = 32
 #: Prompts per sweep step when no --categories narrow the suite: the first of each category.
@@ -81,7 +81,7 @@ class Sweep:
     """One loaded dflash engine, the prompt subset, and a gate run per requested block size."""
 
     def __init__(self, config: pytest.Config):
-        from specparity.engines.dflash import DFlashEngine
+        from specparity.engines.inprocess.dflash import DFlashEngine
 
         self.config = config
         setup = gate_setup(config)

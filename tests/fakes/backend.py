@@ -2,7 +2,7 @@
 
 Neither SGLang nor vLLM runs here (no GPU), so their fakes compute every token and logprob with the
 fixture target (``fixtures/models/target``) and standalone draft (``fixtures/models/draft``)
-through specparity's own in-process engine (:class:`specparity.engines.hf.HFEngine`): a speculative
+through specparity's own in-process engine (:class:`specparity.engines.inprocess.hf.HFEngine`): a speculative
 fake decodes with the draft (transformers' assisted generation) and reports the *real* counters of
 that loop; a baseline fake decodes greedily without a draft.
 """
@@ -41,7 +41,7 @@ class FixtureBackend:
 
     def __init__(self) -> None:
         from specparity.engines.base import EngineOptions
-        from specparity.engines.hf import DEFAULT_DRAFT_TOKENS, HFEngine
+        from specparity.engines.inprocess.hf import DEFAULT_DRAFT_TOKENS, HFEngine
 
         self.engine = HFEngine(EngineOptions(target=str(TARGET), draft=str(DRAFT), spec_mode="draft"))
         self.tokenizer = self.engine.target.tokenizer
@@ -60,7 +60,7 @@ class FixtureBackend:
 
     def generate(self, prompt_ids: Sequence[int], max_new_tokens: int, stop_ids: Sequence[int], k: int,
                  speculative: bool):
-        from specparity.types import GenerationRequest
+        from specparity.model.types import GenerationRequest
 
         req = GenerationRequest("emulator", [int(t) for t in prompt_ids], int(max_new_tokens),
                                 tuple(int(t) for t in stop_ids), max(1, int(k)))
@@ -87,7 +87,7 @@ class FixtureBackend:
         import numpy as np
 
         from specparity.engines.base import step_record
-        from specparity.types import GenerationResult, SpecStats, TokenScores
+        from specparity.model.types import GenerationResult, SpecStats, TokenScores
 
         prompt = [int(t) for t in prompt_ids]
         forced = self.tokenizer.encode(forced_document(constraint), add_special_tokens=False) + [self.primary_eos]
@@ -129,7 +129,7 @@ class FixtureBackend:
         computation far outside the noise (``drifted``)."""
         import numpy as np
 
-        from specparity.types import TokenScores
+        from specparity.model.types import TokenScores
 
         s, ids = result.scores, list(result.output_ids)
         n = min(len(ids), len(s))
@@ -191,7 +191,7 @@ def instance_noise(scores: Any, prefix: Sequence[int], nats: float) -> Any:
     under 3 × ``nats`` are kept, so no argmax moves (the ``instance_noise_nats`` knob)."""
     import numpy as np
 
-    from specparity.types import TokenScores
+    from specparity.model.types import TokenScores
 
     ids = [int(t) for t in prefix]
     logprobs, top_ids, top_lp = scores.logprobs.copy(), scores.top_ids.copy(), scores.top_logprobs.copy()
@@ -251,7 +251,7 @@ def shared_backend() -> FixtureBackend:
 def shortened(result: Any) -> Any:
     """``result`` cut to half its tokens, never ending on a stop token (the ``short_limit`` fault):
     an answer that stopped for its length before the limit the request gave."""
-    from specparity.types import TokenScores
+    from specparity.model.types import TokenScores
 
     keep = max(1, len(result.output_ids) // 2)
     if len(result.output_ids) > 1 and keep == len(result.output_ids):

@@ -54,7 +54,7 @@ from typing import Any, Sequence
 from fakes.backend import DATA, DRAFT, TARGET, FixtureBackend, instance_noise, recorded, shared_backend, shortened
 from fakes.faults import Rule
 from fakes.server import FakeServer, Reply, Request, json_reply, not_found, refuses
-from specparity.constraints import Constraint
+from specparity.model.constraints import Constraint
 
 #: ``sampling_params`` allow-list of 0.5.23, in the order the contract's message lists it
 #: (``sglang/api/v1/api_types.py:1256``, message format ``:97``).

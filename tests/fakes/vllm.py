@@ -47,7 +47,7 @@ from typing import Any, Sequence
 from fakes.backend import DATA, DRAFT, TARGET, FixtureBackend, recorded, shared_backend, shortened
 from fakes.faults import Rule
 from fakes.server import FakeServer, Reply, Request, json_reply, not_found, refuses
-from specparity.constraints import Constraint
+from specparity.model.constraints import Constraint
 
 #: Knobs vLLM fills from ``generation_config.json`` when a request leaves them unset.
 VLLM_KNOBS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty")

@@ -345,7 +345,7 @@ def journal_summary(path: Path) -> dict[str, Any]:
 
 def compare(work: Path, old: str, new: str) -> dict[str, Any]:
     """``specparity compare OLD NEW --old-side spec``: the speculative outputs of two levels."""
-    argv = [sys.executable, "-c", "import sys; from specparity.cli import main; sys.exit(main())", "compare",
+    argv = [sys.executable, "-c", "import sys; from specparity.cli.commands import main; sys.exit(main())", "compare",
             str(work / "reports" / old), str(work / "reports" / new), "--old-side", "spec", "--json"]
     p = subprocess.run(argv, cwd=CHECKOUT, capture_output=True, text=True, timeout=120)
     (work / "logs" / f"compare-{old}-vs-{new}.txt").write_text(p.stdout + p.stderr)
@@ -483,8 +483,8 @@ def probe_scoring(work: Path, prompts: int = 3) -> int:
     ``prompt_logprobs`` argmax against the tokens a baseline decoded (a scorer the gate cannot use
     shows here, with the bodies kept under WORK/probe/ for a look or a test)."""
     sys.path.insert(0, str(CHECKOUT))
-    from specparity.engines.server import HFTokenizer
-    from specparity.engines.vllm import completion_body
+    from specparity.engines.server.engine import HFTokenizer
+    from specparity.engines.server.vllm import completion_body
 
     servers = [s for s in load_servers(work).values() if s.model == str(TARGET) and health(s.url) == 200]
     ref = next((s for s in servers if s.method == "baseline"), None)

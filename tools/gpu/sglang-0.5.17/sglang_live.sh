@@ -119,7 +119,7 @@ matrix() {
       echo "MATRIX $MODE $n c$c: exit $rc; $(grep -h -m1 -oE '(PASS|FAIL)[^|]{0,140}' "$WORK/logs/gate-$MODE-$n-c$c.txt")"
     done
     for c in "${levels[@]:1}"; do
-      (cd "$ROOT" && PYTHONPATH=$ROOT python3 -c "import sys; from specparity.cli import main; sys.exit(main())" \
+      (cd "$ROOT" && PYTHONPATH=$ROOT python3 -c "import sys; from specparity.cli.commands import main; sys.exit(main())" \
         compare "$WORK/reports/$MODE-$n-c$lo" "$WORK/reports/$MODE-$n-c$c" --old-side spec \
         >"$WORK/logs/compare-$MODE-$n-c$lo-c$c.txt" 2>&1)
       echo "COMPARE $MODE $n c$lo vs c$c: exit $? $(tail -1 "$WORK/logs/compare-$MODE-$n-c$lo-c$c.txt" | cut -c1-120)"

@@ -1,0 +1,505 @@
+"""``specparity record``, ``compare`` and ``report``: goldens and journals from the command line.
+
+* ``record``: run the baselines only (no speculation) and write the golden named by ``--golden``;
+  the slow part of a gate run on a big server, done once.
+* ``compare OLD NEW``: judge two recorded runs against each other with the gate's classes, no
+  engine needed — each side a golden or a journal (``results.jsonl`` or its directory). OLD gives
+  the reference stream (a golden's baseline, a journal's baseline), NEW the stream judged (a
+  golden's baseline, a journal's speculative output; ``--new-side baseline`` takes its baseline:
+  an engine upgrade between two journals; ``--old-side spec`` makes OLD's speculative output the
+  reference: does a prompt's output depend on what else was in flight). The threshold comes from
+  both sides' measured noise. It also compares the two runs' acceptance (the speculative runs'
+  counters, per category and per draft position, with a paired bootstrap interval) and fails when
+  it dropped beyond ``--max-accept-drop`` (``max_accept_drop`` in ``--policy``; docs/ACCEPTANCE.md).
+* ``parity RUN_A RUN_B``: the same draft under two implementations (two journals): their
+  acceptance rates per category, with the same interval, must agree within ``--tolerance``.
+* ``report DIR``: rebuild every report of a run from its journal alone (after a crash, or with a
+  newer specparity), and print the verdict.
+
+Each exits like the gate: 0 pass, 1 gate failure, 3 harness/engine error, 4 bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from specparity.gate import exitcodes
+from specparity.judge.noise import near_tie_above_ceiling
+from specparity.model.threshold import DEFAULT_CEILING_NATS
+from specparity.model.gate_run import DEFAULT_MAX_NEAR_TIE
+
+
+# --------------------------------------------------------------------------- record
+
+
+def _gate_raw(args: argparse.Namespace) -> dict[str, Any]:
+    from specparity.cli.option_table import gate_dests
+
+    return {dest: getattr(args, dest, None) for dest in gate_dests()}
+
+
+def _run_record(args: argparse.Namespace) -> int:
+    from specparity.cli.options import build_setup
+    from specparity.run.setup import BadInput
+    from specparity.run.runner import run_gate
+    from specparity.run.gate_command import load_engine
+
+    raw = _gate_raw(args)
+    if not raw.get("golden"):
+        raise BadInput("--golden: specparity record needs --golden FILE (where to write the golden)")
+    raw["update_golden"] = raw.get("update_golden") or "update"
+    setup = build_setup(raw, check_report=bool(raw.get("report")), speculates=False)
+    engine = load_engine(setup)
+    try:
+        run = run_gate(engine, setup.prompts, setup.config, calibration=setup.calibration, golden=setup.golden,
+                       baselines_only=True, progress=None if args.json else _say)
+    finally:
+        engine.close()
+    failed = [r.prompt.id for r in run.records + run.calibration_records
+              if r.baseline is None or r.baseline.error or r.tf_error]
+    if run.golden_error:
+        code, status = exitcodes.GATE_FAILED, run.golden_error
+    elif run.calibration_error or run.fatal:
+        code, status = exitcodes.ENGINE_ERROR, run.calibration_error or run.fatal.splitlines()[0]
+    elif failed:
+        code, status = exitcodes.ENGINE_ERROR, f"{len(failed)} baseline(s) failed and were not recorded: {', '.join(failed)}"
+    else:
+        code, status = exitcodes.PASS, "; ".join(run.golden_notes)
+    if args.json:
+        print(json.dumps({"status": "PASS" if code == 0 else "FAIL", "exit_code": code, "message": status,
+                          "golden": setup.config.golden, "threshold": run.threshold.to_json() if run.threshold else None,
+                          "failed": failed}, indent=2))
+    else:
+        print(f"specparity record: {'PASS' if code == 0 else 'FAIL'} — {status}")
+        if run.threshold:
+            print(f"near-tie threshold it supports: {run.threshold.describe()}")
+    return code
+
+
+def _say(msg: str) -> None:
+    print(msg, file=sys.stderr)
+
+
+def add_record_command(sub: Any) -> None:
+    from specparity.cli.option_table import add_gate_options
+
+    p = sub.add_parser("record", help="run the baselines only and write the golden (--golden FILE)",
+                       description="Record a golden: every prompt greedily without speculation, scored "
+                       "teacher-forced, written to --golden FILE (golden/README.md). A golden recorded under "
+                       "another engine fingerprint is replaced only with --update-golden=force.")
+    add_gate_options(lambda name, desc: p.add_argument_group(name, desc).add_argument)
+    p.add_argument("--json", action="store_true", help="print the outcome as JSON")
+    p.set_defaults(func=_run_record)
+
+
+# --------------------------------------------------------------------------- compare
+
+
+@dataclass
+class Side:
+    """One side of ``compare``: per prompt (record, stream, its teacher-forced scores)."""
+
+    label: str
+    fingerprint: Any
+    #: prompt id -> (Prompt, GenerationResult, TokenScores | None, max_new_tokens)
+    streams: dict[str, tuple[Any, Any, Any, int]]
+    samples: list[Any]  # calibration samples (decode rows vs teacher-forced), for the threshold
+    speculative: bool
+    stop_ids: tuple[int, ...] = ()
+    #: prompt id -> why its stream cannot be judged (an errored prompt of a journal): judged as an error.
+    errors: dict[str, str] = field(default_factory=dict)
+    #: The journal's run-wide aggregate counters (an engine that reports only those), for the activity rule.
+    aggregate: Any = None
+    #: The speculative run's acceptance per prompt (:class:`specparity.judge.acceptance.AcceptanceSet`),
+    #: whatever stream is judged: a golden's recorded ``acceptance``, a journal's speculative run.
+    acceptance: Any = None
+
+
+def _load_side(path: str, which: str, side: str) -> Side:
+    """One side of a comparison from a golden or a journal (``side``: its ``spec`` or ``baseline``
+    stream); ``which`` names it in a refusal (:class:`~specparity.cli.options.BadInput`)."""
+    from specparity.judge.calibration import Sample
+    from specparity.run.golden import HEADER_KEY, GoldenError, load_golden
+    from specparity.run.journal import JOURNAL, JournalError, load_run
+    from specparity.run.setup import BadInput
+    from specparity.model.gate_run import DEFAULT_MAX_NEW_TOKENS
+
+    p = Path(path)
+    journal = p / JOURNAL if p.is_dir() else p
+    if not journal.exists():
+        raise BadInput(f"{which} {path}: no such file or directory (expected a golden or a journal)")
+    try:
+        head = journal.read_text(encoding="utf-8").split("\n", 1)[0]
+        is_golden = f'"{HEADER_KEY}"' in head
+        if is_golden:
+            g = load_golden(journal)
+            from specparity.model.types import Fingerprint
+
+            streams = {pid: (e.prompt, e.baseline, e.tf, e.max_new_tokens) for pid, e in g.entries.items()}
+            samples = [Sample(pid, e.baseline.output_ids, e.baseline.scores, e.tf) for pid, e in g.entries.items()]
+            accepted = _acceptance(f"golden {journal}", [(e.prompt, e.spec, e.prompt_ids, e.baseline.output_ids)
+                                                          for e in g.entries.values() if e.spec is not None],
+                                   "the golden has no acceptance (recorded before it was kept, or by specparity "
+                                   "record, which does not speculate)")
+            return Side(f"golden {journal}", Fingerprint.from_json(g.header["fingerprint"]), streams, samples, False,
+                        tuple(g.header.get("stop_token_ids", ())), acceptance=accepted)
+        run = load_run(journal)
+    except (GoldenError, JournalError) as exc:
+        raise BadInput(f"{which}: {exc}") from None
+    streams, samples, errors = {}, [], {}
+    for r in run.records + run.calibration_records:
+        if r.baseline is not None and not r.baseline.error and r.baseline_tf is not None:
+            samples.append(Sample(r.prompt.id, r.baseline.output_ids, r.baseline.scores, r.baseline_tf))
+        if r in run.calibration_records:
+            continue
+        limit = r.request.max_new_tokens if r.request else (run.config.max_new_tokens or r.prompt.max_new_tokens
+                                                             or DEFAULT_MAX_NEW_TOKENS)
+        if side == "spec" and r.spec is not None and not r.spec.error:
+            streams[r.prompt.id] = (r.prompt, r.spec, r.spec_tf, limit)
+        elif side == "baseline" and r.baseline is not None and not r.baseline.error:
+            streams[r.prompt.id] = (r.prompt, r.baseline, r.baseline_tf, limit)
+        else:  # the prompt errored in that run: it stays an error, never silently dropped
+            errors[r.prompt.id] = _errored(r, side)
+    stops = next((r.request.stop_token_ids for r in run.records if r.request), ())
+    spec_runs = [(r.prompt, r.spec.spec, r.request.prompt_ids if r.request else None,
+                  r.baseline.output_ids if r.baseline is not None and not r.baseline.error else r.spec.output_ids)
+                 for r in run.records if r.spec is not None and not r.spec.error]
+    why = ("the journal's speculative run reported no per-request counters"
+           + (" (run-wide counters only: no per-prompt spread to compare)" if run.aggregate is not None else "")
+           if spec_runs else "the journal holds no speculative run (baselines only)")
+    return Side(f"journal {journal} ({side})", run.fingerprint, streams, samples, side == "spec", tuple(stops),
+                errors, run.aggregate if side == "spec" else None, _acceptance(f"journal {journal}", spec_runs, why))
+
+
+def _acceptance(label: str, spec_runs: list[tuple[Any, Any, Any, Any]], why: str) -> Any:
+    """The :class:`~specparity.judge.acceptance.AcceptanceSet` of (prompt, counters, prompt ids, output ids)."""
+    from specparity.judge.acceptance import AcceptanceSet, prompt_acceptance
+
+    out = AcceptanceSet(label)
+    for prompt, stats, prompt_ids, output_ids in spec_runs:
+        pa = prompt_acceptance(prompt.id, prompt.category, stats, prompt_ids, output_ids)
+        if pa is not None:
+            out.prompts[prompt.id] = pa
+    if not out.prompts:
+        out.missing = why
+    return out
+
+
+def _errored(rec: Any, side: str) -> str:
+    """Why a journal's prompt has no usable stream on ``side``, from its first cause."""
+    for label, result in (("baseline", rec.baseline), ("speculative run", rec.spec)):
+        if result is not None and result.error:
+            return f"{label} failed: {result.error}"
+    if rec.verdict is not None and rec.verdict.klass == "error":
+        return rec.verdict.reason
+    return f"no {'speculative' if side == 'spec' else 'baseline'} output recorded (the run never reached it)"
+
+
+def _decoder(fingerprint: Any) -> Callable[[Any], str]:
+    """Token text from the target's tokenizer when it is on this machine, else the ids themselves."""
+    try:
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(fingerprint.target.path, local_files_only=True)
+        return lambda ids: tok.decode(list(ids))
+    except Exception:  # noqa: BLE001 - a server's target path, or a machine without the model
+        return lambda ids: "".join(f"⟨{int(i)}⟩" for i in ids)
+
+
+def _run_compare(args: argparse.Namespace) -> int:
+    from specparity.cli.options import check_report_dir
+    from specparity.run.setup import BadInput
+    from specparity.report.render import terminal_lines
+
+    if args.near_tie_nats is not None and args.near_tie_nats > args.near_tie_ceiling:
+        raise BadInput(near_tie_above_ceiling(args.near_tie_nats, args.near_tie_ceiling))
+    rules = _compare_rules(args)
+    old = _load_side(args.old, "OLD", args.old_side)
+    new = _load_side(args.new, "NEW", args.new_side)
+    if args.report:
+        check_report_dir("--report", args.report)
+    if not old.streams or not (new.streams or new.errors):
+        raise BadInput(f"{'OLD' if not old.streams else 'NEW'}: no usable prompt in {old.label if not old.streams else new.label}")
+    run, decision = judge_sides(old, new, args.old, near_tie_nats=args.near_tie_nats,
+                                near_tie_ceiling=args.near_tie_ceiling, max_near_tie=rules["max_near_tie"],
+                                drift_policy=rules["drift_policy"], only_common=args.only_common,
+                                report_dir=args.report or None, bit_exact=rules.get("bit_exact"))
+    accept = _acceptance_verdict(old, new, decision, max_drop=rules["max_accept_drop"])
+    if args.report:
+        _write_reports(run, decision, args.report)
+        _write_acceptance(accept, args.report)
+    if args.json:
+        print(json.dumps({**decision.to_json(), "prompts": [r.verdict.to_json() for r in run.records],
+                          "acceptance": accept.to_json()}, indent=2))
+    else:
+        from specparity.judge.acceptance import lines
+
+        print("\n".join(terminal_lines(run, decision) + [""] + lines(accept)))
+    return decision.exit_code
+
+
+def judge_sides(old: Side, new: Side, old_path: str, *, near_tie_nats: float | None = None,
+                near_tie_ceiling: float = DEFAULT_CEILING_NATS, max_near_tie: float = DEFAULT_MAX_NEAR_TIE,
+                drift_policy: str = "fail", only_common: bool = False, report_dir: str | None = None,
+                bit_exact: bool | None = None) -> tuple[Any, Any]:
+    """NEW's streams judged against OLD's with the gate's classes: (the run, its decision).
+
+    The one comparison of two recorded runs, for ``specparity compare`` and for the concurrency sweep
+    (:mod:`specparity.cli.sweep`: each level's speculative output against the lowest level's). The
+    threshold comes from both sides' measured noise; ``report_dir`` only goes into the run's config
+    (the caller writes the reports)."""
+    from specparity.judge.calibration import calibrate
+    from specparity.judge.compare import compare
+    from specparity.model.verdicts import Verdict
+    from specparity.gate.decision import decide
+    from specparity.judge.noise import CalibrationError
+    from specparity.model.gate_run import GateConfig, GatePolicy, GateRun, PromptRecord
+
+    mode = "spec" if new.speculative else "baseline"
+    # the activity rule applies when NEW's journal carries speculation counters (per request or run-wide)
+    counted = new.aggregate is not None or any(s[1].spec.available for s in new.streams.values())
+    config = GateConfig(report_dir=report_dir, golden=old_path, golden_mode=mode,
+                        near_tie_nats=near_tie_nats,
+                        policy=GatePolicy(max_near_tie=max_near_tie, drift=drift_policy, bit_exact=bit_exact,
+                                          allow_unknown_activity=not counted))
+    run = GateRun(fingerprint=new.fingerprint, config=config, records=[], scorer=f"recorded: {old.label}")
+    run.aggregate = new.aggregate
+    run.golden_notes.append(f"{new.label} judged against {old.label}")
+    # the noise of both engines: a new engine's own decode-vs-scoring noise widens what is a near tie
+    samples = old.samples + new.samples
+    try:
+        _check, run.threshold = calibrate(samples, scorer=old.label, override=near_tie_nats,
+                                          ceiling=near_tie_ceiling,
+                                          label=f"the recorded baselines of OLD ({len(old.samples)}) and NEW "
+                                                f"({len(new.samples)})")
+    except (CalibrationError, ValueError) as exc:
+        run.calibration_error = str(exc)
+    decode = _decoder(old.fingerprint)
+    stops = set(old.stop_ids) | set(new.stop_ids)
+    in_new = set(new.streams) | set(new.errors)
+    wanted = [pid for pid in old.streams if pid in in_new] if only_common else list(old.streams)
+    if only_common and len(wanted) < len(old.streams):
+        run.golden_notes.append(f"--only-common: {len(old.streams) - len(wanted)} prompt(s) of OLD not in NEW were left out")
+    for pid in wanted:
+        prompt, ref, ref_tf, limit = old.streams[pid]
+        rec = PromptRecord(prompt, baseline=ref, baseline_tf=ref_tf, baseline_from="golden")
+        got = new.streams.get(pid)
+        if got is None and pid in new.errors:
+            rec.verdict = Verdict(pid, prompt.category, "error", f"errored in NEW ({new.label}): {new.errors[pid]}")
+        elif got is None:
+            rec.verdict = Verdict(pid, prompt.category, "error", f"not in NEW ({new.label})")
+        elif run.threshold is None:
+            rec.verdict = Verdict(pid, prompt.category, "error", f"not judged: {run.calibration_error}")
+        else:
+            rec.spec, rec.spec_tf = got[1], got[2]
+            if got[3] != limit:
+                rec.verdict = Verdict(pid, prompt.category, "error",
+                                      f"OLD was decoded with max_new_tokens {limit}, NEW with {got[3]}: not the same request")
+            else:
+                rec.verdict = compare(pid, prompt.category, ref, got[1], got[2], threshold=run.threshold.nats,
+                                      max_new_tokens=limit, stop_ids=tuple(stops), decode=decode, baseline_tf=ref_tf,
+                                      drift_nats=run.threshold.drift_nats)
+            run.coverage.add(got[1].spec)
+        run.records.append(rec)
+    only_new = sorted(in_new - set(old.streams))
+    if only_new:
+        run.golden_notes.append(f"{len(only_new)} prompt(s) only in NEW, not judged: {', '.join(only_new)}")
+    decision = decide(run)
+    return run, decision
+
+
+def _compare_rules(args: argparse.Namespace) -> dict[str, Any]:
+    """The compare's policy: its flags, then ``--policy FILE`` for what they leave unset, then the
+    defaults (``max_near_tie``, ``fail_on`` and ``max_accept_drop`` apply; bad values exit 4)."""
+    from specparity.judge.acceptance import DEFAULT_MAX_ACCEPT_DROP
+    from specparity.run.setup import BadInput
+    from specparity.gate.policy_file import PolicyError, load_policy, merge
+
+    drop = args.max_accept_drop
+    if drop is not None:
+        drop = _number("--max-accept-drop", drop, 0.0, sys.float_info.max, "a number >= 0 (tokens per verify step)")
+    raw = {"max_near_tie": args.max_near_tie, "drift_policy": args.drift_policy, "max_accept_drop": drop}
+    if args.policy:
+        try:
+            raw = merge(raw, load_policy(args.policy))
+        except PolicyError as exc:
+            raise BadInput(str(exc)) from None
+    if raw["max_accept_drop"] is None:
+        raw["max_accept_drop"] = DEFAULT_MAX_ACCEPT_DROP
+    if raw["max_near_tie"] is None:
+        raw["max_near_tie"] = DEFAULT_MAX_NEAR_TIE
+    raw["drift_policy"] = raw["drift_policy"] or "fail"
+    if not 0 <= raw["max_near_tie"] <= 1:
+        raise BadInput(f"--max-near-tie: expected a fraction in [0, 1], got {raw['max_near_tie']}")
+    return raw
+
+
+def _number(flag: str, value: str, low: float, high: float, expected: str) -> float:
+    """A numeric option in [low, high], or one line of bad input (exit 4) naming it."""
+    from specparity.run.setup import BadInput
+
+    try:
+        x = float(value)
+    except ValueError:
+        x = float("nan")
+    if not low <= x <= high:
+        raise BadInput(f"{flag}: expected {expected}, got {value!r}")
+    return x
+
+
+def _acceptance_verdict(old: Side, new: Side, decision: Any, *, max_drop: float) -> Any:
+    """Compare both sides' acceptance and fold a regression into ``decision`` (a failure: exit 1)."""
+    from specparity.judge.acceptance import compare_runs
+    from specparity.gate.decision import judge_acceptance
+
+    accept = judge_acceptance(compare_runs(old.acceptance, new.acceptance), max_drop=max_drop)
+    if accept.failures:
+        decision.failures.extend(accept.failures)
+        decision.passed = False
+    return accept
+
+
+def _write_acceptance(accept: Any, out: str) -> None:
+    """``acceptance.md`` beside the other reports."""
+    from specparity.judge.acceptance import lines
+    from specparity.run.gate_command import write_failed
+
+    try:
+        (Path(out) / "acceptance.md").write_text("# Acceptance\n\n" + "\n".join(lines(accept)) + "\n", encoding="utf-8")
+    except OSError as exc:
+        raise write_failed(f"--report {out}", exc, "PASS" if not accept.failures else "FAIL") from None
+
+
+def _write_reports(run: Any, decision: Any, out: str, flag: str = "--report") -> None:
+    """The reports, or one line and exit 3 (a harness error, not bad input) when the write fails
+    after the directory was checked."""
+    from specparity.report.render import write_reports
+    from specparity.run.gate_command import write_failed
+
+    try:
+        write_reports(run, decision, out)
+    except OSError as exc:
+        raise write_failed(f"{flag} {out}", exc, decision.status) from None
+
+
+def add_compare_command(sub: Any) -> None:
+    from specparity.judge.acceptance import DEFAULT_MAX_ACCEPT_DROP
+
+    p = sub.add_parser("compare", help="judge two recorded runs (goldens or journals) with the gate's classes",
+                       description="OLD gives the reference (a golden's or a journal's baseline), NEW the stream "
+                       "judged (a golden's baseline, a journal's speculative output, or with --new-side baseline its "
+                       "baseline). The threshold is measured on OLD's recorded baselines. No engine runs.")
+    p.add_argument("old", metavar="OLD", help="golden file, results.jsonl or report directory")
+    p.add_argument("new", metavar="NEW", help="golden file, results.jsonl or report directory")
+    p.add_argument("--new-side", choices=("spec", "baseline"), default="spec",
+                   help="which stream of a NEW journal is judged (default spec)")
+    p.add_argument("--old-side", choices=("baseline", "spec"), default="baseline",
+                   help="which stream of an OLD journal is the reference (default baseline; spec: e.g. the "
+                   "speculative outputs at concurrency 1 against those at concurrency N)")
+    p.add_argument("--near-tie-nats", type=float, default=None, help="near-tie threshold (default: measured on OLD)")
+    p.add_argument("--near-tie-ceiling", type=float, default=DEFAULT_CEILING_NATS,
+                   help="largest near-tie threshold accepted, measured or set (default %(default)s nats)")
+    p.add_argument("--max-near-tie", type=float, default=None,
+                   help=f"allowed fraction of near-tie prompts (default {DEFAULT_MAX_NEAR_TIE:g}, or the policy file's)")
+    p.add_argument("--drift-policy", choices=("fail", "warn"), default=None, help="default fail, or the policy file's")
+    p.add_argument("--max-accept-drop", default=None, metavar="TOKENS",
+                   help="largest drop of the mean accept length from OLD to NEW before the comparison fails "
+                   f"(default {DEFAULT_MAX_ACCEPT_DROP:g}, or the policy file's max_accept_drop; the drop must also lie beyond the "
+                   "bootstrap interval: docs/ACCEPTANCE.md)")
+    p.add_argument("--policy", default=None, metavar="FILE",
+                   help="policy file (TOML): max_accept_drop, max_near_tie and fail_on apply to compare")
+    p.add_argument("--only-common", action="store_true",
+                   help="judge only the prompts both sides hold (default: a prompt of OLD missing from NEW is an error)")
+    p.add_argument("--report", default=None, help="write the reports of the comparison to this directory")
+    p.add_argument("--json", action="store_true", help="print the decision and per-prompt verdicts as JSON")
+    p.set_defaults(func=_run_compare)
+
+
+# --------------------------------------------------------------------------- parity
+
+
+def _run_parity(args: argparse.Namespace) -> int:
+    from specparity.judge.acceptance import lines
+    from specparity.run.setup import BadInput
+    from specparity.gate.parity import parity
+
+    tolerance = _number("--tolerance", args.tolerance, 0.0, 1.0, "a difference of acceptance rates in [0, 1]")
+    a = _load_side(args.run_a, "RUN_A", "spec")
+    b = _load_side(args.run_b, "RUN_B", "spec")
+    for which, path, side in (("RUN_A", args.run_a, a), ("RUN_B", args.run_b, b)):
+        if side.acceptance.missing:
+            raise BadInput(f"{which} {path}: no acceptance to compare: {side.acceptance.missing}")
+    result = parity(a.acceptance, b.acceptance, tolerance=tolerance)
+    if result.not_recorded:
+        raise BadInput(f"RUN_B {args.run_b}: no prompt with acceptance in common with RUN_A {args.run_a} "
+                       f"(expected two runs of the same prompts)")
+    code = exitcodes.GATE_FAILED if result.failures else exitcodes.PASS
+    status = "FAIL" if result.failures else "PASS"
+    if args.json:
+        print(json.dumps({"status": status, "exit_code": code, **result.to_json()}, indent=2))
+    else:
+        rows = result.decided_on
+        head = (f"specparity parity: {status} — acceptance {rows[-1].old:.3f} (A) vs {rows[-1].new:.3f} (B) over "
+                f"{rows[-1].prompts} prompt(s), tolerance {tolerance:g}")
+        print("\n".join([head, *[f"FAIL: {f}" for f in result.failures], "", *lines(result, "A", "B")]))
+    return code
+
+
+def add_parity_command(sub: Any) -> None:
+    from specparity.gate.parity import DEFAULT_TOLERANCE
+
+    p = sub.add_parser("parity", help="the same draft under two implementations: acceptance per category must agree",
+                       description="Compare the acceptance rates (accepted / proposed draft tokens) of two runs of "
+                       "the same draft on the same prompts under two engines (journals or report directories), per "
+                       "category and overall, with a paired bootstrap interval; fails (exit 1) where they differ by "
+                       "more than --tolerance and the interval excludes 0. docs/ACCEPTANCE.md.")
+    p.add_argument("run_a", metavar="RUN_A", help="results.jsonl or report directory of the first engine's run")
+    p.add_argument("run_b", metavar="RUN_B", help="results.jsonl or report directory of the second engine's run")
+    p.add_argument("--tolerance", default=str(DEFAULT_TOLERANCE),
+                   help="largest difference of acceptance rates (absolute, default %(default)s)")
+    p.add_argument("--json", action="store_true", help="print the comparison as JSON")
+    p.set_defaults(func=_run_parity)
+
+
+# --------------------------------------------------------------------------- report
+
+
+def _run_report(args: argparse.Namespace) -> int:
+    from specparity.gate.decision import decide
+    from specparity.run.journal import JournalError, load_run
+    from specparity.cli.options import check_report_dir
+    from specparity.run.setup import BadInput
+    from specparity.report.render import terminal_lines
+
+    try:
+        run = load_run(args.journal)
+    except JournalError as exc:
+        raise BadInput(str(exc)) from None
+    source = Path(args.journal)
+    out = args.out or str(source if source.is_dir() else source.parent)
+    check_report_dir("--out", out)
+    decision = decide(run)
+    _write_reports(run, decision, out, "--out")
+    if args.json:
+        print(json.dumps({**decision.to_json(), "report": out}, indent=2))
+    else:
+        print("\n".join(terminal_lines(run, decision) + [f"report: {out}"]))
+    return decision.exit_code
+
+
+def add_report_command(sub: Any) -> None:
+    p = sub.add_parser("report", help="rebuild a run's reports from its journal (results.jsonl) alone",
+                       description="Rebuild summary.md, report.md and report.html from a journal and print the "
+                       "verdict; exits with the run's exit code (1 when it failed).")
+    p.add_argument("journal", metavar="JOURNAL", help="results.jsonl or the report directory holding it")
+    p.add_argument("--out", default=None, help="where to write the reports (default: beside the journal)")
+    p.add_argument("--json", action="store_true", help="print the decision as JSON")
+    p.set_defaults(func=_run_report)
+
+
+COMMANDS = (add_record_command, add_compare_command, add_parity_command, add_report_command)

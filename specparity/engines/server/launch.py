@@ -1,0 +1,217 @@
+"""Launching servers the gate starts itself, in the manner of llama.cpp's own server tests.
+
+A :class:`ServerProcess` owns one process from argv to process-group kill: its flags come from a
+typed launch config (``LlamaServerLaunch``, ``SGLangLaunch``, ``VLLMLaunch``: :class:`LaunchConfig`\ s,
+each turning its fields into argv, unit-tested), it binds ``127.0.0.1`` on a free port, waits for health with a
+deadline while watching the process (a server that exits during start-up fails at once, with the
+tail of its log), keeps the whole log in a file (which goes into the report), and always stops the
+whole process group — on ``stop()``, on leaving a ``with`` block, and at interpreter exit.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, ClassVar, Sequence
+
+from specparity.engines.server.http import Endpoint, ServerError
+
+#: Seconds a launched server has to answer ``/health`` when its launch config does not say
+#: (:attr:`LaunchConfig.startup_timeout_s`; ``--engine-opt startup_timeout`` overrides both).
+DEFAULT_STARTUP_TIMEOUT_S = 300.0
+#: The same for a GPU server (SGLang, vLLM): loading a large checkpoint, compiling and capturing CUDA
+#: graphs takes many minutes.
+GPU_STARTUP_TIMEOUT_S = 1800.0
+
+#: Every process started and not yet stopped, so an interpreter exit never leaves a server behind.
+_LIVE: set["ServerProcess"] = set()
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+class LaunchError(RuntimeError):
+    """A server that did not come up; the message carries the tail of its log."""
+
+
+@dataclass(eq=False)
+class ServerProcess:
+    """One server process. ``args`` are its flags *without* host and port (added here).
+
+    ``ready`` is the readiness check: given an :class:`Endpoint`, return None when ready, else a
+    short reason (default: ``GET /health`` answers 200).
+    """
+
+    name: str
+    program: Sequence[str]
+    args: Sequence[str]
+    host: str = "127.0.0.1"
+    port: int | None = None
+    startup_timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S
+    log_dir: str | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    ready: Callable[[Endpoint], str | None] | None = None
+    host_flag: str = "--host"
+    port_flag: str = "--port"
+    process: subprocess.Popen | None = field(default=None, init=False)
+    log_path: Path | None = field(default=None, init=False)
+
+    def argv(self) -> list[str]:
+        port = self.port if self.port is not None else 0
+        return [*self.program, *self.args, self.host_flag, self.host, self.port_flag, str(port)]
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def start(self) -> str:
+        """Start the process and wait until it is ready; returns its base URL."""
+        if self.port is None:
+            self.port = free_port(self.host)
+        log_dir = Path(self.log_dir or tempfile.mkdtemp(prefix="specparity-server-"))
+        log_dir.mkdir(parents=True, exist_ok=True)
+        self.log_path = log_dir / f"{self.name.replace(' ', '-')}.log"
+        log = open(self.log_path, "w", encoding="utf-8")
+        log.write("$ " + " ".join(self.argv()) + "\n")
+        log.flush()
+        try:
+            self.process = subprocess.Popen(self.argv(), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                            env={**os.environ, **self.env}, start_new_session=True)
+        except OSError as exc:
+            log.close()
+            raise LaunchError(f"{self.name}: cannot start {self.program[0]}: {exc}") from None
+        finally:
+            if self.process is None:
+                log.close()
+        log.close()
+        _LIVE.add(self)
+        try:
+            self.wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+        return self.url
+
+    def wait_ready(self) -> None:
+        endpoint = Endpoint(self.url, read_timeout_s=10.0, connect_timeout_s=2.0, connect_retries=0, dead_after=10**9)
+        check = self.ready or health_ok
+        deadline = time.monotonic() + self.startup_timeout_s
+        reason = "not started"
+        try:
+            while time.monotonic() < deadline:
+                code = self.process.poll() if self.process else -1
+                if code is not None:
+                    raise LaunchError(f"{self.name} exited with code {code} during start-up; log {self.log_path}:\n"
+                                      f"{self.log_tail()}")
+                try:
+                    reason = check(endpoint) or ""
+                except ServerError as exc:
+                    reason = str(exc)
+                if not reason:
+                    return
+                time.sleep(0.25)
+        finally:
+            endpoint.close()
+        raise LaunchError(f"{self.name} not ready after {self.startup_timeout_s:g} s ({reason}); log {self.log_path}:\n"
+                          f"{self.log_tail()}")
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def log_tail(self, lines: int = 20) -> str:
+        if not self.log_path or not self.log_path.exists():
+            return ""
+        return "\n".join(self.log_path.read_text(encoding="utf-8", errors="replace").splitlines()[-lines:])
+
+    def stop(self, grace_s: float = 10.0) -> None:
+        """Stop the whole process group: SIGTERM, then SIGKILL after ``grace_s`` — also when the
+        leader already exited (its children may not have)."""
+        proc, self.process = self.process, None
+        _LIVE.discard(self)
+        if proc is None:
+            return
+        _signal_group(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            pass
+        _signal_group(proc.pid, signal.SIGKILL)  # whatever of the group is left
+        if proc.poll() is None:
+            proc.wait(timeout=grace_s)
+
+    def kill(self) -> None:
+        """SIGKILL the process group at once (tests use it to kill a server mid-run)."""
+        if self.process is not None:
+            _signal_group(self.process.pid, signal.SIGKILL)
+            self.process.wait(timeout=10)
+
+    def __enter__(self) -> "ServerProcess":
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+class LaunchConfig:
+    """What every engine's typed launch config (``LlamaServerLaunch``, ``SGLangLaunch``,
+    ``VLLMLaunch``) has alike: a program, its flags, its environment, and :meth:`process` to turn
+    them into a :class:`ServerProcess`. Subclasses are dataclasses of that server's flags and set
+    ``startup_timeout_s`` where their server takes longer (or less) to load than the default."""
+
+    #: Seconds to wait for ``/health`` after the start.
+    startup_timeout_s: ClassVar[float] = DEFAULT_STARTUP_TIMEOUT_S
+
+    @property
+    def program(self) -> list[str]:
+        raise NotImplementedError
+
+    def args(self) -> list[str]:
+        raise NotImplementedError
+
+    def env(self) -> dict[str, str]:
+        """Environment variables the launch itself sets (besides the GPUs the engine assigns)."""
+        return {}
+
+    def spec_config(self) -> dict[str, Any]:
+        """The speculative settings of this launch, for the fingerprint."""
+        raise NotImplementedError
+
+    def process(self, name: str, *, log_dir: str | None, startup_timeout_s: float | None = None,
+                env: dict[str, str] | None = None) -> ServerProcess:
+        return ServerProcess(name, self.program, self.args(), log_dir=log_dir,
+                             startup_timeout_s=startup_timeout_s or self.startup_timeout_s,
+                             env={**self.env(), **(env or {})})
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def health_ok(endpoint: Endpoint) -> str | None:
+    """Ready when ``GET /health`` answers 200 (llama.cpp, SGLang and vLLM all answer 503 or refuse
+    the connection while loading)."""
+    try:
+        endpoint.request("GET", "/health")
+    except ServerError as exc:
+        return str(exc)
+    return None
+
+
+@atexit.register
+def _stop_all() -> None:
+    for proc in list(_LIVE):
+        proc.stop(grace_s=2.0)

@@ -1,0 +1,297 @@
+"""Gate policy: what a run must show to pass.
+
+Policy (README "What each class means"), from :class:`~specparity.model.gate_run.GatePolicy`:
+
+* any ``diverged`` or ``error`` prompt fails; so does a ``drifted`` one unless ``drift`` is
+  ``warn``; a speculative output that breaks its prompt's JSON schema where the baseline's kept it
+  (:mod:`specparity.judge.structured`) is ``diverged`` and also named on a line of its own; a run that judged no prompt at all (an empty selection, nothing in common) fails:
+  nothing judged is never a pass;
+* a gate that could not be calibrated (scorer refused, threshold above its ceiling) fails with
+  the engine-error exit code: nothing was judged;
+* ``near_tie`` prompts are allowed up to ``max_near_tie`` (a fraction of prompts), unless the run
+  is bit-exact (:func:`bit_exact`): under ``--bit-exact``, or — by default — when the engine
+  declares deterministic / batch-invariant inference for both sides (``GateRun.deterministic``):
+  the engine promised bit-exact output, so a near tie breaks that promise and fails.
+  ``--allow-near-tie`` keeps near ties within the budget despite the declaration;
+* a run in which speculation never accepted a single draft token fails as "speculation inactive":
+  an exact match proves nothing if the draft never ran. An engine that reports no counters at all
+  fails too unless ``allow_unknown_activity`` is set;
+* a path never taken (reject, partial accept, full accept, block cut by the limit or by a stop
+  token) is a warning; with ``require_paths`` N, a path taken on fewer than N prompts fails;
+* under ``--force-reject`` (:mod:`specparity.model.force_reject`) nothing accepted is the point: the
+  inactivity rule does not apply to ``all``; instead, fewer than ``MIN_REJECT_SHARE`` of the verify
+  steps rejecting every draft (engines with totals only: any accepted draft) fails as a
+  configuration error (exit 3), unless a prompt failed on its own (exit 1);
+* with ``min_accept_length`` (the acceptance floor, ``--policy``), a mean accept length below it
+  fails: lossless, but speculation collapsed;
+* a golden that cannot be used (missing, recorded under another fingerprint) fails: nothing was
+  judged. Under ``--golden-mode baseline`` (a new baseline against the golden: an engine upgrade)
+  nothing speculates, so the activity, coverage and floor rules do not apply.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from specparity.gate import exitcodes
+from specparity.judge.checks import Check, verdict_checks
+from specparity.model.coverage import PATHS
+from specparity.model.verdicts import CLASSES, Verdict
+from specparity.model.force_reject import RejectShare
+from specparity.model.gate_run import GatePolicy, GateRun
+
+
+@dataclass
+class GateDecision:
+    passed: bool
+    failures: list[str]
+    warnings: list[str]
+    counts: dict[str, int]
+    interrupted: bool = False
+    #: The engine could not run at all (failed health check or start-up): no verdict was reached.
+    engine_error: bool = False
+    #: Whether the run's near ties fit the policy (:func:`near_tie_budget`), as the reports show it.
+    near_tie_budget: Check | None = None
+
+    @property
+    def status(self) -> str:
+        """``PASS``, ``FAIL`` or ``INTERRUPTED`` — what the summary's title and the journal say."""
+        if self.interrupted:
+            return "INTERRUPTED"
+        return "PASS" if self.passed else "FAIL"
+
+    @property
+    def exit_code(self) -> int:
+        if self.interrupted:
+            return exitcodes.INTERRUPTED
+        if self.engine_error:
+            return exitcodes.ENGINE_ERROR
+        return exitcodes.PASS if self.passed else exitcodes.GATE_FAILED
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "status": self.status,
+            "passed": self.passed,
+            "exit_code": self.exit_code,
+            "failures": list(self.failures),
+            "warnings": list(self.warnings),
+            "counts": dict(self.counts),
+        }
+
+
+def _ids(run: GateRun, klass: str) -> str:
+    return ", ".join(r.prompt.id for r in run.records if r.verdict and r.verdict.klass == klass)
+
+
+def _pct(fraction: float) -> str:
+    return f"{fraction * 100:g}%"
+
+
+def bit_exact(run: GateRun, policy: GatePolicy | None = None) -> bool:
+    """Whether a near tie fails: ``policy.bit_exact`` when given (``--bit-exact`` / ``--allow-near-tie``),
+    else whether the engine declares deterministic inference for both sides. The one rule that
+    :func:`decide` and the per-prompt tests (``suites/lossless``) both apply."""
+    policy = policy or run.config.policy
+    return policy.bit_exact if policy.bit_exact is not None else bool(run.deterministic)
+
+
+def near_tie_policy(run: GateRun, policy: GatePolicy | None = None) -> str:
+    """Which near-tie policy applies and why, in one line (the summary and the terminal say it)."""
+    policy = policy or run.config.policy
+    budget = f"near ties allowed up to {_pct(policy.max_near_tie)} of the prompts"
+    if policy.bit_exact:
+        also = f" (the engine declares it too: {run.deterministic})" if run.deterministic else ""
+        return f"bit-exact: --bit-exact{also}"
+    if policy.bit_exact is None and run.deterministic:
+        return f"bit-exact: declared by the engine ({run.deterministic})"
+    if policy.bit_exact is False and run.deterministic:
+        return f"{budget}: --allow-near-tie despite the declaration ({run.deterministic})"
+    line = f"{budget} (--max-near-tie)"
+    if run.deterministic_partial:
+        line += (f"; not bit-exact, since a declaration counts only when it covers both sides: "
+                 f"{run.deterministic_partial}")
+    return line
+
+
+def near_tie_budget(run: GateRun, counts: Mapping[str, int], policy: GatePolicy | None = None) -> Check:
+    """Whether the run's near ties fit the policy, as a check (``ok``/``fail``) in words: the one
+    rule :func:`decide` fails a run by and the reports show. ``counts``: prompts per class."""
+    policy = policy or run.config.policy
+    n = counts.get("near_tie", 0)
+    total = sum(counts.values())
+    if bit_exact(run, policy):
+        return Check("fail" if n else "ok",
+                     f"bit-exact run ({near_tie_policy(run, policy)}): any near tie fails; this run has {n}",
+                     "near_tie_budget", numbers={"near_tie": n, "judged": total})
+    frac = n / total if total else 0.0
+    return Check("ok" if frac <= policy.max_near_tie else "fail",
+                 f"near ties are allowed up to {policy.max_near_tie:.0%} of the prompts (--max-near-tie): "
+                 f"this run has {n} of {total} judged ({frac:.0%})", "near_tie_budget",
+                 numbers={"near_tie": n, "judged": total, "fraction": frac, "allowed": policy.max_near_tie})
+
+
+def prompt_checks(verdict: Verdict | None, run: GateRun, decision: GateDecision | None = None) -> list[Check]:
+    """The checks a report shows for one prompt of ``run``: the comparison's own
+    (:func:`specparity.judge.checks.verdict_checks`, against the run's measured noise) and, for a near
+    tie, the run's near-tie budget from ``decision``."""
+    checks = verdict_checks(verdict, noise=run.threshold.noise if run.threshold is not None else None)
+    if verdict is not None and verdict.klass == "near_tie" and decision is not None \
+            and decision.near_tie_budget is not None:
+        checks.append(decision.near_tie_budget)
+    return checks
+
+
+#: Paths that ``--force-reject all`` takes away on purpose (their absence is no warning).
+FORCED_AWAY = ("partial", "all")
+
+
+def reject_share(run: GateRun) -> RejectShare | None:
+    """Under ``--force-reject``: what share of verify steps took the reject path (None otherwise)."""
+    mode = run.config.force_reject
+    return RejectShare.counted(mode, run.coverage, run.activity()) if mode else None
+
+
+def decide(run: GateRun, policy: GatePolicy | None = None) -> GateDecision:
+    """Apply the policy (default: the run's own) to a finished (or partly finished) run."""
+    policy = policy or run.config.policy
+    counts = Counter(r.verdict.klass for r in run.records if r.verdict is not None)
+    total = sum(counts.values())
+    failures: list[str] = []
+    warnings: list[str] = []
+    if run.calibration_error:
+        failures.append(f"the gate could not be calibrated, so nothing was judged: {run.calibration_error}")
+    if run.golden_error:
+        failures.append(f"the golden could not be used, so nothing was judged: {run.golden_error}")
+    if not run.records and not run.interrupted:
+        failures.append("nothing judged: no prompt was selected or in common, and a run that judges nothing never passes")
+    if counts["drifted"]:
+        msg = (f"{counts['drifted']} prompt(s) drifted: identical tokens (or a near tie) but the speculative run's "
+               f"logprobs left the target's noise: {_ids(run, 'drifted')}")
+        (failures if policy.drift == "fail" else warnings).append(msg)
+    if counts["diverged"]:
+        failures.append(f"{counts['diverged']} prompt(s) diverged: {_ids(run, 'diverged')}")
+    broken = [r.prompt.id for r in run.records if r.verdict and (r.verdict.constraint or {}).get("problem")]
+    if broken:
+        failures.append(f"{len(broken)} prompt(s) broke their output constraint under speculation (the baseline's "
+                        f"output kept it): {', '.join(broken)}")
+    if counts["error"] and not (run.calibration_error or run.golden_error):
+        failures.append(f"{counts['error']} prompt(s) failed in the engine: {_ids(run, 'error')}")
+    budget = near_tie_budget(run, counts, policy)
+    if budget.state == "fail":
+        frac = counts["near_tie"] / total
+        if policy.bit_exact:
+            failures.append(f"--bit-exact: {counts['near_tie']} near-tie flip(s) where bit-exactness is required: "
+                            f"{_ids(run, 'near_tie')}")
+        elif bit_exact(run, policy):
+            failures.append(
+                f"engine declares deterministic inference ({run.deterministic}): {counts['near_tie']} near-tie "
+                f"flip(s) are a failure — the engine promised bit-exact output (pass --allow-near-tie to allow): "
+                f"{_ids(run, 'near_tie')}"
+            )
+        else:
+            failures.append(
+                f"{counts['near_tie']}/{total} near-tie prompts ({frac:.0%}) exceed --max-near-tie {policy.max_near_tie:.0%}"
+            )
+    activity = run.activity()
+    speculates = not (run.config.golden and run.config.golden_mode == "baseline")
+    nothing_judged = not any(r.verdict is not None and r.verdict.klass != "error" for r in run.records)
+    if not speculates or not run.records or (nothing_judged and (run.calibration_error or run.golden_error)):
+        pass  # nothing speculated: no activity, coverage or floor to check
+    elif activity.reported_requests == 0:
+        msg = "speculation activity unknown: the engine reported no draft counters for any request"
+        if run.counters_error:
+            msg += f" (reading its aggregate counters after the speculative phase failed: {run.counters_error})"
+        (warnings if policy.allow_unknown_activity else failures).append(msg)
+    elif activity.accepted == 0 and run.config.force_reject != "all":
+        failures.append(
+            f"speculation inactive: {activity.proposed} draft tokens proposed over {activity.verify_steps} verify "
+            f"steps and none accepted; an exact match proves nothing if the draft never ran"
+        )
+    mal = activity.mean_accept_length
+    if speculates and policy.min_accept_length is not None and run.config.force_reject:
+        warnings.append(f"acceptance floor min_accept_length {policy.min_accept_length:g} not applied: "
+                        f"--force-reject {run.config.force_reject} rejects drafts on purpose")
+    elif speculates and policy.min_accept_length is not None and mal is not None and mal < policy.min_accept_length:
+        failures.append(f"acceptance floor: mean accept length {mal:.2f} is below the policy's min_accept_length "
+                        f"{policy.min_accept_length:g} (lossless, but speculation collapsed)")
+    forced = reject_share(run) if speculates and run.records else None
+    forced_problem = forced.problem() if forced is not None and activity.reported_requests else None
+    if forced_problem:
+        failures.append(f"{forced_problem} (a configuration error: the run's output was compared, but the reject "
+                        "path was not exercised as asked)")
+    for path in run.coverage.missing(max(1, policy.require_paths)) if speculates else []:
+        if run.config.force_reject == "all" and path in FORCED_AWAY:
+            continue  # every draft rejected on purpose: no accept path to take
+        n = run.coverage.prompts[path]
+        if policy.require_paths:
+            failures.append(f"path taken on {n} prompt(s), fewer than --require-all-paths {policy.require_paths}: "
+                            f"{PATHS[path]} ({path})")
+        else:
+            warnings.append(f"path never taken: {PATHS[path]} ({path})")
+    for rec in run.calibration_records:
+        if run.golden_error or run.calibration_error:
+            break  # nothing was measured on purpose: the failure above says why
+        if rec.baseline is None or rec.baseline.error or rec.tf_error:
+            cause = rec.baseline.error if rec.baseline is not None and rec.baseline.error else rec.tf_error or "not run"
+            warnings.append(f"calibration prompt {rec.prompt.id} could not be measured: {cause}")
+    if run.coverage.requests_with_steps == 0 and activity.reported_requests:
+        warnings.append("path coverage unknown: the engine reports totals only, no per-step records")
+    if run.interrupted:
+        failures.append("the run was interrupted (Ctrl-C); the verdicts below are of the prompts that finished")
+    if run.fatal:
+        failures.append(f"the run stopped early: {run.fatal.splitlines()[0]}")
+    not_run = [r.prompt.id for r in run.records if r.verdict is None]
+    if not_run:
+        failures.append(f"{len(not_run)} prompt(s) never finished: {', '.join(not_run)}")
+    counts_out = {k: counts[k] for k in CLASSES}
+    engine_error = bool(run.calibration_error) or (
+        run.fatal is not None and not any(r.verdict is not None or r.baseline is not None for r in run.records))
+    # --force-reject all that rejected too little is a configuration error (exit 3), unless a prompt
+    # failed on its own: a divergence found on the way is still the finding (exit 1)
+    if forced_problem and not (counts["diverged"] or counts["error"] or counts["drifted"]):
+        engine_error = True
+    return GateDecision(not failures, failures, warnings, counts_out, interrupted=run.interrupted,
+                        engine_error=engine_error, near_tie_budget=budget)
+
+
+def judge_acceptance(comparison: Any, *, max_drop: float | None = None, tolerance: float | None = None) -> Any:
+    """Apply the acceptance rule to a :class:`specparity.judge.acceptance.Comparison` (marks its rows,
+    fills ``rule`` and ``failures``; returns it). One of:
+
+    * ``max_drop`` (``specparity compare``, ``max_accept_drop``): a row fails when NEW's value is
+      more than ``max_drop`` below OLD's **and** the whole interval of the difference lies below 0 —
+      a drop larger than allowed that the prompts' spread does not explain;
+    * ``tolerance`` (``specparity parity``): a row fails when the two runs differ by more than
+      ``tolerance`` in either direction **and** the interval of the difference excludes 0.
+
+    Applied to every category and to ``all``, on the prompts not flagged as artefacts (with them
+    when every prompt is flagged). A row of fewer than ``acceptance.MIN_PROMPTS`` prompts is shown,
+    never judged (its bootstrap understates the spread).
+    Acceptance not recorded on a side fails nothing: ``comparison.not_recorded`` says so."""
+    from specparity.judge.acceptance import MIN_PROMPTS
+
+    c = comparison
+    where = f"per category of at least {MIN_PROMPTS} prompts and overall, without the flagged prompts"
+    if max_drop is not None:
+        c.rule = (f"FAIL when NEW is more than max_accept_drop {max_drop:g} below OLD and the whole interval of "
+                  f"the difference lies below 0 ({where})")
+    else:
+        c.rule = (f"FAIL when the runs differ by more than the tolerance {tolerance:g} and the interval of the "
+                  f"difference excludes 0 ({where})")
+    if c.not_recorded:
+        return c
+    for row in c.decided_on:
+        if row.delta is None or row.low is None or row.prompts < MIN_PROMPTS:
+            continue
+        if max_drop is not None:
+            row.failed = -row.delta > max_drop and row.high < 0
+            what = f"dropped by {-row.delta:.3f} > max_accept_drop {max_drop:g}"
+        else:
+            row.failed = abs(row.delta) > tolerance and (row.low > 0 or row.high < 0)
+            what = f"differs by {abs(row.delta):.3f} > tolerance {tolerance:g}"
+        if row.failed:
+            c.failures.append(f"acceptance {row.category}: {row.old:.3f} → {row.new:.3f} {what} "
+                              f"(interval of the difference [{row.low:+.3f}, {row.high:+.3f}], {row.prompts} prompts)")
+    return c

@@ -1,0 +1,186 @@
+"""Is the teacher-forced scorer fit to judge? Checked on the baseline before it judges anything.
+
+Everything the gate concludes about a divergence — the margin at the split, whether later tokens
+are the target's argmax — comes from ``score()``. A scorer that is wrong in a systematic way (off
+by one position, an easy mistake with prompt logprobs over HTTP; another model; another tokenizer)
+does not look broken: it inflates the measured noise, the threshold follows, and real bugs are
+classed as near ties. So before the speculative phase the scorer is checked against the tokens it
+scored, where the answer is known:
+
+* it must score the tokens it was given (its row ids are the baseline's tokens);
+* wherever the baseline's own decode margin (top-1 minus top-2) is clear of any acceptable noise —
+  above the ceiling on the threshold — its argmax must be the baseline's token. Honest numeric
+  noise cannot move an argmax by more than the noise; a shifted scorer agrees with the *next*
+  token instead, and the error says so.
+
+A failed check is a :class:`ScorerRefused` naming the evidence; the run then judges nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+
+from specparity.judge.noise import CalibrationError, derive_threshold, measure_noise
+from specparity.model.threshold import DEFAULT_CEILING_NATS, DEFAULT_MULTIPLIER, NearTieThreshold, NoiseStats
+from specparity.judge.logprob_channel import channel_problem
+from specparity.model.types import TokenScores
+
+
+class ScorerRefused(CalibrationError):
+    """The teacher-forced scorer disagrees with the baseline where no noise can explain it."""
+
+
+class DegenerateLogprobs(CalibrationError):
+    """A side's logprob channel is not a model's log-distribution (:mod:`specparity.judge.logprob_channel`)."""
+
+
+def require_sound_channels(samples: Sequence["Sample"], scorer: str) -> None:
+    """Refuse to calibrate on a degenerate channel: the baseline's decode rows, the scorer's rows, and the
+    speculative server's scoring rows where there are some."""
+    sides = [("baseline's decode logprobs", [s.decoded for s in samples]),
+             (f"teacher-forced scores ({scorer})", [s.teacher_forced for s in samples]),
+             (f"teacher-forced scores on the speculative server ({scorer})",
+              [s.spec_side for s in samples if s.spec_side is not None])]
+    for what, streams in sides:
+        problem = channel_problem(streams, what)
+        if problem:
+            raise DegenerateLogprobs(f"refusing to calibrate: {problem}")
+
+
+@dataclass
+class Sample:
+    """One baseline: its tokens, the engine's own rows while decoding, the scorer's rows."""
+
+    prompt_id: str
+    output_ids: Sequence[int]
+    decoded: TokenScores
+    teacher_forced: TokenScores
+    #: The same tokens scored teacher-forced on the other server instance (the speculative one's
+    #: scoring path, which runs the target alone); None for a one-instance engine.
+    spec_side: TokenScores | None = None
+
+
+@dataclass
+class ScorerCheck:
+    """What the check saw (recorded in the journal whether it passed or not)."""
+
+    clear_positions: int  # positions whose decode margin exceeds the clear bound
+    disagreements: int  # clear positions where the scorer's argmax is another token
+    shifted_later: int  # ... where it is the baseline's *next* token instead
+    shifted_earlier: int  # ... where it is the baseline's previous token
+    wrong_ids: int  # rows whose scored token is not the baseline's token
+    clear_nats: float
+    first: str | None = None  # the first disagreement, in words
+
+    @property
+    def passed(self) -> bool:
+        return self.disagreements == 0 and self.wrong_ids == 0
+
+    def to_json(self) -> dict[str, Any]:
+        return {**vars(self), "passed": self.passed}
+
+    def evidence(self) -> str:
+        parts = []
+        if self.wrong_ids:
+            parts.append(f"{self.wrong_ids} row(s) score a token other than the baseline's")
+        if self.disagreements:
+            shift = ""
+            if max(self.shifted_later, self.shifted_earlier) * 2 > self.disagreements:
+                direction = "next" if self.shifted_later >= self.shifted_earlier else "previous"
+                n = max(self.shifted_later, self.shifted_earlier)
+                shift = f"; at {n} of them its argmax is the baseline's {direction} token: it looks shifted by one position"
+            parts.append(
+                f"its argmax differs from the baseline's token at {self.disagreements} of {self.clear_positions} "
+                f"positions where the baseline's own margin exceeds {self.clear_nats:g} nats{shift}"
+            )
+        return "; ".join(parts) + (f" (first: {self.first})" if self.first else "")
+
+
+def _decode_margins(decoded: TokenScores, n: int) -> np.ndarray:
+    """Top-1 minus top-2 logprob of the baseline's own decode rows (NaN: not reported)."""
+    if decoded.k < 2:
+        return np.full(n, np.nan, np.float32)
+    top = decoded.top_logprobs[:n]
+    return (top[:, 0] - top[:, 1]).astype(np.float32)
+
+
+def check_scorer(samples: Iterable[Sample], clear_nats: float) -> ScorerCheck:
+    """Check a scorer against the baselines it scored (see the module docstring)."""
+    check = ScorerCheck(0, 0, 0, 0, 0, clear_nats)
+    for s in samples:
+        n = min(len(s.output_ids), len(s.decoded), len(s.teacher_forced))
+        if n == 0:
+            continue
+        ids = np.asarray(s.output_ids[:n], np.int64)
+        tf = s.teacher_forced
+        tf_rows = np.isfinite(tf.logprobs[:n])
+        wrong = tf_rows & (tf.token_ids[:n] != ids)
+        check.wrong_ids += int(wrong.sum())
+        margins = _decode_margins(s.decoded, n)
+        with np.errstate(invalid="ignore"):
+            clear = tf_rows & np.isfinite(margins) & (margins > clear_nats) & (s.decoded.top_ids[:n, 0] == ids)
+        argmax = tf.top_ids[:n, 0]
+        bad = clear & (argmax != ids)
+        check.clear_positions += int(clear.sum())
+        check.disagreements += int(bad.sum())
+        later = np.zeros(n, bool)
+        later[:-1] = argmax[:-1] == ids[1:]
+        earlier = np.zeros(n, bool)
+        earlier[1:] = argmax[1:] == ids[:-1]
+        check.shifted_later += int((bad & later).sum())
+        check.shifted_earlier += int((bad & earlier).sum())
+        if check.first is None and (bad.any() or wrong.any()):
+            i = int(np.flatnonzero(bad | wrong)[0])
+            check.first = (
+                f"{s.prompt_id} position {i}: baseline token {int(ids[i])} with decode margin {float(margins[i]):.4g} nats, "
+                f"scorer row for token {int(tf.token_ids[i])} with argmax {int(argmax[i])}"
+            )
+    return check
+
+
+def require_fit_scorer(samples: Iterable[Sample], clear_nats: float, scorer: str) -> ScorerCheck:
+    """:func:`check_scorer`, raising :class:`ScorerRefused` with the evidence when it fails."""
+    check = check_scorer(samples, clear_nats)
+    if not check.passed:
+        raise ScorerRefused(f"teacher-forced scorer refused ({scorer}): {check.evidence()}")
+    return check
+
+
+def cross_instance_noise(samples: Sequence[Sample], window: float | None = None) -> NoiseStats | None:
+    """|Δmargin| between the two server instances: the speculative side's teacher-forced rows against
+    the baseline's decode rows and against its teacher-forced rows (None: no sample was scored there)."""
+    pairs = [(rows, s.spec_side) for s in samples if s.spec_side is not None
+             for rows in (s.decoded, s.teacher_forced)]
+    if not pairs:
+        return None
+    stats = measure_noise(pairs, window)
+    stats.positions = sum(min(len(s.decoded), len(s.spec_side)) for s in samples if s.spec_side is not None)
+    return stats
+
+
+def calibrate(
+    samples: Sequence[Sample], *, scorer: str, ceiling: float = DEFAULT_CEILING_NATS, override: float | None = None,
+    multiplier: float = DEFAULT_MULTIPLIER, label: str = "", cross_note: str = "",
+) -> tuple[ScorerCheck, NearTieThreshold]:
+    """The one way every caller calibrates (the gate, the invariance checks, the live self-draft probe,
+    ``api.measure_threshold``): check the scorer on the baselines, then measure the noise between
+    their decode rows and the scorer's and derive the threshold (``override`` if given), refusing a
+    measurement above ``ceiling``. Samples scored on the speculative server too (``spec_side``) add the
+    cross-instance noise, after the same scorer check on that side; ``cross_note`` says why there is
+    none otherwise. Raises :class:`CalibrationError` (:class:`ScorerRefused` for the scorer), or
+    ``ValueError`` when no position was scored both ways."""
+    samples = list(samples)
+    require_sound_channels(samples, scorer)
+    check = require_fit_scorer(samples, ceiling, scorer)
+    other = [Sample(s.prompt_id, s.output_ids, s.decoded, s.spec_side) for s in samples if s.spec_side is not None]
+    if other:
+        require_fit_scorer(other, ceiling, f"{scorer}, on the speculative server")
+    # the threshold is never above the ceiling, so only pairs within it can be judged near ties:
+    # the noise that sets the threshold is measured on them (noise.MIN_NEAR_PAIRS for the fallback)
+    noise = measure_noise(((s.decoded, s.teacher_forced) for s in samples), window=ceiling)
+    cross = cross_instance_noise(samples, window=ceiling)
+    return check, derive_threshold(noise, override, multiplier, ceiling, label, cross, cross_note)
+

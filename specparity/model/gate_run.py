@@ -1,0 +1,239 @@
+"""Run-level data: a gate run's configuration, its per-prompt records and its counters.
+
+These types cross the run, policy and report layers (``runner`` fills them, ``gate`` judges them,
+``report`` renders them), so they live here, below all three, with no logic beyond summing.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from specparity.model.verdicts import Verdict
+from specparity.model.coverage import Coverage
+from specparity.model.threshold import DEFAULT_CEILING_NATS, NearTieThreshold
+from specparity.model.prompts import Prompt
+from specparity.model.types import DEFAULT_TOP_K, MIN_TOP_K, Fingerprint, GenerationRequest, GenerationResult, SpecStats, TokenScores, accept_length
+
+DEFAULT_MAX_NEW_TOKENS = 48
+DEFAULT_MAX_NEAR_TIE = 0.25
+DRIFT_POLICIES = ("fail", "warn")
+
+
+@dataclass
+class GatePolicy:
+    """What a run must show to pass (applied by :func:`specparity.gate.decision.decide`), apart from how it runs.
+
+    ``bit_exact``: whether a near tie fails — ``None`` (the default, "auto"): exactly when the engine
+    declares deterministic / batch-invariant inference for both sides (``GateRun.deterministic``;
+    :func:`specparity.gate.decision.bit_exact` is the one rule); ``True`` (``--bit-exact``): always;
+    ``False`` (``--allow-near-tie``): never, even when the engine declares determinism.
+    ``max_near_tie``: the fraction of near-tie prompts allowed where near ties are.
+    ``require_paths``: each speculative path must be taken on at least this many prompts (0: a path
+    never taken is a warning). ``drift``: what a ``drifted`` prompt does (``fail`` or ``warn``).
+    ``min_accept_length``: the acceptance floor — a run whose mean accept length is below it fails
+    (speculation collapsed: lossless but slower than promised); None: no floor.
+    A policy file (``--policy``, :mod:`specparity.gate.policy_file`) sets the same fields.
+    """
+
+    max_near_tie: float = DEFAULT_MAX_NEAR_TIE
+    bit_exact: bool | None = None
+    require_paths: int = 0
+    allow_unknown_activity: bool = False
+    drift: str = "fail"
+    min_accept_length: float | None = None
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.max_near_tie <= 1.0:
+            raise ValueError(f"--max-near-tie: expected a fraction in [0, 1], got {self.max_near_tie}")
+        if self.drift not in DRIFT_POLICIES:
+            raise ValueError(f"--drift-policy: expected one of {', '.join(DRIFT_POLICIES)}, got {self.drift!r}")
+        if self.require_paths < 0:
+            raise ValueError(f"--require-all-paths: expected a count >= 1, got {self.require_paths}")
+        if self.min_accept_length is not None and not self.min_accept_length >= 0:
+            raise ValueError(f"min_accept_length: expected a number >= 0, got {self.min_accept_length}")
+
+    def to_json(self) -> dict[str, Any]:
+        return vars(self).copy()
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "GatePolicy":
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+
+@dataclass
+class GateConfig:
+    """How a run is made (prompts, limits, scorer, calibration) and, in ``policy``, what passes."""
+
+    prompts: list[str] = field(default_factory=list)
+    categories: list[str] | None = None
+    max_new_tokens: int | None = None  # None: each prompt's own, else DEFAULT_MAX_NEW_TOKENS
+    near_tie_nats: float | None = None  # None: measured from the baseline
+    #: A measured threshold above this is refused (the scorer or the target cannot judge near ties).
+    near_tie_ceiling: float = DEFAULT_CEILING_NATS
+    #: What the noise is measured on: "suite" (every prompt of the prompt files, whatever is
+    #: selected), "selected" (only the prompts that run), or a prompt file (a fixed set).
+    calibration: str = "suite"
+    report_dir: str | None = None
+    top_k: int = DEFAULT_TOP_K
+    #: Requests in flight per phase; None: what the engine declares it can serve.
+    concurrency: int | None = None
+    #: Who scores tokens teacher-forced: "auto" (the engine if it can, else "embedded"), "engine",
+    #: or "embedded" (transformers on the HF weights given by ``scorer_model``).
+    scorer: str = "auto"
+    scorer_model: str | None = None
+    policy: GatePolicy = field(default_factory=GatePolicy)
+    #: A golden file (:mod:`specparity.run.golden`): the baselines are read from it instead of run.
+    golden: str | None = None
+    #: "spec": the speculative run against the golden; "baseline": a new baseline (no speculation)
+    #: against it — an engine upgrade, judged with the same classes.
+    golden_mode: str = "spec"
+    #: None, "update" (record or rewrite the golden from this run's baselines) or "force" (also over
+    #: a golden recorded under another engine fingerprint).
+    update_golden: str | None = None
+    #: Continue the run journalled in ``report_dir`` (finished prompts are kept, not rerun).
+    resume: bool = False
+    #: ``--force-reject``: None, "all" or "random" (:mod:`specparity.model.force_reject`): the speculative
+    #: run's drafts were corrupted on purpose; the gate counts what share of verify steps rejected.
+    force_reject: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens is not None and self.max_new_tokens < 1:
+            raise ValueError(f"--max-new-tokens: expected an integer >= 1, got {self.max_new_tokens}")
+        if self.top_k < MIN_TOP_K:
+            raise ValueError(f"--top-k: expected >= {MIN_TOP_K} alternatives per position, got {self.top_k}")
+        if not self.near_tie_ceiling > 0:
+            raise ValueError(f"--near-tie-ceiling: expected a number of nats > 0, got {self.near_tie_ceiling}")
+
+    def to_json(self) -> dict[str, Any]:
+        return {**vars(self), "policy": self.policy.to_json()}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "GateConfig":
+        known = {f.name for f in fields(cls)}
+        values = {k: v for k, v in data.items() if k in known and k != "policy"}
+        return cls(**values, policy=GatePolicy.from_json(data.get("policy", {})))
+
+
+@dataclass
+class PromptRecord:
+    prompt: Prompt
+    request: GenerationRequest | None = None
+    baseline: GenerationResult | None = None
+    baseline_tf: TokenScores | None = None
+    spec: GenerationResult | None = None
+    spec_tf: TokenScores | None = None
+    verdict: Verdict | None = None
+    tf_error: str | None = None  # scoring the baseline failed (the prompt is then an error)
+    #: Where the baseline came from: "run" (this run decoded it), "golden" or "journal" (--resume).
+    baseline_from: str = "run"
+    #: For a reused baseline: the prompt ids and token limit it was decoded with (checked against
+    #: this run's request: a reused baseline must answer the same request).
+    reused_request: tuple[list[int], int] | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "kind": "prompt",
+            "baseline_from": self.baseline_from,
+            "prompt": self.prompt.to_json(),
+            "prompt_ids": list(self.request.prompt_ids) if self.request else None,
+            "max_new_tokens": self.request.max_new_tokens if self.request else None,
+            "baseline": self.baseline.to_json() if self.baseline else None,
+            "spec": self.spec.to_json() if self.spec else None,
+            "spec_tf": self.spec_tf.to_json() if self.spec_tf is not None else None,
+            "verdict": self.verdict.to_json() if self.verdict else None,
+        }
+
+
+@dataclass
+class Activity:
+    proposed: int = 0
+    accepted: int = 0
+    verify_steps: int = 0
+    emitted: int = 0
+    reported_requests: int = 0
+
+    @property
+    def mean_accept_length(self) -> float | None:
+        return accept_length(self.emitted, self.verify_steps)
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        """Accepted draft tokens / proposed draft tokens."""
+        return self.accepted / self.proposed if self.proposed else None
+
+    def add(self, s: SpecStats) -> None:
+        if not s.available:
+            return
+        self.reported_requests += 1
+        self.proposed += s.proposed
+        self.accepted += s.accepted
+        self.verify_steps += s.verify_steps
+        self.emitted += s.emitted
+
+
+@dataclass
+class GateRun:
+    fingerprint: Fingerprint | None
+    config: GateConfig
+    records: list[PromptRecord]
+    threshold: NearTieThreshold | None = None
+    timings: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+    coverage: Coverage = field(default_factory=Coverage)
+    fatal: str | None = None
+    interrupted: bool = False  # Ctrl-C: the records hold what finished before it
+    scorer: str = ""  # which scorer judged the tokens, in words (the report says it)
+    concurrency: int = 1  # requests in flight per phase
+    #: Server logs and other files the report should point to: (label, path).
+    attachments: list[tuple[str, str]] = field(default_factory=list)
+    #: Run-wide counters of an engine that reports only aggregates (read around phase 2).
+    aggregate: SpecStats | None = None
+    #: Why the aggregate counters could not be read (the run's activity is then unknown).
+    counters_error: str | None = None
+    #: Deterministic / batch-invariant inference the engine declares for both sides, with where it
+    #: was read; set, it makes the run bit-exact unless ``--allow-near-tie`` (``gate.bit_exact``).
+    deterministic: str | None = None
+    #: A declaration that does not cover both sides (one server only): reported, never strict.
+    deterministic_partial: str | None = None
+    #: Whether the noise is measured on a calibration set given apart from the selection (else on
+    #: the selected prompts themselves), and which selected prompts belong to that set (their
+    #: baselines are reused; the set's other prompts are ``calibration_records``).
+    calibrated_apart: bool = False
+    calibration_reused: list[str] = field(default_factory=list)
+    #: Baselines run only to measure the noise (calibration prompts that are not selected).
+    calibration_records: list[PromptRecord] = field(default_factory=list)
+    #: Why the gate could not be calibrated (scorer refused, threshold above the ceiling): nothing
+    #: was judged, and the engine or its scorer is to blame, not the speculative loop.
+    calibration_error: str | None = None
+    #: The scorer check's findings (:class:`specparity.judge.calibration.ScorerCheck`), as JSON.
+    scorer_check: dict[str, Any] | None = None
+    #: Why the golden could not be used (missing, another fingerprint, unreadable): nothing was
+    #: judged, and the gate fails (record it with ``--update-golden``).
+    golden_error: str | None = None
+    #: What the golden contributed, in words (the summary says it): where it was recorded, which
+    #: prompts it lacked, or that this run rewrote it.
+    golden_notes: list[str] = field(default_factory=list)
+    #: Prompts whose results came from the journal of an earlier, interrupted run (``--resume``):
+    #: baselines reused and prompts whose verdict was already written.
+    resumed_baselines: int = 0
+    resumed_verdicts: int = 0
+
+    def activity(self, category: str | None = None) -> Activity:
+        act = Activity()
+        for r in self.records:
+            if r.spec is not None and (category is None or r.prompt.category == category):
+                act.add(r.spec.spec)
+        if category is None and act.reported_requests == 0 and self.aggregate is not None:
+            act.add(self.aggregate)
+        return act
+
+    def categories(self) -> list[str]:
+        return sorted({r.prompt.category for r in self.records})
+
+    def record(self, prompt_id: str) -> PromptRecord:
+        for r in self.records:
+            if r.prompt.id == prompt_id:
+                return r
+        raise KeyError(prompt_id)

@@ -1,0 +1,165 @@
+"""The near-tie threshold a run measured, and the noise statistics behind it: plain data that runs, journals
+and reports carry (:mod:`specparity.judge.noise` measures them), with the numbers that define them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+#: Headroom over the largest margin noise observed in the baseline.
+DEFAULT_MULTIPLIER = 1.5
+
+
+#: Below this a threshold or drift bound is float32 resolution, not a measurement: a margin is the
+#: difference of two float32 logprobs, each rounded to its own ulp, and top-k logprobs reach −40
+#: nats (ulp 3.8e-6), so two computations of the same margin may differ by ~8e-6 even when every
+#: logit is bit-identical but one elsewhere in the vocabulary moved the log-sum-exp (measured on the
+#: H200: bf16 decode and teacher-forced scoring agreed exactly, noise 0, while the verify pass's rows
+#: differed by 1.9e-6 nats; docs/gpu-numerics.md). 1e-6 called that drift.
+FLOOR_NATS = 1e-5
+
+
+#: A measured threshold above this is refused (``--near-tie-ceiling`` raises it on purpose).
+DEFAULT_CEILING_NATS = 2.0
+
+
+#: Latent-drift bound: this many times the largest margin noise measured on the baseline.
+DRIFT_MULTIPLIER = 4.0
+
+
+#: Fewer small-margin pairs than this and their maximum is no estimate: the threshold then falls
+#: back to every pair (today's rule, never looser) and the summary says so. The largest of 50
+#: samples exceeds their 95th percentile with probability 0.92; the multiplier adds headroom.
+MIN_NEAR_PAIRS = 50
+
+
+@dataclass
+class NoiseStats:
+    max_abs_delta: float  # over every pair: the tail figure, and the drift bound's basis
+    p99_abs_delta: float
+    positions: int
+    pairs: int  # (position, token) pairs compared
+    #: The pairs that can flip: those whose margin is at most ``near_window`` nats on either side.
+    near_window: float | None = None
+    near_pairs: int = 0
+    near_max_abs_delta: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return vars(self).copy()
+
+    @property
+    def near_measured(self) -> bool:
+        """Whether enough small-margin pairs were seen to measure the noise where flips live."""
+        return self.near_window is not None and self.near_pairs >= MIN_NEAR_PAIRS
+
+    @property
+    def flip_noise(self) -> float:
+        """The noise the near-tie threshold covers: over the small-margin pairs when there are
+        enough of them, else over every pair (never looser than that)."""
+        return self.near_max_abs_delta if self.near_measured else self.max_abs_delta
+
+    def describe_flip(self) -> str:
+        """Which pairs :attr:`flip_noise` was taken over, in words."""
+        if self.near_measured:
+            return (f"{self.near_max_abs_delta:.3g} over the {self.near_pairs} pairs whose margin is at most "
+                    f"{self.near_window:g} nats (every pair: {self.max_abs_delta:.3g} over {self.pairs})")
+        few = (f"only {self.near_pairs} pair(s) with a margin at most {self.near_window:g} nats, fewer than "
+               f"{MIN_NEAR_PAIRS}: " if self.near_window is not None else "")
+        return f"{self.max_abs_delta:.3g} over every pair ({few}{self.pairs} pairs, the all-pairs figure)"
+
+
+@dataclass
+class NearTieThreshold:
+    nats: float
+    source: Literal["measured", "override"]
+    noise: NoiseStats | None
+    multiplier: float
+    ceiling: float = DEFAULT_CEILING_NATS
+    #: Which prompts the noise was measured on, in words (the summary says it).
+    calibration: str = ""
+    #: The noise between the two server instances (None: not measured; ``cross_note`` says why).
+    cross: NoiseStats | None = None
+    #: Why the cross-instance noise was not measured ("" when it was).
+    cross_note: str = ""
+
+    @property
+    def noise_max(self) -> float | None:
+        """The largest |Δmargin| over every pair, within one instance or between the two (None:
+        nothing measured): the drift bound's basis."""
+        figures = [n.max_abs_delta for n in (self.noise, self.cross) if n is not None and n.pairs]
+        return max(figures) if figures else None
+
+    @property
+    def flip_noise(self) -> float | None:
+        """The noise the threshold covers: :attr:`NoiseStats.flip_noise`, within one instance or
+        between the two, whichever is larger (None: nothing measured)."""
+        figures = [n.flip_noise for n in (self.noise, self.cross) if n is not None and n.pairs]
+        return max(figures) if figures else None
+
+    @property
+    def drift_nats(self) -> float | None:
+        """The latent-drift bound: from the measured noise only (None: nothing was measured)."""
+        if self.noise is None or self.noise.pairs == 0:
+            return None
+        return max(FLOOR_NATS, DRIFT_MULTIPLIER * (self.noise_max or 0.0))
+
+    def describe_cross(self) -> str:
+        """The cross-instance figure in words (the summary prints it on its own line)."""
+        if self.cross is None or not self.cross.pairs:
+            return self.cross_note or "not measured"
+        c = self.cross
+        return (f"max |Δmargin| {c.describe_flip()} between the baseline's rows and teacher-forced scoring of its "
+                f"tokens on the speculative server ({c.positions} positions; p99 {c.p99_abs_delta:.3g})"
+                + (f"; {self.cross_note}" if self.cross_note else ""))
+
+    def describe(self) -> str:
+        if self.source == "override":
+            extra = ""
+            if self.noise is not None:
+                extra = f" (measured noise for reference: max |Δmargin| {self.noise.max_abs_delta:.3g}"
+                if self.cross is not None and self.cross.pairs:
+                    extra += f"; between the two server instances {self.cross.max_abs_delta:.3g}"
+                extra += ")"
+            return f"{self.nats:.4g} nats, set by --near-tie-nats{extra}{self._ceiling()}{self._calibrated()}"
+        assert self.noise is not None
+        n = self.noise
+        within = (f"between incremental decode and teacher-forced scoring of the baseline: {n.describe_flip()}, "
+                  f"{n.positions} positions, p99 {n.p99_abs_delta:.3g}")
+        cross = ""
+        if self.cross is not None and self.cross.pairs:
+            cross = f"; between the two server instances: {self.cross.describe_flip()}"
+        return (f"{self.nats:.4g} nats, measured: {self.multiplier:g} × max |Δmargin| {self.flip_noise:.3g} ({within}"
+                f"{cross}); ceiling {self.ceiling:g}{self._calibrated()}")
+
+    def _ceiling(self) -> str:
+        """Said when the ceiling was raised: a threshold above the default is a decision, logged."""
+        if self.ceiling <= DEFAULT_CEILING_NATS:
+            return ""
+        return (f"; --near-tie-ceiling raised to {self.ceiling:g} nats on purpose (default {DEFAULT_CEILING_NATS:g})"
+                if self.source == "override" else "")
+
+    def _calibrated(self) -> str:
+        return f"; calibrated on {self.calibration}" if self.calibration else ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "nats": self.nats,
+            "source": self.source,
+            "multiplier": self.multiplier,
+            "noise": self.noise.to_json() if self.noise else None,
+            "ceiling": self.ceiling,
+            "drift_nats": self.drift_nats,
+            "calibration": self.calibration,
+            "cross_instance": self.cross.to_json() if self.cross else None,
+            "cross_instance_note": self.cross_note,
+            "description": self.describe(),
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "NearTieThreshold":
+        noise, cross = data.get("noise"), data.get("cross_instance")
+        return cls(float(data["nats"]), data["source"], NoiseStats(**noise) if noise else None,
+                   float(data["multiplier"]), float(data.get("ceiling", DEFAULT_CEILING_NATS)),
+                   data.get("calibration", ""), NoiseStats(**cross) if cross else None,
+                   data.get("cross_instance_note", ""))
