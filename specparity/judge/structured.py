@@ -280,28 +280,3 @@ def unconstrained_baselines(records: "Sequence[PromptRecord]", decode: Callable[
         return None
     return (f"the baseline output breaks its prompt's JSON schema on {len(bad)} prompt(s), first {bad[0]}: the "
             f"engine did not apply the constraint it was sent (docs/STRUCTURED.md)")
-
-
-def structured_line(records: "Sequence[PromptRecord]") -> str:
-    """One line on the constrained prompts of a run for the terminal and the summary ("" when none):
-    how many of each kind, and the JSON-schema outputs' checks on each side."""
-    checked = [r.verdict.constraint for r in records if r.verdict is not None and r.verdict.constraint]
-    if not checked:
-        return ""
-    parts = []
-    schema = [c for c in checked if c["kind"] == "json_schema"]
-    if schema:
-        def tally(side: str) -> str:
-            counts: dict[str, int] = {}
-            for c in schema:
-                status = (c.get(side) or {}).get("status", "not run")
-                counts[status] = counts.get(status, 0) + 1
-            return ", ".join(f"{k} {v}" for k, v in sorted(counts.items()))
-
-        broken = sum(1 for c in schema if c.get("problem"))
-        parts.append(f"{len(schema)} JSON-schema prompt(s): baseline {tally('baseline')}; speculative {tally('spec')}"
-                     + (f"; {broken} broke their schema under speculation" if broken else ""))
-    grammar = len(checked) - len(schema)
-    if grammar:
-        parts.append(f"{grammar} grammar prompt(s): constrained (judged by token identity)")
-    return "; ".join(parts) + "; rows the constraint chose over the argmax are not judged on"

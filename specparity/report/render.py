@@ -17,7 +17,7 @@ import json
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import jinja2
 from markupsafe import Markup
@@ -31,7 +31,6 @@ from specparity.gate.decision import GateDecision, near_tie_policy, prompt_check
 from specparity.model.threshold import DRIFT_MULTIPLIER
 from specparity.report.plots import AcceptBar, MarginPoint, RefLine, accept_plot, margin_plot
 from specparity.model.gate_run import DEFAULT_MAX_NEW_TOKENS, GateRun, PromptRecord
-from specparity.judge.structured import structured_line
 
 _TEMPLATES = Path(__file__).parent / "templates"
 SUMMARY = "summary.md"
@@ -809,3 +808,28 @@ svg.plot{max-width:100%;height:auto;background:#fff;border:1px solid var(--line)
 line-height:16px;font-weight:700;text-indent:0;margin-right:6px;font-family:"DejaVu Sans",sans-serif}
 .mark-ok{background:var(--ok)}.mark-fail{background:var(--div)}.mark-warn{background:#ef6c00}.mark-info{background:#90a4ae}
 """
+
+
+def structured_line(records: Sequence[PromptRecord]) -> str:
+    """One line on the constrained prompts of a run for the terminal and the summary ("" when none):
+    how many of each kind, and the JSON-schema outputs' checks on each side."""
+    checked = [r.verdict.constraint for r in records if r.verdict is not None and r.verdict.constraint]
+    if not checked:
+        return ""
+    parts = []
+    schema = [c for c in checked if c["kind"] == "json_schema"]
+    if schema:
+        def tally(side: str) -> str:
+            counts: dict[str, int] = {}
+            for c in schema:
+                status = (c.get(side) or {}).get("status", "not run")
+                counts[status] = counts.get(status, 0) + 1
+            return ", ".join(f"{k} {v}" for k, v in sorted(counts.items()))
+
+        broken = sum(1 for c in schema if c.get("problem"))
+        parts.append(f"{len(schema)} JSON-schema prompt(s): baseline {tally('baseline')}; speculative {tally('spec')}"
+                     + (f"; {broken} broke their schema under speculation" if broken else ""))
+    grammar = len(checked) - len(schema)
+    if grammar:
+        parts.append(f"{grammar} grammar prompt(s): constrained (judged by token identity)")
+    return "; ".join(parts) + "; rows the constraint chose over the argmax are not judged on"

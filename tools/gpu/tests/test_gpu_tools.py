@@ -1,4 +1,4 @@
-"""The GPU-run tooling on this CPU: tools/flat_target.py, tools/gpu_numerics.py, tools/gpu_bundle.sh.
+"""The GPU-run tooling on this CPU: tools/gpu/flat_target.py, tools/gpu/gpu_numerics.py, tools/gpu/gpu_bundle.sh.
 
 Development tooling, not the product: these tests sit outside the default test paths (pyproject's
 ``testpaths``) and run with ``pytest tools/gpu/tests``.
@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[3]
-TOOLS = REPO / "tools"
+TOOLS = REPO / "tools" / "gpu"
 sys.path.insert(0, str(TOOLS))
 
 import flat_target  # noqa: E402
@@ -98,7 +98,7 @@ def test_parse_args_quick_defaults_and_overrides():
 def test_build_command_uses_the_cuda_flags(tmp_path):
     args = gpu_numerics.parse_args(["--out", str(tmp_path), "--llama-build", str(tmp_path / "b")])
     if not (gpu_numerics.GPU_DIR / "llama.cpp.tar.gz").is_file():
-        pytest.skip("no .gpu/llama.cpp.tar.gz (tools/gpu_bundle.sh llamacpp)")
+        pytest.skip("no .gpu/llama.cpp.tar.gz (tools/gpu/gpu_bundle.sh llamacpp)")
     cmd = gpu_numerics.build_command(args)[-1]
     for flag in ("-DGGML_CUDA=ON", "-DCMAKE_CUDA_ARCHITECTURES=90", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF",
                  "-DLLAMA_CURL=OFF", "-DLLAMA_OPENSSL=OFF", "--target llama-server", "-j 16"):

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Write a copy of the fixture target whose output distribution is less peaked (no training).
 
-    python tools/flat_target.py --out DIR [--factor 0.5] [--mode norm|lm_head|blocks] [--src fixtures/models/target]
-    python tools/flat_target.py --measure [--factors 1,0.5,0.3] [--modes norm,blocks] [--configs fp32,bf16,bf16-fp8]
+    python tools/gpu/flat_target.py --out DIR [--factor 0.5] [--mode norm|lm_head|blocks] [--src fixtures/models/target]
+    python tools/gpu/flat_target.py --measure [--factors 1,0.5,0.3] [--modes norm,blocks] [--configs fp32,bf16,bf16-fp8]
                                 [--engines hf,dflash] [--prompts prompts/default.jsonl] [--work /tmp/flat-measure]
 
 Modes (all deterministic: the same input gives the same bytes):
@@ -42,7 +42,7 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 #: --measure configurations: name -> (dtype, kv_cache_dtype, kv_scales)
 CONFIGS = {"fp32": ("float32", None, None), "bf16": ("bfloat16", None, None),
            "bf16-fp8": ("bfloat16", "fp8_e4m3", "per_tensor"), "bf16-fp8-head": ("bfloat16", "fp8_e4m3", "per_head")}

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Prepare .gpu/ (ignored via .git/info/exclude, never committed): what the GPU machine needs beyond
-# the working tree, for tools/gpu_numerics.py.
+# the working tree, for tools/gpu/gpu_numerics.py.
 #
-#   tools/gpu_bundle.sh [all|wheels|llamacpp|gguf|size]     (default: all)
-#   tools/gpu_bundle.sh trim SRC DEST                        (trim a llama.cpp tree into DEST; tests use it)
-#   tools/gpu_bundle.sh check-trim DEST                      (configure DEST with cmake, CPU only)
+#   tools/gpu/gpu_bundle.sh [all|wheels|llamacpp|gguf|size]     (default: all)
+#   tools/gpu/gpu_bundle.sh trim SRC DEST                        (trim a llama.cpp tree into DEST; tests use it)
+#   tools/gpu/gpu_bundle.sh check-trim DEST                      (configure DEST with cmake, CPU only)
 #
 #   .gpu/whl/                 pure-Python (and cp312 manylinux) wheels the device's Python 3.12 lacks:
 #                             jinja2, markupsafe, rich + markdown-it-py/mdurl/pygments, requests + urllib3/
@@ -18,7 +18,7 @@
 # Carry on the device run: carry=[".gpu"]. The script prints the total size: the working tree plus
 # .gpu must stay under ~60 MB (the device takes 64 MiB).
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 REPO="$(pwd)"
 GPU="$REPO/.gpu"
 CACHE="${SPECPARITY_CACHE:-$HOME/.cache/specparity}"

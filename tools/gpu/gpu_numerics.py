@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
 """The lossless gate on a GPU, for real: one script, run on the device machine in phases.
 
-    python3 tools/gpu_numerics.py --out $OUT --phase inprocess [--budget-s 540] [matrix options]
-    python3 tools/gpu_numerics.py --out $OUT --phase build-llamacpp
-    python3 tools/gpu_numerics.py --out $OUT --phase llamacpp
-    python3 tools/gpu_numerics.py --out $OUT --phase build-llamacpp,inprocess,llamacpp   (build in the background)
-    python tools/gpu_numerics.py --quick --device cpu --out /tmp/gq                       (this CPU, a few minutes)
+    python3 tools/gpu/gpu_numerics.py --out $OUT --phase inprocess [--budget-s 540] [matrix options]
+    python3 tools/gpu/gpu_numerics.py --out $OUT --phase build-llamacpp
+    python3 tools/gpu/gpu_numerics.py --out $OUT --phase llamacpp
+    python3 tools/gpu/gpu_numerics.py --out $OUT --phase build-llamacpp,inprocess,llamacpp   (build in the background)
+    python tools/gpu/gpu_numerics.py --quick --device cpu --out /tmp/gq                       (this CPU, a few minutes)
 
 What each phase does:
 
@@ -15,7 +15,7 @@ What each phase does:
   cache, per-tensor / per-head scales), verify widths (``num_draft_tokens``: dflash block sizes
   4, 8, 16; hf draft tokens 2, 4, 8), prompt sets (``prompts/default.jsonl``; ``prompts/near_tie.jsonl``
   at ``--near-tie-max-new-tokens`` 128) and targets (the committed fixture; ``flat``: the fixture
-  with its final norm scaled by ``--flat-factor``, written by ``tools/flat_target.py``). One engine
+  with its final norm scaled by ``--flat-factor``, written by ``tools/gpu/flat_target.py``). One engine
   is loaded per (target, config, engine) and reused across prompt sets and widths; the first width
   of a (target, config, engine, prompt set) records a golden of its baselines and the other widths
   read the baselines from it (phase 1 runs once; ``--no-golden-reuse`` turns that off). Then the
@@ -70,7 +70,7 @@ import zipfile
 from pathlib import Path
 from typing import Any, Callable
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 GPU_DIR = REPO / ".gpu"
 PHASES = ("inprocess", "build-llamacpp", "llamacpp")
 #: name -> (dtype, kv_cache_dtype, kv_scales)
@@ -129,7 +129,7 @@ def bootstrap(site: Path, wheel_dir: Path | None = None) -> list[str]:
     wheels = sorted(wheel_dir.glob("*.whl"))
     if not wheels:
         raise SystemExit(f"gpu_numerics: missing modules {', '.join(missing)} and no wheels in {wheel_dir} "
-                         f"(run tools/gpu_bundle.sh here and carry .gpu)")
+                         f"(run tools/gpu/gpu_bundle.sh here and carry .gpu)")
     stamp = hashlib.sha256("\n".join(w.name for w in wheels).encode()).hexdigest()[:16]
     marker = site / f".unpacked-{stamp}"
     if not marker.exists():
@@ -417,7 +417,7 @@ def set_width(engine: Any, width: int) -> None:
 
 
 def flat_target_dir(args: argparse.Namespace) -> Path:
-    sys.path.insert(0, str(REPO / "tools"))
+    sys.path.insert(0, str(REPO / "tools" / "gpu"))
     from flat_target import write_flat_target
 
     out = Path(args.work) / "models" / f"flat-{args.flat_mode}-{args.flat_factor:g}"
@@ -692,7 +692,7 @@ def build_command(args: argparse.Namespace) -> list[str] | None:
         return None
     tarball = GPU_DIR / "llama.cpp.tar.gz"
     if not tarball.is_file():
-        raise SystemExit(f"gpu_numerics: no {tarball} (run tools/gpu_bundle.sh here and carry .gpu)")
+        raise SystemExit(f"gpu_numerics: no {tarball} (run tools/gpu/gpu_bundle.sh here and carry .gpu)")
     src = Path(args.llama_src)
     gen = "-G Ninja" if shutil.which("ninja") else ""
     nvcc = shutil.which("nvcc") or ("/usr/local/cuda/bin/nvcc" if Path("/usr/local/cuda/bin/nvcc").exists() else "")
@@ -1005,8 +1005,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--hf-widths", default="2,4,8", help="hf num_draft_tokens")
     ap.add_argument("--prompt-sets", default="default,near_tie")
     ap.add_argument("--targets", default="fixture,flat", help="fixture and/or flat")
-    ap.add_argument("--flat-factor", type=float, default=0.4, help="tools/flat_target.py factor for the flat target")
-    ap.add_argument("--flat-mode", default="norm", help="tools/flat_target.py mode")
+    ap.add_argument("--flat-factor", type=float, default=0.4, help="tools/gpu/flat_target.py factor for the flat target")
+    ap.add_argument("--flat-mode", default="norm", help="tools/gpu/flat_target.py mode")
     ap.add_argument("--max-new-tokens", type=int, default=None, help="default set: None = each prompt's own / 48")
     ap.add_argument("--near-tie-max-new-tokens", type=int, default=128)
     ap.add_argument("--near-tie-ceiling", type=float, default=2.0)
