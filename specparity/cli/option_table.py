@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from specparity.engines import BUILTIN
 from specparity.engines.base import EngineOptions
 from specparity.model.force_reject import FORCE_REJECT_MODES, MIN_REJECT_SHARE
 from specparity.model.threshold import DEFAULT_CEILING_NATS
@@ -44,11 +45,13 @@ def _o(flag: str, group: str = GATE, **kwargs: Any) -> OptionSpec:
 
 GATE_OPTIONS: tuple[OptionSpec, ...] = (
     _o("--engine", default=None,
-       help=f"engine: {DEFAULT_ENGINE} (default), hf, module:factory or path/to/file.py:factory"),
+       help=f"engine: {DEFAULT_ENGINE} (default), {', '.join(n for n in BUILTIN if n != DEFAULT_ENGINE)}, "
+            "module:factory or path/to/file.py:factory"),
     _o("--target", default=None, help="target model directory (default: the committed fixture)"),
     _o("--draft", default=None, help="draft model directory (default: the engine's fixture draft)"),
     _o("--spec-mode", default=None,
-       help="speculative method inside the engine (dflash: dflash2, dflash1; hf: draft, prompt_lookup)"),
+       help="speculative method inside the engine (each engine's modes: docs/ENGINES.md; one it lacks is refused, "
+            "naming the modes it has)"),
     _o("--num-draft-tokens", default=None, help="draft width / block size (integer >= 1)"),
     _o("--dtype", default="float32", help="in-process engines: float32, bfloat16, float16"),
     _o("--kv-cache-dtype", default=None,
