@@ -23,9 +23,10 @@ from specparity.model.locations import fixture_dir
 from specparity.model.force_reject import DraftCorruptor
 from specparity.model.types import ArtifactId, GenerationRequest, StepRecord
 
-#: Fully rejected verify steps in a row after which ``reject_streak_crop`` misbehaves: longer than
-#: any streak the fixture draft produces on prompts/default.jsonl (docs/FORCE_REJECT.md has the count),
-#: so only ``--force-reject all`` reaches it.
+#: Fully rejected verify steps in a row after which ``reject_streak_crop`` misbehaves, by default:
+#: longer than any streak the fixture draft produces on prompts/default.jsonl (docs/FORCE_REJECT.md has
+#: the count), so only ``--force-reject all`` reaches it. tests/test_force_reject.py sets it from the
+#: streaks it measures, so a prompt added to the file cannot move the bug into the default run.
 REJECT_STREAK = 4
 BUGS = {
     "accept_unverified": "accepts one draft token past the first mismatch: the first rejected draft token of a "
@@ -53,7 +54,8 @@ VERIFY_NOISE = 2.0
 class HandLoop:
     """The hand-written loop; ``bug`` (a key of :data:`BUGS`) breaks it on purpose."""
 
-    def __init__(self, target: TorchTarget, draft_path: str, width: int, bug: str | None = None):
+    def __init__(self, target: TorchTarget, draft_path: str, width: int, bug: str | None = None,
+                 reject_streak: int = REJECT_STREAK):
         if bug is not None and bug not in BUGS and bug not in REJECT_PATH_BUGS:
             raise ValueError(f"unknown bug {bug!r}; expected one of {sorted(BUGS) + sorted(REJECT_PATH_BUGS)}")
         self.draft_path = draft_path
@@ -61,6 +63,7 @@ class HandLoop:
         self.draft = load_draft_model(draft_path, target)
         self.num_draft_tokens = width
         self.bug = bug
+        self.reject_streak = reject_streak
         self._stale_last: int | None = None
         self._noise = torch.Generator().manual_seed(0)
         #: Requests whose output holds a token the bug put there (``accept_unverified``): where it fired.
@@ -143,7 +146,7 @@ class HandLoop:
             if bug == "short_crop" and n < len(drafts):
                 keep -= 1
             streak = streak + 1 if drafts and n == 0 else 0
-            if bug == "reject_streak_crop" and streak >= REJECT_STREAK:
+            if bug == "reject_streak_crop" and streak >= self.reject_streak:
                 keep -= 1
                 self.streak_fired.add(req.request_id)
             surplus = t_cache.get_seq_length() - keep
@@ -171,11 +174,12 @@ class HandLoop:
         return drafts
 
 
-def LoopEngine(options: EngineOptions, bug: str | None = None) -> InProcessEngine:  # noqa: N802 - reads as a class
+def LoopEngine(options: EngineOptions, bug: str | None = None,  # noqa: N802 - reads as a class
+               reject_streak: int = REJECT_STREAK) -> InProcessEngine:
     """The hand-written loop (``bug``: one of :data:`BUGS`, None: correct) as an engine."""
     target = TorchTarget.from_options(options)
     width = DEFAULT_DRAFT_TOKENS if options.num_draft_tokens is None else options.num_draft_tokens
-    loop = HandLoop(target, str(options.draft or fixture_dir("draft")), width, bug)
+    loop = HandLoop(target, str(options.draft or fixture_dir("draft")), width, bug, reject_streak)
     return InProcessEngine(target, loop, name=loop.name)
 
 

@@ -14,7 +14,7 @@ import math
 
 import pytest
 
-from broken_loops import REJECT_STREAK, LoopEngine
+from broken_loops import LoopEngine
 from llamacpp_fixtures import require_llamacpp
 from prompt_subsets import write_subset
 from specparity.gate import exitcodes
@@ -87,26 +87,35 @@ def _streaks(engine, prompts, config) -> dict[str, int]:
     return out
 
 
+@dataclasses.dataclass
+class StreakCase:
+    """The prompts ``reject_streak_crop`` is gated on, and the streak that triggers it."""
+
+    prompts: list
+    trigger: int
+
+
 @pytest.fixture(scope="module")
-def streak_prompts(hf_options, default_prompts, tmp_path_factory):
-    """The data check behind ``reject_streak_crop``, and the prompts it is gated on: the correct
-    loop's longest streak of full rejects on every default prompt (at its own token limit) stays
-    below the bug's trigger; the gate then runs on the prompts that come closest to it."""
+def streak_case(hf_options, default_prompts, tmp_path_factory) -> StreakCase:
+    """The data behind ``reject_streak_crop``: the correct loop's longest streak of full rejects on
+    every default prompt (at its own token limit); the bug then fires one step beyond it, so the
+    default run cannot reach it whatever the prompt file holds, and the gate runs on the prompts
+    that come closest."""
     engine = LoopEngine(hf_options, None)
     try:
         streaks = _streaks(engine, default_prompts, GateConfig())
     finally:
         engine.close()
-    assert max(streaks.values()) < REJECT_STREAK, f"the default run reaches the bug's streak: {streaks}"
     assert max(streaks.values()) > 0, "the fixture draft is never rejected outright: the check proves nothing"
     closest = sorted(streaks, key=lambda pid: -streaks[pid])[:3]
     path = tmp_path_factory.mktemp("streak") / "streak.jsonl"
     write_subset(path, lambda row: row["id"] in closest)
-    return load_prompts(path).prompts
+    return StreakCase(load_prompts(path).prompts, max(streaks.values()) + 1)
 
 
-def _gate(options, prompts, bug, force_reject, **config):
-    engine = LoopEngine(dataclasses.replace(options, force_reject=force_reject), bug)
+def _gate(options, prompts, bug, force_reject, reject_streak=None, **config):
+    engine = LoopEngine(dataclasses.replace(options, force_reject=force_reject), bug,
+                        **({"reject_streak": reject_streak} if reject_streak else {}))
     try:
         run = run_gate(engine, prompts, GateConfig(force_reject=force_reject, **config))
     finally:
@@ -114,19 +123,19 @@ def _gate(options, prompts, bug, force_reject, **config):
     return run, decide(run), engine.loop
 
 
-def test_reject_streak_bug_passes_the_default_run(hf_options, streak_prompts):
-    run, decision, loop = _gate(hf_options, streak_prompts, "reject_streak_crop", None)
+def test_reject_streak_bug_passes_the_default_run(hf_options, streak_case):
+    run, decision, loop = _gate(hf_options, streak_case.prompts, "reject_streak_crop", None, streak_case.trigger)
     assert decision.passed, decision.failures
     assert not loop.streak_fired
     assert run.coverage.taken()["reject"] > 0, "the default run took no full reject: the prompts prove nothing"
 
 
-def test_reject_streak_bug_fails_under_force_reject_all(hf_options, streak_prompts):
-    run, decision, loop = _gate(hf_options, streak_prompts, "reject_streak_crop", "all")
+def test_reject_streak_bug_fails_under_force_reject_all(hf_options, streak_case):
+    run, decision, loop = _gate(hf_options, streak_case.prompts, "reject_streak_crop", "all", streak_case.trigger)
     assert not decision.passed and decision.exit_code == exitcodes.GATE_FAILED
     assert decision.counts["diverged"] >= 1, decision.counts
     assert decision.counts["exact"] == 0, decision.counts
-    assert loop.streak_fired == {p.id for p in streak_prompts}
+    assert loop.streak_fired == {p.id for p in streak_case.prompts}
     share = reject_share(run)
     assert share.problem() is None and share.share >= MIN_REJECT_SHARE
 
