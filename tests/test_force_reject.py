@@ -14,7 +14,7 @@ import math
 
 import pytest
 
-from broken_loops import LoopEngine
+from broken_loops import REJECT_STREAK, LoopEngine
 from llamacpp_fixtures import require_llamacpp
 from prompt_subsets import write_subset
 from specparity.gate import exitcodes
@@ -113,9 +113,8 @@ def streak_case(hf_options, default_prompts, tmp_path_factory) -> StreakCase:
     return StreakCase(load_prompts(path).prompts, max(streaks.values()) + 1)
 
 
-def _gate(options, prompts, bug, force_reject, reject_streak=None, **config):
-    engine = LoopEngine(dataclasses.replace(options, force_reject=force_reject), bug,
-                        **({"reject_streak": reject_streak} if reject_streak else {}))
+def _gate(options, prompts, bug, force_reject, reject_streak=REJECT_STREAK, **config):
+    engine = LoopEngine(dataclasses.replace(options, force_reject=force_reject), bug, reject_streak)
     try:
         run = run_gate(engine, prompts, GateConfig(force_reject=force_reject, **config))
     finally:

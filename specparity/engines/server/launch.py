@@ -187,6 +187,21 @@ class LaunchConfig:
         """The speculative settings of this launch, for the fingerprint."""
         raise NotImplementedError
 
+    def validate(self) -> None:
+        """Refuse flag values the server would refuse (ValueError, one line); nothing by default."""
+
+    @classmethod
+    def pair(cls, preset: str, base: dict[str, Any], spec: dict[str, Any]) -> tuple["LaunchConfig", "LaunchConfig"]:
+        """A preset's baseline and speculative launch configs, both validated: an unknown field or a
+        bad value is one ValueError that names the preset."""
+        try:
+            launches = cls(**base), cls(**spec)
+            for launch in launches:
+                launch.validate()
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"--preset {preset}: {exc}") from None
+        return launches
+
     def process(self, name: str, *, log_dir: str | None, startup_timeout_s: float | None = None,
                 env: dict[str, str] | None = None) -> ServerProcess:
         return ServerProcess(name, self.program, self.args(), log_dir=log_dir,

@@ -240,13 +240,7 @@ def launch_configs(options: EngineOptions) -> tuple[SGLangLaunch, SGLangLaunch]:
         if not spec.get("speculative_algorithm"):
             raise ValueError(f"--num-draft-tokens: preset {preset.name} launches no speculative algorithm")
         spec["speculative_num_draft_tokens"] = options.num_draft_tokens
-    try:
-        launches = SGLangLaunch(**base), SGLangLaunch(**spec)
-        for launch in launches:
-            launch.validate()
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"--preset {preset.name}: {exc}") from None
-    return launches
+    return SGLangLaunch.pair(preset.name, base, spec)
 
 
 def check_options(options: EngineOptions) -> None:

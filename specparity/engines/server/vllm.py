@@ -323,13 +323,7 @@ def launch_configs(options: EngineOptions) -> tuple[VLLMLaunch, VLLMLaunch]:
     base, spec = {**base, **common}, {**spec, **common}
     if "per_request_metrics" in ex:
         spec["per_request_spec_decode_metrics"] = ex["per_request_metrics"]
-    try:
-        launches = VLLMLaunch(**base), VLLMLaunch(**spec)
-        for launch in launches:
-            launch.validate()
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"--preset {preset.name}: {exc}") from None
-    return launches
+    return VLLMLaunch.pair(preset.name, base, spec)
 
 
 def check_options(options: EngineOptions) -> None:
