@@ -129,7 +129,8 @@ def test_draft_side_bug_passes_the_gate(loop_prompts, control, bug):
 
 def test_pytest_exits_nonzero_with_a_reason(tmp_path):
     """`pytest suites/lossless` under a broken DFlash loop (as a nested session: the child process's
-    exit status is proven for a broken loop in tests/test_gate_broken_loops.py) fails and says why."""
+    exit status is proven for a broken loop in tests/test_no_silent_pass.py::test_xdist_runs_the_gate_once)
+    fails and says why."""
     prompts = tmp_path / "raw.jsonl"
     prompts.write_text("\n".join(
         [json.dumps({"specparity_prompts": 1, "description": "raw-text prompts"})]

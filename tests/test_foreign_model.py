@@ -177,19 +177,24 @@ def test_one_server_on_both_sides_is_refused(engine):
 def foreign_ggufs(tmp_path_factory, foreign, foreign_draft, foreign_other) -> dict[str, Path]:
     """The target and the other model converted; the draft's GGUF is a copy of the target's. The
     draft directory holds the very files of the target (``foreign_draft`` is built alike), so its
-    conversion would differ only in ``general.name``, at the cost of another converter run."""
+    conversion would differ only in ``general.name``, at the cost of another converter run.
+
+    The models are built byte-identically from their seeds, and the converter keeps its outputs in
+    the cache keyed by the models' file hashes (as it keeps the fixtures'): a machine converts them
+    once, not once per run."""
     from llamacpp_fixtures import require_llama_server
 
     require_llama_server()
     assert sorted(p.name for p in foreign_draft.path.iterdir()) == sorted(p.name for p in foreign.path.iterdir())
     assert all((foreign_draft.path / p.name).read_bytes() == p.read_bytes() for p in foreign.path.iterdir())
-    out = tmp_path_factory.mktemp("gguf")
     proc = subprocess.run([sys.executable, str(REPO_ROOT / "tools" / "llamacpp" / "convert_gguf.py"),
                            "--model", f"target={foreign.path}", "--model", f"other={foreign_other.path}",
-                           "--pre", GGUF_PRE, "--out", str(out)], capture_output=True, text=True, timeout=600)
+                           "--pre", GGUF_PRE], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    shutil.copyfile(out / "target.gguf", out / "draft.gguf")
-    return {name: out / f"{name}.gguf" for name in ("target", "draft", "other")}
+    converted = dict(line.split("\t") for line in proc.stdout.splitlines() if "\t" in line)
+    out = tmp_path_factory.mktemp("gguf")
+    shutil.copyfile(converted["target"], out / "draft.gguf")
+    return {"target": Path(converted["target"]), "draft": out / "draft.gguf", "other": Path(converted["other"])}
 
 
 @pytest.mark.slow

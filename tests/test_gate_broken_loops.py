@@ -7,13 +7,12 @@ here, so a bug that lives on any of those paths has the chance to show.
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
 import pytest
 
 from broken_loops import BUGS, LoopEngine
-from llamacpp_fixtures import SUITE_PYTEST
+from inprocess import run_pytest
 from prompt_subsets import write_subset
 from specparity.judge.compare import OWN_ROW_REJECTED
 from specparity.engines.base import EngineOptions
@@ -171,25 +170,23 @@ def test_correct_loop_rows_stay_within_the_noise(control):
     assert all(d is not None and d.checked > 0 and d.start is None for d in drifts)
 
 
-#: Where ``drop_bonus`` shows in the child run below: a repeat prompt (full accepts, so bonus tokens).
-CHILD_PROMPTS = ("repeat-en-003",)
+#: Where ``drop_bonus`` shows in the suite run below: a repeat prompt (full accepts, so bonus tokens).
+SUITE_PROMPTS = ("repeat-en-003",)
 
 
 def test_pytest_exits_nonzero_with_a_reason(tmp_path):
-    """The user-facing command, as its own process (the one place a broken loop's `pytest` exit status
-    is checked end to end; the other gate runs are in-process): `pytest suites/lossless` under a broken
-    loop exits non-zero and says which prompt diverged and why."""
+    """The user-facing command, `pytest suites/lossless` under a broken loop, fails and says which
+    prompt diverged and why (as a nested session: a real `pytest` process exiting 1 under a broken loop
+    is tests/test_no_silent_pass.py::test_xdist_runs_the_gate_once)."""
     prompts = tmp_path / "repeat.jsonl"
-    assert write_subset(prompts, lambda row: row["id"] in CHILD_PROMPTS) == list(CHILD_PROMPTS)
-    cmd = [
-        *SUITE_PYTEST, "suites/lossless",
+    assert write_subset(prompts, lambda row: row["id"] in SUITE_PROMPTS) == list(SUITE_PROMPTS)
+    code, out = run_pytest(
+        "suites/lossless",
         "--engine", f"{REPO_ROOT / 'tests' / 'broken_loops.py'}:create", "--engine-opt", "bug=drop_bonus",
         "--prompts", str(prompts), "--calibration", "selected", "--max-new-tokens", str(MAX_NEW),
         "--report", str(tmp_path / "r"),
-    ]
-    proc = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 1, out[-3000:]
+    )
+    assert code == 1, out[-3000:]
     assert "[diverged]" in out and "specparity lossless gate: FAIL" in out, out[-3000:]
     assert (tmp_path / "r" / "summary.md").read_text().startswith("# specparity lossless gate: FAIL")
     assert (tmp_path / "r" / "results.jsonl").stat().st_size > 0

@@ -108,7 +108,9 @@ def test_xdist_runs_the_gate_once(tmp_path):
     Two controller runs, as small as they go: a passing one (two prompts, so the prompt tests can
     land on both workers, beside a harness test file) that must exit 0, and a failing one (one
     prompt, every selected test passes, the run-level rule fails) that must exit 1 with the reason.
-    One run cannot show both directions of the verdict deciding the exit status."""
+    One run cannot show both directions of the verdict deciding the exit status. The failing one is
+    also where a real `pytest suites/lossless` process under a broken loop is seen to exit 1 (the other
+    broken-loop runs are nested sessions)."""
     report = tmp_path / "r"
     file = tmp_path / "prompts.jsonl"
     prompts = first_of_each(file, ("math",), per_category=2)

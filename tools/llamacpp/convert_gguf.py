@@ -273,6 +273,8 @@ def main() -> int:
             ap.error("DFlash drafts need --target-dir (the target's HF dir, for its tokenizer)")
         target_dir = args.target_dir.resolve() if args.target_dir else None
         key = dir_manifest_key([d for d, _ in models.values()] + ([target_dir] if target_dir else []))
+        if args.pre:  # the same files with another pre-tokenizer name are another conversion
+            key += f"-pre-{args.pre}"
     else:
         check_manifest()
         key = hashlib.sha256(MANIFEST.read_bytes()).hexdigest()[:16]
