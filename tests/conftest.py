@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import importlib
 import os
 
 import pytest
@@ -54,10 +55,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    """Take everything imported and collected so far (torch, transformers, every test module: a few
-    hundred thousand objects) out of the cyclic garbage collector's sight. Each full collection
-    otherwise walks all of them again, whether Python starts it or pytest does (twice at the end of
-    every nested session, tests/inprocess.py): about 0.15 s each time, a third of a one-prompt gate
-    run in this process. Objects made later are collected as usual."""
+    """Take everything imported and collected so far out of the cyclic garbage collector's sight.
+
+    Each full collection otherwise walks all of it again, whether Python starts it or pytest does
+    (twice at the end of every nested session, tests/inprocess.py): about 0.15 s each time, a third
+    of a one-prompt gate run in this process. The model code every in-process engine imports at its
+    first load (transformers' Qwen3 modeling, which brings torch's compiler stack and sympy: about
+    a thousand modules) is imported first, so that it is frozen too rather than walked by every
+    later collection: that cut the collector's time in the engine-heavy test files from 5.0 s to
+    1.6 s (docs/PERFORMANCE.md). Objects made later are collected as usual."""
+    importlib.import_module("transformers.models.qwen3.modeling_qwen3")
     gc.collect()
     gc.freeze()

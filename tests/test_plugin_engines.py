@@ -233,3 +233,26 @@ def test_threads_are_applied_before_an_in_process_factory_runs():
         assert seen["threads"] == 2
     finally:
         torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("enabled", [True, False], ids=["collector-on", "collector-off"])
+def test_the_collector_is_paused_while_a_factory_loads_and_restored_after(enabled):
+    """``build_engine`` keeps Python's cyclic collector off while the factory imports and loads
+    (a heap that only grows then), and leaves it as it found it, also when the factory raises."""
+    import gc
+
+    seen = []
+
+    def factory(options):
+        seen.append(gc.isenabled())
+        raise RuntimeError("stop here")
+
+    was = gc.isenabled()
+    try:
+        gc.enable() if enabled else gc.disable()
+        with pytest.raises(RuntimeError, match="stop here"):
+            build_engine(factory, EngineOptions(), "x")
+        assert seen == [False]
+        assert gc.isenabled() is enabled
+    finally:
+        gc.enable() if was else gc.disable()

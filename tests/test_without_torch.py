@@ -18,10 +18,14 @@ from fakes import LlamaCppServer
 from specparity.gate import exitcodes
 from specparity.model.locations import REPO_ROOT, fixture_dir
 
-#: The child: torch cannot be imported; after the run it says whether any torch module got loaded.
+#: The child: torch cannot be imported (unless its first argument is ``--torch-installed``); after the
+#: run it says whether any torch module got loaded.
 CHILD = textwrap.dedent("""
     import sys
-    sys.modules["torch"] = None
+    if sys.argv[1:2] == ["--torch-installed"]:
+        del sys.argv[1]
+    else:
+        sys.modules["torch"] = None
     from specparity.cli.commands import main
     code = main(sys.argv[1:])
     loaded = sorted(name for name, mod in sys.modules.items() if mod is not None and name.split(".")[0] == "torch")
@@ -45,6 +49,20 @@ def test_a_server_gate_runs_without_torch(tmp_path: Path) -> None:
     assert proc.returncode == exitcodes.PASS, proc.stdout + proc.stderr
     assert "TORCH MODULES: []" in proc.stdout
     assert (report / "summary.md").read_text().startswith("# specparity lossless gate: PASS")
+
+
+def test_a_server_gate_never_imports_an_installed_torch(tmp_path: Path) -> None:
+    """With torch installed too, gating the llama.cpp fixture demo (prompts encoded by the fixture's
+    own tokenizer) loads none of it: nothing a server engine does needs torch, and importing it
+    costs seconds at every start."""
+    report = tmp_path / "report"
+    with LlamaCppServer() as base, LlamaCppServer(speculative=True) as spec:
+        proc = run_child("--torch-installed", "run", "--engine", "llamacpp", "--baseline-url", base.url,
+                         "--spec-url", spec.url, "--engine-opt", f"tokenizer={fixture_dir('target')}",
+                         "--categories", "math", "--max-new-tokens", "16", "--calibration", "selected",
+                         "--report", str(report))
+    assert proc.returncode == exitcodes.PASS, proc.stdout + proc.stderr
+    assert "TORCH MODULES: []" in proc.stdout
 
 
 def test_an_in_process_engine_without_torch_is_one_line_naming_the_fix(tmp_path: Path) -> None:

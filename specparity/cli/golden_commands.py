@@ -203,9 +203,9 @@ def _errored(rec: Any, side: str) -> str:
 def _decoder(fingerprint: Any) -> Callable[[Any], str]:
     """Token text from the target's tokenizer when it is on this machine, else the ids themselves."""
     try:
-        from transformers import AutoTokenizer
+        from specparity.engines.common import load_tokenizer
 
-        tok = AutoTokenizer.from_pretrained(fingerprint.target.path, local_files_only=True)
+        tok = load_tokenizer(fingerprint.target.path)
         return lambda ids: tok.decode(list(ids))
     except Exception:  # noqa: BLE001 - a server's target path, or a machine without the model
         return lambda ids: "".join(f"⟨{int(i)}⟩" for i in ids)

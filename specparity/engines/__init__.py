@@ -16,11 +16,13 @@ every engine that is not a server (``EngineInfo.server`` false, or no declaratio
 from __future__ import annotations
 
 import dataclasses
+import gc
 import importlib
 import importlib.util
 import sys
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 from specparity.engines.base import Engine, EngineInfo, EngineOptions
 from specparity.engines.common import set_threads
@@ -189,11 +191,31 @@ def apply_threads(info: EngineInfo | None, options: EngineOptions) -> None:
     set_threads(options.threads)
 
 
+@contextmanager
+def collector_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector off for the duration, then as it was.
+
+    Loading an in-process engine imports torch and transformers and builds its models: a few
+    hundred thousand objects that live as long as the process. Left on, the collector walks that
+    growing heap again and again while none of it is garbage yet: about a fifth of the import's
+    CPU time (docs/PERFORMANCE.md). Nothing is frozen or leaked; the first full collection after the
+    load sees the heap once."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
 def build_engine(factory: Factory, options: EngineOptions, spec: str, option: str = "--engine") -> Engine:
     """Call a resolved factory with checked options (``--threads`` applied first, see
-    :func:`apply_threads`) and verify the result answers the protocol."""
-    apply_threads(engine_info(factory), options)
-    engine = factory(options)
+    :func:`apply_threads`; the collector paused while it imports and loads, :func:`collector_paused`)
+    and verify the result answers the protocol."""
+    with collector_paused():
+        apply_threads(engine_info(factory), options)
+        engine = factory(options)
     missing = [m for m in _REQUIRED if not callable(getattr(engine, m, None))]
     if missing or not isinstance(getattr(engine, "name", None), str):
         what = ", ".join(missing) if missing else "a string attribute 'name'"

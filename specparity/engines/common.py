@@ -92,6 +92,29 @@ def torch_dtype(name: str):
     return table[name]
 
 
+#: ``tokenizer_class`` values for which ``AutoTokenizer`` loads the generic tokenizers-backed class.
+GENERIC_FAST_TOKENIZERS = frozenset({"PreTrainedTokenizerFast", "TokenizersBackend"})
+
+
+def load_tokenizer(path: str | os.PathLike[str]) -> Any:
+    """``AutoTokenizer.from_pretrained(path)`` from local files, without torch where that is the
+    same object: a directory whose ``tokenizer_config.json`` names the generic fast class (the
+    fixtures do) is loaded by that class, which is the one AutoTokenizer would pick. Importing
+    AutoTokenizer pulls in torch and transformers' model registry (about 2.5 s of CPU), which a
+    server engine encoding prompts never needs; any other tokenizer class still goes through it."""
+    try:
+        config = json.loads((Path(path) / "tokenizer_config.json").read_text())
+    except (OSError, ValueError):
+        config = {}
+    if isinstance(config, dict) and config.get("tokenizer_class") in GENERIC_FAST_TOKENIZERS:
+        from transformers import PreTrainedTokenizerFast
+
+        return PreTrainedTokenizerFast.from_pretrained(str(path), local_files_only=True)
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+
+
 def set_threads(threads: int | None) -> None:
     """Pin torch's intra-op threads: on a 2-core machine one thread is ~50x faster for tiny models
     when anything else is running (docs/PERFORMANCE.md)."""

@@ -49,6 +49,7 @@ from specparity.engines.base import Capabilities, EngineOptions
 from specparity.engines.common import (
     artifact,
     finish_reason,
+    load_tokenizer,
     scores_from_logits,
     set_threads,
     torch_dtype,
@@ -120,13 +121,13 @@ class TorchTarget:
 
     def __post_init__(self) -> None:
         import torch
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoModelForCausalLM
 
         resolve_kv_options(self.kv_cache_dtype, self.kv_scales)  # a bad value fails before the model loads
         set_threads(self.threads)
         self.torch = torch
         # local_files_only: a path typo must fail here, never turn into a model-hub download.
-        self.tokenizer = AutoTokenizer.from_pretrained(self.path, local_files_only=True)
+        self.tokenizer = load_tokenizer(self.path)
         self.model = AutoModelForCausalLM.from_pretrained(
             self.path, dtype=torch_dtype(self.dtype_name), attn_implementation=self.attn_implementation,
             local_files_only=True,

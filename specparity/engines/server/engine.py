@@ -35,6 +35,7 @@ from specparity.engines.base import (
     parse_positive_float,
     parse_positive_int,
 )
+from specparity.engines.common import load_tokenizer
 from specparity.engines.server.http import Endpoint, Fleet, ServerError, check_url
 from specparity.engines.server.launch import LaunchConfig, ServerProcess
 from specparity.engines.server.presets import presets_for
@@ -64,10 +65,8 @@ class HFTokenizer:
     chat template the server applies when it is given messages (the server is sent token ids)."""
 
     def __init__(self, path: str):
-        from transformers import AutoTokenizer
-
         self.path = path
-        self.tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
+        self.tok = load_tokenizer(path)
         self._stop = self._eos_ids(Path(path))
 
     def _eos_ids(self, root: Path) -> tuple[int, ...]:
