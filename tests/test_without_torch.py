@@ -71,3 +71,26 @@ def test_an_in_process_engine_without_torch_is_one_line_naming_the_fix(tmp_path:
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and "needs torch" in lines[0] and "specparity[torch]" in lines[0], proc.stderr
     assert not (tmp_path / "r").exists()
+
+
+def test_the_tokenizer_is_the_one_autotokenizer_picks(tmp_path: Path, default_prompts) -> None:
+    """``load_tokenizer`` skips AutoTokenizer (and its torch import) only where AutoTokenizer would load
+    the generic fast class anyway; a directory that names another class still gets that class."""
+    import json
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    from specparity.engines.common import load_tokenizer
+    from specparity.model.prompts import encode_prompt
+
+    named = tmp_path / "named"
+    shutil.copytree(fixture_dir("target"), named, ignore=shutil.ignore_patterns("*.safetensors"))
+    config = json.loads((named / "tokenizer_config.json").read_text())
+    (named / "tokenizer_config.json").write_text(json.dumps({**config, "tokenizer_class": "Qwen2Tokenizer"}))
+    for directory in (fixture_dir("target"), named):
+        ours, auto = load_tokenizer(directory), AutoTokenizer.from_pretrained(str(directory), local_files_only=True)
+        assert type(ours) is type(auto), directory
+        for p in default_prompts:
+            assert encode_prompt(ours, p.prompt, p.messages_as_dicts()) == encode_prompt(auto, p.prompt, p.messages_as_dicts())
+    assert type(load_tokenizer(named)).__name__ != type(load_tokenizer(fixture_dir("target"))).__name__
