@@ -197,9 +197,9 @@ def collector_paused() -> Iterator[None]:
 
     Loading an in-process engine imports torch and transformers and builds its models: a few
     hundred thousand objects that live as long as the process. Left on, the collector walks that
-    growing heap again and again while none of it is garbage yet: about a fifth of the import's
-    CPU time (docs/PERFORMANCE.md). Nothing is frozen or leaked; the first full collection after the
-    load sees the heap once."""
+    growing heap again and again while none of it is garbage yet: 0.6 of the 5 CPU-seconds of a
+    one-prompt ``specparity run`` (docs/PERFORMANCE.md). Nothing is frozen or leaked; the first full
+    collection after the load sees the heap once."""
     enabled = gc.isenabled()
     gc.disable()
     try:
