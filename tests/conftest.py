@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import gc
-import importlib
 import os
 
 import pytest
@@ -60,10 +59,13 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     Each full collection otherwise walks all of it again, whether Python starts it or pytest does
     (twice at the end of every nested session, tests/inprocess.py): about 0.15 s each time, a third
     of a one-prompt gate run in this process. The model code every in-process engine imports at its
-    first load (transformers' Qwen3 modeling, which brings torch's compiler stack and sympy: about
-    a thousand modules) is imported first, so that it is frozen too rather than walked by every
-    later collection: that cut the collector's time in the engine-heavy test files from 5.0 s to
-    1.6 s (docs/PERFORMANCE.md). Objects made later are collected as usual."""
-    importlib.import_module("transformers.models.qwen3.modeling_qwen3")
+    first load (the fixture target's architecture in transformers, as ``AutoModelForCausalLM`` resolves
+    it: for its Qwen3, with torch's compiler stack and sympy, about a thousand modules) is imported
+    first, so that it is frozen too rather than walked by every later collection: that cut the
+    collector's time in the engine-heavy test files from 5.0 s to 1.6 s (docs/PERFORMANCE.md).
+    Objects made later are collected as usual."""
+    from transformers import MODEL_FOR_CAUSAL_LM_MAPPING, AutoConfig
+
+    MODEL_FOR_CAUSAL_LM_MAPPING[type(AutoConfig.from_pretrained(str(fixture_dir("target")), local_files_only=True))]
     gc.collect()
     gc.freeze()

@@ -9,6 +9,7 @@ from the module beside it. The gate must pass it, hand it the fixture target and
 
 from __future__ import annotations
 
+import gc
 import json
 import subprocess
 import sys
@@ -239,8 +240,6 @@ def test_threads_are_applied_before_an_in_process_factory_runs():
 def test_the_collector_is_paused_while_a_factory_loads_and_restored_after(enabled):
     """``build_engine`` keeps Python's cyclic collector off while the factory imports and loads
     (a heap that only grows then), and leaves it as it found it, also when the factory raises."""
-    import gc
-
     seen = []
 
     def factory(options):

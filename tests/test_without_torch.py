@@ -8,7 +8,9 @@ answers from captured bodies without torch too (:mod:`fakes.replay`).
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -76,9 +78,6 @@ def test_an_in_process_engine_without_torch_is_one_line_naming_the_fix(tmp_path:
 def test_the_tokenizer_is_the_one_autotokenizer_picks(tmp_path: Path, default_prompts) -> None:
     """``load_tokenizer`` skips AutoTokenizer (and its torch import) only where AutoTokenizer would load
     the generic fast class anyway; a directory that names another class still gets that class."""
-    import json
-    import shutil
-
     from transformers import AutoTokenizer
 
     from specparity.engines.common import load_tokenizer
