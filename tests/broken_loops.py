@@ -49,15 +49,26 @@ REJECT_PATH_BUGS = {
 }
 #: Scale (nats) of the seeded noise ``noisy_verify`` adds to every verify logit.
 VERIFY_NOISE = 2.0
+#: How a loop accepts a draft token that is not its verify row's argmax (None: never). ``draft``
+#: is legitimate greedy decoding — at an exact tie of the row either token is the argmax, and many
+#: engines keep the draft's; ``close`` is a bug: a tolerance several bf16 ulps wide.
+TIE_RULES = {
+    "draft": "at an exact tie of its verify row between the argmax and the draft token, keeps the draft token",
+    "close": "accepts a draft token whose verify logit is within ACCEPT_CLOSE_NATS of the row's maximum",
+}
+ACCEPT_CLOSE_NATS = 3.0
 
 
 class HandLoop:
     """The hand-written loop; ``bug`` (a key of :data:`BUGS`) breaks it on purpose."""
 
     def __init__(self, target: TorchTarget, draft_path: str, width: int, bug: str | None = None,
-                 reject_streak: int = REJECT_STREAK):
+                 reject_streak: int = REJECT_STREAK, tie_rule: str | None = None):
         if bug is not None and bug not in BUGS and bug not in REJECT_PATH_BUGS:
             raise ValueError(f"unknown bug {bug!r}; expected one of {sorted(BUGS) + sorted(REJECT_PATH_BUGS)}")
+        if tie_rule is not None and tie_rule not in TIE_RULES:
+            raise ValueError(f"unknown tie rule {tie_rule!r}; expected one of {sorted(TIE_RULES)}")
+        self.tie_rule = tie_rule
         self.draft_path = draft_path
         self.target_model = target.model
         self.draft = load_draft_model(draft_path, target)
@@ -68,13 +79,13 @@ class HandLoop:
         self._noise = torch.Generator().manual_seed(0)
         #: Requests whose output holds a token the bug put there (``accept_unverified``): where it fired.
         self.fired: set[str] = set()
-        self.name = f"hf-loop[{bug or 'correct'}]"
+        self.name = f"hf-loop[{bug or tie_rule and f'tie-{tie_rule}' or 'correct'}]"
         #: Requests on which ``reject_streak_crop`` cropped short (the bug's path was reached).
         self.streak_fired: set[str] = set()
 
     def spec_config(self) -> dict:
         return {"mode": "draft", "num_draft_tokens": self.num_draft_tokens, "schedule": "constant",
-                "loop": "tests/broken_loops.py", "bug": self.bug}
+                "loop": "tests/broken_loops.py", "bug": self.bug, "tie_rule": self.tie_rule}
 
     def draft_artifact(self) -> ArtifactId:
         return artifact(self.draft_path)
@@ -117,7 +128,7 @@ class HandLoop:
                 verify = verify + VERIFY_NOISE * torch.randn(verify.shape, generator=self._noise)
             argmax = verify.argmax(-1).tolist()
             n = 0
-            while n < len(drafts) and drafts[n] == argmax[n]:
+            while n < len(drafts) and (drafts[n] == argmax[n] or self._keeps(verify[n], drafts[n])):
                 n += 1
             unverified = None
             if bug == "accept_unverified" and n < len(drafts):
@@ -155,6 +166,14 @@ class HandLoop:
         self._stale_last = context[-1]
         return out, rows, steps
 
+    def _keeps(self, row: torch.Tensor, draft: int) -> bool:
+        """Whether :data:`TIE_RULES` keeps a draft token that is not the row's (lowest-id) argmax."""
+        if self.tie_rule == "draft":
+            return bool(row[draft] == row.max())
+        if self.tie_rule == "close":
+            return float(row.max() - row[draft]) <= ACCEPT_CLOSE_NATS
+        return False
+
     def _propose(self, context: Sequence[int], d_cache, k: int) -> list[int]:
         """Greedy draft tokens; the draft cache is cropped to the agreed context first."""
         if k <= 0:
@@ -175,11 +194,12 @@ class HandLoop:
 
 
 def LoopEngine(options: EngineOptions, bug: str | None = None,  # noqa: N802 - reads as a class
-               reject_streak: int = REJECT_STREAK) -> InProcessEngine:
-    """The hand-written loop (``bug``: one of :data:`BUGS`, None: correct) as an engine."""
+               reject_streak: int = REJECT_STREAK, tie_rule: str | None = None) -> InProcessEngine:
+    """The hand-written loop (``bug``: one of :data:`BUGS`, None: correct; ``tie_rule``: one of
+    :data:`TIE_RULES`) as an engine."""
     target = TorchTarget.from_options(options)
     width = DEFAULT_DRAFT_TOKENS if options.num_draft_tokens is None else options.num_draft_tokens
-    loop = HandLoop(target, str(options.draft or fixture_dir("draft")), width, bug, reject_streak)
+    loop = HandLoop(target, str(options.draft or fixture_dir("draft")), width, bug, reject_streak, tie_rule)
     return InProcessEngine(target, loop, name=loop.name)
 
 

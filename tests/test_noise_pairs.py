@@ -42,7 +42,8 @@ def test_threshold_covers_the_pairs_that_can_flip():
     assert t.nats == pytest.approx(1.5 * 0.05, rel=1e-5)
     # the drift bound compares rows at every pair, far alternatives included: it stays on all of them
     assert t.drift_nats == pytest.approx(4 * 0.4, rel=1e-5)
-    assert f"over the {MIN_NEAR_PAIRS} pairs whose margin is at most 2 nats (every pair: 0.4" in t.describe()
+    assert (f"over the {MIN_NEAR_PAIRS} pairs whose margin is at most 2 nats (3rd-largest 0.05, max 0.05; every "
+            f"pair: max 0.4") in t.describe()
 
 
 def test_too_few_small_margin_pairs_fall_back_to_every_pair():

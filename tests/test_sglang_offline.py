@@ -35,6 +35,7 @@ from fakes.gate import run_lossless
 from specparity.engines import load_engine
 from specparity.engines.base import EngineOptions
 from specparity.engines.server.http import Endpoint, Fleet, ServerError
+from specparity.gate.decision import DATA_BUDGET
 from specparity.engines.server.launch import health_ok
 from specparity.engines.server.presets import PRESETS, presets_for
 from specparity.engines.server.engine import Session
@@ -613,14 +614,13 @@ def test_gate_declared_determinism_is_bit_exact(tmp_path):
         prompts = [r for r in records if r["kind"] == "prompt"]
         assert sum(r["verdict"]["class"] == "near_tie" for r in prompts) == 1 and len(spec.flipped) == 2
         assert records[-1]["status"] == "PASS" and records[-1]["failures"] == []
-        line = (f"near ties allowed up to 25% of the prompts: --allow-near-tie despite the declaration "
-                f"({declared})")
+        line = f"{DATA_BUDGET}: --allow-near-tie despite the declaration ({declared})"
         assert f"near-tie policy: {line}" in proc.stdout and f"- Near-tie policy: {line}" in _summary(report)
 
 
 def test_gate_one_sided_determinism_is_not_strict(servers, tmp_path):
     """Only the speculative server declares deterministic inference: the declaration does not cover
-    the baseline it is compared with, so the near tie stays within the --max-near-tie budget (exit 0)
+    the baseline it is compared with, so the near tie stays within the near-tie budget (exit 0)
     and the summary says why the run was not made bit-exact."""
     base, _ = servers
     with SGLangServer(speculative=True, declares_deterministic=True, near_tie_flips=1) as spec:
@@ -635,8 +635,7 @@ def test_gate_one_sided_determinism_is_not_strict(servers, tmp_path):
     partial = caps["deterministic_partial"]
     assert partial == (f"sglang /server_info enable_deterministic_inference=true, but not on every server of both "
                        f"sides (baseline {base.url}: false, spec {spec.url}: true)")
-    line = (f"near ties allowed up to 25% of the prompts (--max-near-tie); not bit-exact, since a declaration "
-            f"counts only when it covers both sides: {partial}")
+    line = f"{DATA_BUDGET}; not bit-exact, since a declaration counts only when it covers both sides: {partial}"
     assert f"near-tie policy: {line}" in proc.stdout
     assert f"- Near-tie policy: {line}" in _summary(tmp_path / "report")
     assert records[-1]["status"] == "PASS"

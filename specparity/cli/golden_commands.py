@@ -31,7 +31,6 @@ from typing import Any, Callable
 from specparity.gate import exitcodes
 from specparity.judge.noise import near_tie_above_ceiling
 from specparity.model.threshold import DEFAULT_CEILING_NATS
-from specparity.model.gate_run import DEFAULT_MAX_NEAR_TIE
 
 
 # --------------------------------------------------------------------------- record
@@ -244,7 +243,7 @@ def _run_compare(args: argparse.Namespace) -> int:
 
 
 def judge_sides(old: Side, new: Side, old_path: str, *, near_tie_nats: float | None = None,
-                near_tie_ceiling: float = DEFAULT_CEILING_NATS, max_near_tie: float = DEFAULT_MAX_NEAR_TIE,
+                near_tie_ceiling: float = DEFAULT_CEILING_NATS, max_near_tie: float | None = None,
                 drift_policy: str = "fail", only_common: bool = False, report_dir: str | None = None,
                 bit_exact: bool | None = None) -> tuple[Any, Any]:
     """NEW's streams judged against OLD's with the gate's classes: (the run, its decision).
@@ -331,10 +330,8 @@ def _compare_rules(args: argparse.Namespace) -> dict[str, Any]:
             raise BadInput(str(exc)) from None
     if raw["max_accept_drop"] is None:
         raw["max_accept_drop"] = DEFAULT_MAX_ACCEPT_DROP
-    if raw["max_near_tie"] is None:
-        raw["max_near_tie"] = DEFAULT_MAX_NEAR_TIE
     raw["drift_policy"] = raw["drift_policy"] or "fail"
-    if not 0 <= raw["max_near_tie"] <= 1:
+    if raw["max_near_tie"] is not None and not 0 <= raw["max_near_tie"] <= 1:
         raise BadInput(f"--max-near-tie: expected a fraction in [0, 1], got {raw['max_near_tie']}")
     return raw
 
@@ -405,7 +402,8 @@ def add_compare_command(sub: Any) -> None:
     p.add_argument("--near-tie-ceiling", type=float, default=DEFAULT_CEILING_NATS,
                    help="largest near-tie threshold accepted, measured or set (default %(default)s nats)")
     p.add_argument("--max-near-tie", type=float, default=None,
-                   help=f"allowed fraction of near-tie prompts (default {DEFAULT_MAX_NEAR_TIE:g}, or the policy file's)")
+                   help="allowed fraction of near-tie prompts, in place of the budget that follows the data (or the "
+                        "policy file's)")
     p.add_argument("--drift-policy", choices=("fail", "warn"), default=None, help="default fail, or the policy file's")
     p.add_argument("--max-accept-drop", default=None, metavar="TOKENS",
                    help="largest drop of the mean accept length from OLD to NEW before the comparison fails "

@@ -16,7 +16,6 @@ from specparity.engines import BUILTIN
 from specparity.engines.base import EngineOptions
 from specparity.model.force_reject import FORCE_REJECT_MODES, MIN_REJECT_SHARE
 from specparity.model.threshold import DEFAULT_CEILING_NATS
-from specparity.model.gate_run import DEFAULT_MAX_NEAR_TIE
 from specparity.model.types import DEFAULT_TOP_K, MIN_TOP_K
 
 DEFAULT_ENGINE = "dflash"
@@ -66,7 +65,8 @@ GATE_OPTIONS: tuple[OptionSpec, ...] = (
     _o("--categories", default=None, help="comma-separated categories to run"),
     _o("--max-new-tokens", default=None, help="override every prompt's max_new_tokens"),
     _o("--near-tie-nats", default=None, help="near-tie threshold in nats (default: measured)"),
-    _o("--max-near-tie", default=None, help=f"allowed fraction of near-tie prompts (default {DEFAULT_MAX_NEAR_TIE:g})"),
+    _o("--max-near-tie", default=None, help="allowed fraction of near-tie prompts, in place of the default budget that follows the data "
+                 "(near-tie flips that are not exact ties within what the baseline's own numerics predict)"),
     _o("--bit-exact", action="store_true", help="demand bit-exactness: a near-tie flip fails (the default "
        "when the engine declares deterministic / batch-invariant inference for both sides)"),
     _o("--allow-near-tie", action="store_true", help="allow near ties up to --max-near-tie even when the "

@@ -23,7 +23,7 @@ from specparity.model.locations import prompt_file
 from specparity.judge.noise import near_tie_above_ceiling
 from specparity.model.threshold import DEFAULT_CEILING_NATS
 from specparity.cli.option_table import DEFAULT_ENGINE, DEFAULT_REPORT  # noqa: F401 - re-exported
-from specparity.model.gate_run import DEFAULT_MAX_NEAR_TIE, DRIFT_POLICIES, GateConfig, GatePolicy
+from specparity.model.gate_run import DRIFT_POLICIES, GateConfig, GatePolicy
 from specparity.model.prompts import Prompt, PromptFileError, load_many
 
 #: The built-in engines that apply prompt constraints (docs/STRUCTURED.md).
@@ -255,7 +255,8 @@ def build_setup(raw: Mapping[str, Any], *, check_report: bool = False, speculate
         scorer=scorer,
         scorer_model=scorer_model,
         policy=GatePolicy(
-            max_near_tie=_float(raw, "max_near_tie", "--max-near-tie", 0.0, 1.0, default=DEFAULT_MAX_NEAR_TIE),
+            # None: the budget follows the data (judge.flip_budget); a fraction only when asked for
+            max_near_tie=_float(raw, "max_near_tie", "--max-near-tie", 0.0, 1.0),
             # None: bit-exact exactly when the engine declares determinism (gate.bit_exact)
             bit_exact=True if raw.get("bit_exact") else False if raw.get("allow_near_tie") else None,
             require_paths=_require_paths(raw.get("require_all_paths")),

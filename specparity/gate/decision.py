@@ -8,11 +8,16 @@ Policy (README "What each class means"), from :class:`~specparity.model.gate_run
   nothing judged is never a pass;
 * a gate that could not be calibrated (scorer refused, threshold above its ceiling) fails with
   the engine-error exit code: nothing was judged;
-* ``near_tie`` prompts are allowed up to ``max_near_tie`` (a fraction of prompts), unless the run
-  is bit-exact (:func:`bit_exact`): under ``--bit-exact``, or — by default — when the engine
-  declares deterministic / batch-invariant inference for both sides (``GateRun.deterministic``):
-  the engine promised bit-exact output, so a near tie breaks that promise and fails.
-  ``--allow-near-tie`` keeps near ties within the budget despite the declaration;
+* ``near_tie`` prompts are judged by a budget (:func:`near_tie_budget`), unless the run is
+  bit-exact (:func:`bit_exact`): under ``--bit-exact``, or — by default — when the engine declares
+  deterministic / batch-invariant inference for both sides (``GateRun.deterministic``): the engine
+  promised bit-exact output, so any near tie, an exact tie included, breaks that promise and fails.
+  ``--allow-near-tie`` keeps near ties within the budget despite the declaration. The budget
+  follows the data by default: flips at an *exact tie* (both tokens the baseline row's argmax) are
+  allowed and counted apart, and the other near-tie flips may not clearly exceed the count the
+  baseline's own decode-versus-teacher-forced flips predict (:mod:`specparity.judge.flip_budget`).
+  ``--max-near-tie F`` (or the policy key) replaces it with a fixed fraction of the prompts, ties
+  included;
 * a run in which speculation never accepted a single draft token fails as "speculation inactive":
   an exact match proves nothing if the draft never ran. An engine that reports no counters at all
   fails too unless ``allow_unknown_activity`` is set;
@@ -37,10 +42,17 @@ from typing import Any, Mapping
 
 from specparity.gate import exitcodes
 from specparity.judge.checks import Check, verdict_checks
+from specparity.judge.flip_budget import FlipExpectation, at_risk, expected_flips
 from specparity.model.coverage import PATHS
 from specparity.model.verdicts import CLASSES, Verdict
 from specparity.model.force_reject import RejectShare
-from specparity.model.gate_run import GatePolicy, GateRun
+from specparity.model.gate_run import DEFAULT_MAX_NEAR_TIE, GatePolicy, GateRun
+from specparity.model.threshold import FlipRate
+
+
+#: The default near-tie policy, in the words the summary and the terminal use.
+DATA_BUDGET = ("near ties within what the baseline's own numerics explain: exact-tie flips allowed and counted apart, "
+               "the other flips at most the 99 % bound of the count its decode-versus-teacher-forced flips predict")
 
 
 @dataclass
@@ -54,6 +66,8 @@ class GateDecision:
     engine_error: bool = False
     #: Whether the run's near ties fit the policy (:func:`near_tie_budget`), as the reports show it.
     near_tie_budget: Check | None = None
+    #: The flips the baseline's own numerics predict, against the run's (None: no flip rate measured).
+    flip_expectation: FlipExpectation | None = None
 
     @property
     def status(self) -> str:
@@ -100,7 +114,13 @@ def bit_exact(run: GateRun, policy: GatePolicy | None = None) -> bool:
 def near_tie_policy(run: GateRun, policy: GatePolicy | None = None) -> str:
     """Which near-tie policy applies and why, in one line (the summary and the terminal say it)."""
     policy = policy or run.config.policy
-    budget = f"near ties allowed up to {_pct(policy.max_near_tie)} of the prompts"
+    if policy.max_near_tie is not None:
+        budget = f"near ties allowed up to {_pct(policy.max_near_tie)} of the prompts"
+    elif _flip_rate(run) is None:
+        budget = (f"near ties allowed up to {_pct(DEFAULT_MAX_NEAR_TIE)} of the prompts (no flip rate was measured, "
+                  f"so the budget cannot follow the data)")
+    else:
+        budget = DATA_BUDGET
     if policy.bit_exact:
         also = f" (the engine declares it too: {run.deterministic})" if run.deterministic else ""
         return f"bit-exact: --bit-exact{also}"
@@ -108,28 +128,64 @@ def near_tie_policy(run: GateRun, policy: GatePolicy | None = None) -> str:
         return f"bit-exact: declared by the engine ({run.deterministic})"
     if policy.bit_exact is False and run.deterministic:
         return f"{budget}: --allow-near-tie despite the declaration ({run.deterministic})"
-    line = f"{budget} (--max-near-tie)"
+    line = f"{budget} (--max-near-tie)" if policy.max_near_tie is not None else budget
     if run.deterministic_partial:
         line += (f"; not bit-exact, since a declaration counts only when it covers both sides: "
                  f"{run.deterministic_partial}")
     return line
 
 
-def near_tie_budget(run: GateRun, counts: Mapping[str, int], policy: GatePolicy | None = None) -> Check:
+def _flip_rate(run: GateRun) -> FlipRate | None:
+    return run.threshold.flip_rate if run.threshold is not None else None
+
+
+def _near_ties(run: GateRun) -> list[Verdict]:
+    return [r.verdict for r in run.records if r.verdict is not None and r.verdict.klass == "near_tie"]
+
+
+def tie_flips(run: GateRun) -> list[Verdict]:
+    """The near-tie verdicts whose split is an exact tie (both tokens the baseline row's argmax)."""
+    return [v for v in _near_ties(run) if v.divergence is not None and v.divergence.tie]
+
+
+def flip_expectation(run: GateRun) -> FlipExpectation | None:
+    """The near-tie flips that are not exact ties against the count the baseline's own numerics
+    predict for the judged prompts (None: no flip rate was measured)."""
+    rate = _flip_rate(run)
+    if rate is None:
+        return None
+    counts = [int(at_risk(r.baseline.scores, rate.window).sum()) for r in run.records
+              if r.verdict is not None and r.verdict.klass != "error" and r.baseline is not None]
+    observed = sum(1 for v in _near_ties(run) if not (v.divergence is not None and v.divergence.tie))
+    return expected_flips(rate, counts, observed)
+
+
+def near_tie_budget(run: GateRun, counts: Mapping[str, int], policy: GatePolicy | None = None,
+                    expectation: FlipExpectation | None = None) -> Check:
     """Whether the run's near ties fit the policy, as a check (``ok``/``fail``) in words: the one
-    rule :func:`decide` fails a run by and the reports show. ``counts``: prompts per class."""
+    rule :func:`decide` fails a run by and the reports show. ``counts``: prompts per class;
+    ``expectation``: :func:`flip_expectation` of the run (computed when not given)."""
     policy = policy or run.config.policy
     n = counts.get("near_tie", 0)
     total = sum(counts.values())
+    ties = len(tie_flips(run))
     if bit_exact(run, policy):
         return Check("fail" if n else "ok",
-                     f"bit-exact run ({near_tie_policy(run, policy)}): any near tie fails; this run has {n}",
-                     "near_tie_budget", numbers={"near_tie": n, "judged": total})
-    frac = n / total if total else 0.0
-    return Check("ok" if frac <= policy.max_near_tie else "fail",
-                 f"near ties are allowed up to {policy.max_near_tie:.0%} of the prompts (--max-near-tie): "
-                 f"this run has {n} of {total} judged ({frac:.0%})", "near_tie_budget",
-                 numbers={"near_tie": n, "judged": total, "fraction": frac, "allowed": policy.max_near_tie})
+                     f"bit-exact run ({near_tie_policy(run, policy)}): any near tie fails, an exact tie too; this run "
+                     f"has {n} ({ties} at exact ties)", "near_tie_budget",
+                     numbers={"near_tie": n, "ties": ties, "judged": total})
+    exp = expectation if expectation is not None else flip_expectation(run)
+    if policy.max_near_tie is not None or exp is None:
+        allowed = policy.max_near_tie if policy.max_near_tie is not None else DEFAULT_MAX_NEAR_TIE
+        why = "--max-near-tie" if policy.max_near_tie is not None else "no flip rate was measured"
+        frac = n / total if total else 0.0
+        return Check("ok" if frac <= allowed else "fail",
+                     f"near ties are allowed up to {allowed:.0%} of the prompts ({why}): this run has {n} of {total} "
+                     f"judged ({frac:.0%}{f'; {ties} at exact ties' if ties else ''})", "near_tie_budget",
+                     numbers={"near_tie": n, "ties": ties, "judged": total, "fraction": frac, "allowed": allowed})
+    return Check("ok" if exp.passed else "fail",
+                 f"{ties} flip(s) at exact ties (allowed: greedy decoding permits either tied token); {exp.describe()}",
+                 "near_tie_budget", numbers={"near_tie": n, "ties": ties, "judged": total, **exp.to_json()})
 
 
 def prompt_checks(verdict: Verdict | None, run: GateRun, decision: GateDecision | None = None) -> list[Check]:
@@ -178,7 +234,8 @@ def decide(run: GateRun, policy: GatePolicy | None = None) -> GateDecision:
                         f"output kept it): {', '.join(broken)}")
     if counts["error"] and not (run.calibration_error or run.golden_error):
         failures.append(f"{counts['error']} prompt(s) failed in the engine: {_ids(run, 'error')}")
-    budget = near_tie_budget(run, counts, policy)
+    expectation = flip_expectation(run)
+    budget = near_tie_budget(run, counts, policy, expectation)
     if budget.state == "fail":
         frac = counts["near_tie"] / total
         if policy.bit_exact:
@@ -190,10 +247,19 @@ def decide(run: GateRun, policy: GatePolicy | None = None) -> GateDecision:
                 f"flip(s) are a failure — the engine promised bit-exact output (pass --allow-near-tie to allow): "
                 f"{_ids(run, 'near_tie')}"
             )
+        elif policy.max_near_tie is not None or expectation is None:
+            allowed = policy.max_near_tie if policy.max_near_tie is not None else DEFAULT_MAX_NEAR_TIE
+            why = "--max-near-tie" if policy.max_near_tie is not None else "the fixed budget: no flip rate was measured"
+            failures.append(f"{counts['near_tie']}/{total} near-tie prompts ({frac:.0%}) exceed --max-near-tie "
+                            f"{allowed:.0%}" + ("" if policy.max_near_tie is not None else f" ({why})"))
         else:
+            flipped = ", ".join(r.prompt.id for r in run.records if r.verdict and r.verdict.klass == "near_tie"
+                                and not (r.verdict.divergence is not None and r.verdict.divergence.tie))
             failures.append(
-                f"{counts['near_tie']}/{total} near-tie prompts ({frac:.0%}) exceed --max-near-tie {policy.max_near_tie:.0%}"
-            )
+                f"{expectation.observed} near-tie flip(s) that are not exact ties, more than the {expectation.limit} the "
+                f"baseline's own numerics explain (expected {expectation.expected:.1f}, 95 % interval "
+                f"{expectation.low}–{expectation.high}): the verify numerics flip tokens the target's own two "
+                f"computations do not: {flipped}")
     activity = run.activity()
     speculates = not (run.config.golden and run.config.golden_mode == "baseline")
     nothing_judged = not any(r.verdict is not None and r.verdict.klass != "error" for r in run.records)
@@ -253,7 +319,7 @@ def decide(run: GateRun, policy: GatePolicy | None = None) -> GateDecision:
     if forced_problem and not (counts["diverged"] or counts["error"] or counts["drifted"]):
         engine_error = True
     return GateDecision(not failures, failures, warnings, counts_out, interrupted=run.interrupted,
-                        engine_error=engine_error, near_tie_budget=budget)
+                        engine_error=engine_error, near_tie_budget=budget, flip_expectation=expectation)
 
 
 def judge_acceptance(comparison: Any, *, max_drop: float | None = None, tolerance: float | None = None) -> Any:

@@ -38,7 +38,7 @@ KEYS = ("fail_on", "max_near_tie", "min_accept_length", "max_accept_drop", "requ
 EXAMPLE = "".join(f"{setting:<44} # {why}\n" if why else f"{setting}\n" for setting, why in (
     ("[gate]", ""),
     ('fail_on = ["diverged", "error", "drifted"]', 'classes that fail; add "near_tie" to demand bit-exactness'),
-    (f"max_near_tie = {DEFAULT_MAX_NEAR_TIE:g}", "fraction of prompts that may be near-tie flips"),
+    (f"max_near_tie = {DEFAULT_MAX_NEAR_TIE:g}", "a fixed share of near-tie prompts (unset: a budget from the data)"),
     ("min_accept_length = 1.5", "acceptance floor (mean accept length)"),
     (f"max_accept_drop = {DEFAULT_MAX_ACCEPT_DROP:g}", "specparity compare: largest accept-length drop vs OLD"),
     (f"require_all_paths = {GatePolicy.require_paths}", "each speculative path on at least N prompts (0: warn)"),

@@ -23,6 +23,7 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
+from specparity.judge.flip_budget import measure_flip_rate
 from specparity.judge.noise import CalibrationError, derive_threshold, measure_noise
 from specparity.model.threshold import DEFAULT_CEILING_NATS, DEFAULT_MULTIPLIER, NearTieThreshold, NoiseStats
 from specparity.judge.logprob_channel import channel_problem
@@ -182,5 +183,9 @@ def calibrate(
     # the noise that sets the threshold is measured on them (noise.MIN_NEAR_PAIRS for the fallback)
     noise = measure_noise(((s.decoded, s.teacher_forced) for s in samples), window=ceiling)
     cross = cross_instance_noise(samples, window=ceiling)
-    return check, derive_threshold(noise, override, multiplier, ceiling, label, cross, cross_note)
+    threshold = derive_threshold(noise, override, multiplier, ceiling, label, cross, cross_note)
+    # the flips the target's own numerics make where a flip would be judged a near tie: measured on
+    # the baseline's instance alone (never on the speculative server), for the near-tie budget
+    threshold.flip_rate = measure_flip_rate(((s.decoded, s.teacher_forced) for s in samples), threshold.nats)
+    return check, threshold
 

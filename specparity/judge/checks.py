@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from specparity.judge.compare import REMERGE_MIN_RUN
-from specparity.model.verdicts import Verdict
+from specparity.model.verdicts import TIE_BREAK_WORDS, Verdict
 from specparity.model.threshold import DRIFT_MULTIPLIER, NoiseStats
 
 State = Literal["ok", "fail", "warn", "info"]
@@ -143,8 +143,20 @@ def verdict_checks(v: Verdict | None, *, noise: NoiseStats | None = None) -> lis
                             v.margin_unknown_explained else "baseline margin unknown (the speculative token is outside "
                             "the baseline's recorded top-k, or the row was not reported): never assumed to be a near tie",
                             "baseline_margin", i, margin_nums))
+    elif m <= thr and d.tie:
+        text = (f"baseline margin 0 nats: an exact tie — “{token_shown(a.text)}” and “{token_shown(b.text)}” are both the "
+                f"argmax of the baseline's row (margin source: {source_words(d.margin_source)}), and greedy decoding "
+                f"allows either; the baseline took {TIE_BREAK_WORDS.get(d.baseline_break, d.baseline_break)}, the "
+                f"speculative run {TIE_BREAK_WORDS.get(d.spec_break, d.spec_break)}")
+        margin_nums.update(tie=True, baseline_break=d.baseline_break, spec_break=d.spec_break)
+        checks.append(Check("ok", text, "baseline_margin", i, margin_nums))
     elif m <= thr:
-        text = (f"baseline margin {m:.4g} nats ≤ near-tie threshold {thr:.4g} nats: at this position the target "
+        n_ulps = None if d.margin_ulps is None else round(d.margin_ulps)
+        ulp = "" if n_ulps is None else (f" ({n_ulps:g} ulp{'s' if n_ulps != 1 else ''} of {d.ulp_nats:g} at this "
+                                         f"row's resolution)")
+        if d.margin_ulps is not None:
+            margin_nums.update(ulps=round(d.margin_ulps), ulp_nats=d.ulp_nats)
+        text = (f"baseline margin {m:.4g} nats{ulp} ≤ near-tie threshold {thr:.4g} nats: at this position the target "
                 f"itself gave “{token_shown(b.text)}” {math.exp(-m):.3f}× the probability of “{token_shown(a.text)}” "
                 f"(margin source: {source_words(d.margin_source)})")
         if measured:

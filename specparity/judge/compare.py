@@ -35,9 +35,11 @@ from typing import Callable, Sequence
 import numpy as np
 
 from specparity.judge.noise import position_deltas
+from specparity.judge.resolution import (accepted_draft_positions, baseline_tie_break, is_tie,
+                                         scores_quantum, spec_tie_break)
 from specparity.model.threshold import FLOOR_NATS
 from specparity.model.types import GenerationResult, TokenScores
-from specparity.model.verdicts import (Divergence, Drift, TFViolation, TokenView, Verdict)
+from specparity.model.verdicts import TIE_BREAK_WORDS, Divergence, Drift, TFViolation, TokenView, Verdict
 
 #: How many tokens of context to show around a divergence.
 CONTEXT_TOKENS = 8
@@ -320,9 +322,19 @@ def compare(
     merged = f", re-merges at {d.remerge[0]}/{d.remerge[1]}" if d.remerge else ", does not re-merge"
     v.reason = (
         f"position {i}: {d.baseline_token.text!r} vs {d.spec_token.text!r}, baseline margin "
-        f"{d.baseline_margin:.3g} <= threshold {threshold:.3g}{merged}; every later spec token is the target's argmax"
+        f"{d.baseline_margin:.3g}{_resolution_words(d)} <= threshold {threshold:.3g}{merged}; every later spec token is "
+        f"the target's argmax"
     )
     return v
+
+
+def _resolution_words(d: Divergence) -> str:
+    """" (an exact tie; …)" or " (1 ulp of 0.125)": what the margin is at the row's resolution."""
+    if d.tie:
+        return (f" (an exact tie: the baseline took {TIE_BREAK_WORDS[d.baseline_break]}, the speculative run "
+                f"{TIE_BREAK_WORDS[d.spec_break]})")
+    n = d.margin_ulps
+    return "" if n is None else f" ({round(n):g} ulp{'s' if round(n) != 1 else ''} of {d.ulp_nats:g})"
 
 
 def _rejected_reason(rejected: list[TFViolation], decode: Callable[[Sequence[int]], str], split: int | None = None) -> str:
@@ -358,7 +370,7 @@ def _describe_divergence(
     base_ids, spec_ids = baseline.output_ids, spec.output_ids
     a = base_ids[i] if i < len(base_ids) else None
     b = spec_ids[i] if i < len(spec_ids) else None
-    base_margin = spec_rank = spec_margin = base_rank = None
+    base_margin = spec_rank = spec_margin = base_rank = quantum = None
     margin_source = "decode"
     if a is not None and b is not None:
         scores = baseline.scores
@@ -370,6 +382,7 @@ def _describe_divergence(
             spec_rank = scores.rank_of(i, b)
             if lp_b is not None:
                 base_margin = float(scores.logprobs[i]) - lp_b
+                quantum = scores_quantum(scores, i)
         if (base_margin is None and spec_tf is not None and i < len(spec_tf) and spec_tf.reported(i)
                 and int(spec_tf.top_ids[i, 0]) == a):
             # Up to position i both streams share the prefix, so the teacher-forced row that scored
@@ -379,11 +392,18 @@ def _describe_divergence(
             if lp_b is not None:
                 base_margin = float(spec_tf.top_logprobs[i, 0]) - lp_b
                 margin_source = "teacher-forced (the speculative stream's row at the split: same prefix)"
+                quantum = scores_quantum(spec_tf, i)
         if i < len(spec.scores):
             lp_a = spec.scores.logprob_of(i, a)
             base_rank = spec.scores.rank_of(i, a)
             if lp_a is not None and spec.scores.reported(i):
                 spec_margin = float(spec.scores.logprobs[i]) - lp_a
+    tie = a is not None and b is not None and is_tie(base_margin)
+    base_break = spec_break = ""
+    if tie:
+        drafts = accepted_draft_positions(spec.spec, len(spec_ids))
+        base_break = baseline_tie_break(a, b)
+        spec_break = spec_tie_break(a, b, spec_margin, None if drafts is None else bool(drafts[i]))
     lo = max(0, i - CONTEXT_TOKENS)
     return Divergence(
         position=i,
@@ -398,6 +418,10 @@ def _describe_divergence(
         spec_after=decode(spec_ids[i : i + CONTEXT_TOKENS]),
         remerge=_absolute(find_remerge(base_ids[i + 1 :], spec_ids[i + 1 :]), i + 1) if a is not None and b is not None else None,
         margin_source=margin_source,
+        tie=tie,
+        ulp_nats=quantum,
+        baseline_break=base_break,
+        spec_break=spec_break,
     )
 
 

@@ -63,8 +63,8 @@ from typing import Iterable
 import numpy as np
 
 from specparity.model.types import TokenScores
-from specparity.model.threshold import (DEFAULT_CEILING_NATS, DEFAULT_MULTIPLIER, FLOOR_NATS, NearTieThreshold,
-                                         NoiseStats)
+from specparity.model.threshold import (DEFAULT_CEILING_NATS, DEFAULT_MULTIPLIER, FLOOR_NATS, MIN_NEAR_PAIRS, ROBUST_RANK,
+                                         NearTieThreshold, NoiseStats)
 
 class CalibrationError(ValueError):
     """The measurement cannot be trusted to judge near ties (one line, naming the evidence)."""
@@ -142,11 +142,24 @@ def measure_noise(pairs: Iterable[tuple[TokenScores, TokenScores]], window: floa
     allv = np.concatenate(chunks) if chunks else np.zeros(0, np.float32)
     if allv.size == 0:
         return NoiseStats(0.0, 0.0, positions, 0, window)
-    stats = NoiseStats(float(allv.max()), float(np.quantile(allv, 0.99)), positions, int(allv.size), window)
+    stats = NoiseStats(float(allv.max()), float(np.quantile(allv, 0.99)), positions, int(allv.size), window,
+                       robust_abs_delta=robust_figure(allv))
     if window is not None:
         near = allv[np.concatenate(margins) <= window]
         stats.near_pairs, stats.near_max_abs_delta = int(near.size), float(near.max()) if near.size else 0.0
+        stats.near_robust_abs_delta = robust_figure(near)
     return stats
+
+
+def robust_figure(values: np.ndarray) -> float:
+    """The :data:`ROBUST_RANK`-th largest value, a figure no one or two outlier pairs can set; the
+    largest when there are fewer than :data:`MIN_NEAR_PAIRS` values (too few for an order statistic to
+    mean more than the maximum: never looser, never tighter than before)."""
+    if values.size == 0:
+        return 0.0
+    if values.size < MIN_NEAR_PAIRS:
+        return float(values.max())
+    return float(np.partition(values, values.size - ROBUST_RANK)[values.size - ROBUST_RANK])
 
 
 def derive_threshold(
@@ -176,7 +189,7 @@ def derive_threshold(
                  if worst == noise.flip_noise else
                  f"between the two server instances: {cross.describe_flip() if cross else ''}")
         raise CalibrationError(
-            f"the measured near-tie threshold {nats:.4g} nats ({multiplier:g} × max |Δmargin| "
+            f"the measured near-tie threshold {nats:.4g} nats ({multiplier:g} × |Δmargin| "
             f"{worst:.4g} {where}) "
             f"exceeds the ceiling {ceiling:g} nats: a flip that large is not numeric noise, so either the scorer "
             f"or the target is not fit to judge near ties; raise --near-tie-ceiling only if this noise is real"

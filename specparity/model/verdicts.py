@@ -23,6 +23,18 @@ Rule = Literal["", "failed", "broken_finish", "baseline_stop_rule", "finish_mism
                "drift_before_split", "split_gap", "near_tie"]
 
 
+TieBreak = Literal["", "lower_id", "higher_id", "draft", "own_argmax", "unknown"]
+
+#: How each way of breaking a tie is said in reports.
+TIE_BREAK_WORDS = {
+    "lower_id": "the lower token id",
+    "higher_id": "the higher token id",
+    "draft": "the draft token (its verify row ties the two)",
+    "own_argmax": "its own argmax (its row is not tied: its computation came out one way)",
+    "unknown": "unknown (no row or step records there)",
+}
+
+
 @dataclass
 class TokenView:
     """A token for display: id plus decoded text."""
@@ -60,6 +72,23 @@ class Divergence:
     #: Where the baseline margin comes from: the baseline's own decode rows, or — when the engine
     #: did not report that row (e.g. llama.cpp) — the teacher-forced scoring of the baseline.
     margin_source: str = "decode"
+    #: An exact tie: the baseline margin is 0 at the reported precision, both tokens are its row's
+    #: argmax and greedy decoding allows either (:mod:`specparity.judge.resolution`).
+    tie: bool = False
+    #: The resolution (ulp, nats) of the baseline row the margin was read from: the largest power of
+    #: two every difference in that row is a multiple of (None: continuous, e.g. float32 logits).
+    ulp_nats: float | None = None
+    #: At an exact tie, how each side broke it: ``lower_id`` / ``higher_id`` (the baseline), and for the
+    #: speculative side also ``draft``, ``own_argmax`` or ``unknown`` (resolution.TIE_BREAK_WORDS).
+    baseline_break: str = ""
+    spec_break: str = ""
+
+    @property
+    def margin_ulps(self) -> float | None:
+        """The baseline margin in ulps of its row (None: no margin or no resolution)."""
+        if self.baseline_margin is None or self.ulp_nats is None:
+            return None
+        return abs(self.baseline_margin) / self.ulp_nats
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -75,6 +104,10 @@ class Divergence:
             "spec_after": self.spec_after,
             "remerge": list(self.remerge) if self.remerge else None,
             "margin_source": self.margin_source,
+            "tie": self.tie,
+            "ulp_nats": self.ulp_nats,
+            "baseline_break": self.baseline_break,
+            "spec_break": self.spec_break,
         }
 
     @classmethod

@@ -15,6 +15,7 @@ import functools
 import html
 import json
 import traceback
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -24,7 +25,7 @@ from markupsafe import Markup
 
 from specparity.judge.checks import NEVER_JUDGED, Check, source_words, token_shown
 from specparity.judge.checks import rank_words as _rank
-from specparity.model.verdicts import CLASSES
+from specparity.model.verdicts import CLASSES, TIE_BREAK_WORDS
 from specparity.model.coverage import PATHS
 from specparity.model.locations import fixture_note
 from specparity.gate.decision import GateDecision, near_tie_policy, prompt_checks, reject_share
@@ -145,6 +146,51 @@ def drift_line(run: GateRun) -> str:
     return line
 
 
+#: Mantissa bits (with the implicit one) of the logit dtypes whose spacing tells the logits' magnitude.
+_MANTISSA = {"bfloat16": 8, "bf16": 8, "float16": 11, "fp16": 11, "half": 11}
+
+
+def _magnitude_words(quantum: float, dtype: str | None) -> str:
+    """", bf16 logits of magnitude 16–32": what a row's spacing says about its logits, when the dtype
+    is one whose spacing is coarse enough to read (bf16, fp16)."""
+    bits = _MANTISSA.get((dtype or "").lower())
+    if bits is None:
+        return ""
+    lo = quantum * 2 ** (bits - 1)
+    return f", {dtype} logits of magnitude {lo:g}–{2 * lo:g}"
+
+
+def near_tie_lines(run: GateRun, decision: GateDecision) -> list[str]:
+    """What the near-tie flips were, in lines the summary and the terminal print: how many split at
+    exact ties and how each side broke them, the others' margins in ulps, and the flips the
+    baseline's own numerics predict. Empty when no prompt flipped and nothing was predicted."""
+    flips = [r.verdict for r in run.records if r.verdict is not None and r.verdict.klass == "near_tie"
+             and r.verdict.divergence is not None]
+    exp = decision.flip_expectation
+    lines: list[str] = []
+    ties = [v.divergence for v in flips if v.divergence.tie]
+    if ties:
+        base = Counter(d.baseline_break for d in ties)
+        spec = Counter(d.spec_break for d in ties)
+        say = lambda c: "; ".join(f"{TIE_BREAK_WORDS.get(k, k)} at {n}" for k, n in c.most_common())  # noqa: E731
+        lines.append(f"exact ties: {len(ties)} flip(s) where both tokens are the baseline row's argmax — the "
+                     f"speculative run took {say(spec)}; the baseline's decode took {say(base)}")
+    others = [v.divergence for v in flips if not v.divergence.tie]
+    if others:
+        dtype = run.fingerprint.dtype if run.fingerprint else None
+        by_ulp = Counter((round(d.margin_ulps), d.ulp_nats) for d in others if d.margin_ulps is not None)
+        parts = [f"{n} × {u:g} ulp{'s' if u != 1 else ''} of {q:g}{_magnitude_words(q, dtype)}"
+                 for (u, q), n in sorted(by_ulp.items())]
+        rest = [d.baseline_margin for d in others if d.margin_ulps is None and d.baseline_margin is not None]
+        if rest:
+            parts.append(f"{len(rest)} at {', '.join(f'{m:.3g}' for m in sorted(rest)[:8])} nats "
+                         f"(no resolution: continuous logits)")
+        lines.append(f"other near-tie flips: {len(others)}, margins " + "; ".join(parts))
+    if exp is not None and (flips or exp.expected > 0):
+        lines.append(f"flip budget: {exp.describe()}; {exp.rate.describe()}")
+    return lines
+
+
 def scorer_check_line(run: GateRun) -> str:
     c = run.scorer_check
     if not c:
@@ -192,6 +238,7 @@ def render_summary_md(run: GateRun, decision: GateDecision) -> str:
         attachments=run.attachments,
         fatal=run.fatal,
         near_tie_policy=near_tie_policy(run),
+        near_tie_lines=near_tie_lines(run, decision),
         forced=reject_share(run),
         fixture_models=fixture_note(fp.target.path if fp is not None else None).get("models"),
     )
@@ -261,6 +308,7 @@ def terminal_lines(run: GateRun, decision: GateDecision) -> list[str]:
     if run.concurrency > 1:
         lines.append(f"concurrency: {run.concurrency} requests in flight per phase")
     lines.append(f"near-tie policy: {near_tie_policy(run)}")
+    lines += near_tie_lines(run, decision)
     act = run.activity()
     if act.reported_requests:
         mal = act.mean_accept_length

@@ -1,0 +1,146 @@
+"""Exact ties and margins in ulps: what a flip's margin means at the precision the engine computed.
+
+A real bf16 model flips at margins such as 0.0, 0.0625 or 0.125 nats. Those numbers are not
+arbitrary: the logits are bf16 values, so every difference of two logits in one row is a whole
+multiple of the bf16 spacing (the *ulp*) at the logits' magnitude — 0.125 nats for logits between
+16 and 32. A margin of 0 is an **exact tie**: both tokens are the row's argmax, and greedy decoding
+allows either. A margin of one ulp is the smallest difference the computation can express. Saying
+"0.125 nats" hides that; "one ulp" is the honest description.
+
+The resolution is read from the rows themselves, never assumed from a dtype: a row's *quantum* is
+the largest power of two of which every difference between its reported logprobs is a whole
+multiple (a log-softmax subtracts the same normaliser from every logit of the row, so differences
+of logprobs are differences of logits up to float32 rounding). Rows of float32 logits have no such
+quantum at any useful size (:data:`QUANTA`), and their margins are given in nats alone.
+
+**Tie-breaking.** At an exact-tie flip each side took one of the tied tokens. The baseline's decode
+took the lower or the higher id; the speculative side took the draft token (the position was an
+accepted draft, per the loop's step records, and its own verify row ties the two tokens too), the
+lower or higher id (its row ties them, no draft there), or its own argmax (its row does not tie
+them: its computation came out one ulp the other way).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from specparity.model.types import SpecStats, TokenScores
+from specparity.model.verdicts import TIE_BREAK_WORDS, TieBreak  # noqa: F401 (the words live with the data)
+
+#: A margin at most this is an exact tie: both tokens carry the same logprob at the precision the
+#: engine reports (journals keep 6 decimals; two rounded copies of one value stay equal).
+TIE_NATS = 1e-6
+
+#: The spacings a row's quantum is looked for among, largest first: 1 nat down to 2**-10. A bf16
+#: logit of magnitude 0.125 already has a spacing of 2**-10; below that a margin is float32 noise.
+QUANTA = tuple(2.0 ** -e for e in range(0, 11))
+
+#: How far a difference may sit from a whole multiple of the quantum: float32 rounding of the
+#: log-softmax (about 2e-6 at logprobs near −20) plus the journal's 6-decimal rounding.
+QUANTUM_TOLERANCE = 2e-5
+
+#: Fewest nonzero differences in a row for its quantum to count (one difference alone is always a
+#: multiple of something), and how many of the values nearest the top are read: with four, a
+#: spacing twice the true one passes by chance once in 16 rows.
+MIN_DIFFERENCES = 2
+NEAREST = 4
+#: Values further than this below the top are not read: at bf16 logits of magnitude 8 or more they
+#: may already sit in a lower binade.
+NEAR_NATS = 4.0
+
+def row_quantum(values: Sequence[float] | np.ndarray) -> float | None:
+    """The largest of :data:`QUANTA` that the differences between the top value of ``values`` (one
+    row's logprobs) and the :data:`NEAREST` values closest to it (within :data:`NEAR_NATS`) are whole
+    multiples of, within
+    :data:`QUANTUM_TOLERANCE` (None: none is — continuous float32 logits — or too few distinct values).
+
+    Only the values nearest the top count: they share the top's binade, so their spacing is the one
+    a flip between the top tokens is made of; values further down may sit in a lower binade, whose
+    finer spacing would understate it."""
+    v = np.asarray(values, dtype=np.float64)
+    v = v[np.isfinite(v)]
+    if v.size < MIN_DIFFERENCES + 1:
+        return None
+    d = np.sort(np.abs(v - v.max()))
+    d = d[(d > QUANTUM_TOLERANCE) & (d <= NEAR_NATS)][:NEAREST]
+    if d.size < MIN_DIFFERENCES:
+        return None
+    for q in QUANTA:
+        r = d / q
+        if np.all(np.abs(r - np.round(r)) * q <= QUANTUM_TOLERANCE):
+            return q
+    return None
+
+
+def scores_quantum(scores: TokenScores, position: int) -> float | None:
+    """:func:`row_quantum` of one row: the chosen token's logprob with its top-k alternatives."""
+    if position >= len(scores) or not scores.reported(position):
+        return None
+    row = scores.top_logprobs[position][scores.top_ids[position] >= 0]
+    return row_quantum(np.append(row, scores.logprobs[position]))
+
+
+def is_tie(margin: float | None) -> bool:
+    """Whether a margin is an exact tie at the reported precision."""
+    return margin is not None and abs(margin) <= TIE_NATS
+
+
+def ulps(margin: float | None, quantum: float | None) -> float | None:
+    """A margin in units of the row's quantum (None: no quantum, or no margin)."""
+    if margin is None or quantum is None:
+        return None
+    return abs(margin) / quantum
+
+
+def describe_ulps(margin: float | None, quantum: float | None) -> str:
+    """"0.125 nats (1 ulp of 0.125)", "0 nats (an exact tie)", or the nats alone."""
+    if margin is None:
+        return "unknown"
+    if is_tie(margin):
+        return "0 nats (an exact tie: both tokens are the row's argmax)"
+    u = ulps(margin, quantum)
+    if u is None:
+        return f"{margin:.4g} nats"
+    n = round(u)
+    return f"{margin:.4g} nats ({n:g} ulp{'s' if n != 1 else ''} of {quantum:g} at this row's resolution)"
+
+
+def accepted_draft_positions(spec: SpecStats, n: int) -> np.ndarray | None:
+    """Which of the ``n`` output positions were accepted draft tokens, from the step records (None:
+    no per-step records, or they do not add up to the stream). The first token of a stream comes
+    from the prefill unless the steps account for every token."""
+    if spec is None or spec.steps is None:
+        return None
+    emitted = sum(s.emitted for s in spec.steps)
+    if emitted + 1 == n:
+        pos = 1
+    elif emitted == n:
+        pos = 0
+    else:
+        return None
+    out = np.zeros(n, bool)
+    for s in spec.steps:
+        out[pos:pos + min(s.accepted, s.emitted)] = True
+        pos += s.emitted
+    return out
+
+
+def baseline_tie_break(baseline_token: int, spec_token: int) -> TieBreak:
+    """How the baseline broke an exact tie between its token and the speculative one."""
+    return "lower_id" if baseline_token < spec_token else "higher_id"
+
+
+def spec_tie_break(baseline_token: int, spec_token: int, spec_margin: float | None,
+                   from_draft: bool | None) -> TieBreak:
+    """How the speculative side came to take ``spec_token`` at an exact tie of the baseline's row
+    (``spec_margin``: its own row's margin for its token over the baseline's; ``from_draft``: whether
+    the position was an accepted draft, None when unknown)."""
+    if spec_margin is not None and not is_tie(spec_margin):
+        return "own_argmax"
+    if from_draft:
+        return "draft"
+    if spec_margin is None:
+        return "unknown"
+    return "lower_id" if spec_token < baseline_token else "higher_id"
