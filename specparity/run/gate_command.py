@@ -8,6 +8,8 @@ how progress and the outcome are shown.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -82,6 +84,16 @@ def _check_counters(setup: GateSetup, engine: Any) -> None:
         raise PolicyUnsupported(str(exc)) from None
 
 
+def engine_record(spec: str, options: Any) -> dict[str, Any]:
+    """``GateConfig.engine``: the ``--engine`` spec (a plugin file made absolute, so the record
+    names the same file from any directory) and the checked options as JSON (a value JSON cannot
+    hold is kept as its text)."""
+    module, sep, attr = spec.rpartition(":")
+    if sep and module.endswith(".py") and Path(module).is_file():
+        spec = f"{Path(module).resolve()}:{attr}"
+    return {"spec": spec, "options": json.loads(json.dumps(dataclasses.asdict(options), default=str))}
+
+
 def report_paths(setup: GateSetup) -> list[Path]:
     from specparity.report.render import DERIVED_FILES
     from specparity.run.runner import JOURNAL
@@ -116,8 +128,9 @@ def execute(setup: GateSetup, prompts: Sequence[Prompt] | None = None, *,
             on_finish(result)
         return result
 
+    config = dataclasses.replace(setup.config, engine=engine_record(setup.engine_spec, setup.engine_options))
     try:
-        run = run_gate(engine, chosen, setup.config, calibration=setup.calibration, progress=progress,
+        run = run_gate(engine, chosen, config, calibration=setup.calibration, progress=progress,
                        golden=setup.golden, resume=setup.resume)
     except GateInterrupted as stopped:
         finish(stopped.run)
