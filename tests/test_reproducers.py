@@ -292,3 +292,21 @@ def test_llamacpp_reproducer_sends_the_bodies_the_run_sent(tmp_path):
         assert done.returncode == 0 and "identical" in done.stdout, done.stdout + done.stderr
         assert f"the gate recorded: diverged: first differing output position {len(ids) - 1}" in done.stdout
         assert [generation_bodies(s, path)[n:] for s, n in zip((base, spec), before)] == [[bodies[0]], [bodies[1]]]
+
+
+def test_the_scripts_comparison_names_the_split_and_the_drift():
+    """The comparison every repro.py ends with, on hand-made streams: a token that differs, a stream
+    that ends early (the split is where it ended), identical streams with the chosen token's logprob
+    apart on one position (where latent drift shows)."""
+    from specparity.report.repro_scripts import COMPARE
+
+    scope: dict = {"json": json, "RECORDED": "recorded"}
+    exec(COMPARE, scope)  # noqa: S102 - the script text under test
+    first, drift = scope["first_difference"], scope["largest_drift"]
+    assert first([1, 2, 3], [1, 4, 3]) == 1
+    assert first([1, 2, 3], [1, 2]) == 2 and first([1, 2], [1, 2, 3]) == 2
+    assert first([1, 2], [1, 2]) is None
+    base = [[(1, -0.1, None)], [(2, -0.5, None), (7, -1.0, None)], None]
+    spec = [[(1, -0.1, None)], [(7, -0.8, None), (2, -0.9, None)], [(3, -0.2, None)]]
+    assert drift([1, 2, 3], base, spec) == (1, pytest.approx(0.4))
+    assert drift([1, 2, 3], [None] * 3, spec) is None

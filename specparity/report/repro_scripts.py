@@ -24,12 +24,27 @@ def first_difference(a, b):
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
+def largest_drift(ids, base_rows, spec_rows):
+    """(position, nats) where the two sides' logprobs of the same chosen token differ most (None:
+    no position where both reported it): latent drift shows here when no token flips."""
+    best = None
+    for i, tid in enumerate(ids):
+        own = [next((lp for t, lp, _ in (rows[i] or ()) if t == tid), None) if i < len(rows) else None
+               for rows in (base_rows, spec_rows)]
+        if None not in own and (best is None or abs(own[0] - own[1]) > best[1]):
+            best = (i, abs(own[0] - own[1]))
+    return best
+
+
 def show(base_ids, base_rows, spec_ids, spec_rows):
     """Print the first differing position and both sides' top-k there; 1 when the streams differ."""
     print(f"baseline: {len(base_ids)} tokens; speculative: {len(spec_ids)} tokens")
     pos = first_difference(base_ids, spec_ids)
     if pos is None:
         print(f"identical: the same {len(base_ids)} token ids on both sides")
+        drift = largest_drift(base_ids, base_rows, spec_rows)
+        if drift is not None:
+            print(f"largest |logprob difference| of the chosen token: {drift[1]:.6g} nats at position {drift[0]}")
         print(f"the gate recorded: {RECORDED}")
         return 0
     print(f"first differing output position: {pos}")
@@ -152,9 +167,21 @@ if __name__ == "__main__":
 '''
 
 
+def pretty_json(value: Any, indent: str = "") -> str:
+    """JSON one key per line, but a list of numbers or strings on one line: a prompt of 100K token ids
+    stays one line, not 100K. ``ensure_ascii`` keeps the text of every script and file ASCII-safe."""
+    inner = indent + " "
+    if isinstance(value, dict) and value:
+        items = [f"{inner}{json.dumps(str(k))}: {pretty_json(v, inner)}" for k, v in value.items()]
+        return "{\n" + ",\n".join(items) + "\n" + indent + "}"
+    if isinstance(value, list) and any(isinstance(v, (dict, list)) for v in value):
+        return "[\n" + ",\n".join(inner + pretty_json(v, inner) for v in value) + "\n" + indent + "]"
+    return json.dumps(value)
+
+
 def _literal(value: Any) -> str:
     """``value`` as Python source: JSON text inside ``json.loads`` (pasteable as it stands)."""
-    return f'json.loads(r"""{json.dumps(value, indent=1)}""")'
+    return f'json.loads(r"""{pretty_json(value)}""")'
 
 
 def server_script(*, title: str, engine: str, path: str, urls: tuple[str, str], bodies: tuple[dict, dict],

@@ -184,7 +184,7 @@ def _write(folder: Path, name: str, text: str, executable: bool = False) -> None
 
 
 def _dump(value: Any) -> str:
-    return json.dumps(value, indent=1, ensure_ascii=False) + "\n"
+    return repro_scripts.pretty_json(value) + "\n"
 
 
 def _topk_table(base: dict[str, Any], spec: dict[str, Any], pos: int) -> list[str]:
@@ -237,6 +237,13 @@ def _readme(rec: PromptRecord, run: GateRun, req: GenerationRequest, streams: di
                   "    python3 repro.py    # standard library only: the first differing position and both top-k there",
                   "    sh repro.sh         # the same two requests with curl, answers printed as they come", "",
                   f"`baseline.request.json` and `spec.request.json` are the bodies of `POST {sides.wire.path}`, as sent."]
+        launched = {role: argvs for role, argvs in ((fp.extra.get("launch") or {}) if fp is not None else {}).items()
+                    if argvs}
+        if launched:
+            lines += ["", "The gate launched these servers itself and stopped them after the run; start them again "
+                      "as it did and point `BASELINE_URL` / `SPEC_URL` at them:", ""]
+            lines += [f"    # {role}\n    {argv}" for role, argvs in launched.items() for argv in argvs]
+            lines.append("")
         if sides.wire.per_request:
             fields = ", ".join(f"`{f}`" for f in sides.wire.per_request)
             lines.append(f"The run's bodies also carried {fields}, set afresh for every request; these leave it out.")

@@ -85,13 +85,17 @@ def _check_counters(setup: GateSetup, engine: Any) -> None:
 
 
 def engine_record(spec: str, options: Any) -> dict[str, Any]:
-    """``GateConfig.engine``: the ``--engine`` spec (a plugin file made absolute, so the record
-    names the same file from any directory) and the checked options as JSON (a value JSON cannot
-    hold is kept as its text)."""
+    """``GateConfig.engine``: the ``--engine`` spec and the checked options as JSON (a value JSON
+    cannot hold is kept as its text), a plugin file and local model paths made absolute, so the
+    record names the same files from any directory."""
     module, sep, attr = spec.rpartition(":")
     if sep and module.endswith(".py") and Path(module).is_file():
         spec = f"{Path(module).resolve()}:{attr}"
-    return {"spec": spec, "options": json.loads(json.dumps(dataclasses.asdict(options), default=str))}
+    values = json.loads(json.dumps(dataclasses.asdict(options), default=str))
+    for key in ("target", "draft"):
+        if values.get(key) and Path(values[key]).exists():
+            values[key] = str(Path(values[key]).resolve())
+    return {"spec": spec, "options": values}
 
 
 def report_paths(setup: GateSetup) -> list[Path]:
