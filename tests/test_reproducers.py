@@ -104,6 +104,7 @@ SERVERS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("engine", sorted(SERVERS))
 def test_server_reproducer_shows_the_divergence_again(engine, tmp_path):
     """The speculative fake flips its first answer at the closest call (a margin of several nats:
@@ -203,6 +204,7 @@ def loop_report(tmp_path_factory) -> Path:
     return report
 
 
+@pytest.mark.slow  # the child imports torch and loads both models again
 def test_inprocess_reproducer_shows_the_divergence_again(loop_report, tmp_path):
     """The broken loop's run leaves a reproducer per failing prompt, none for exact ones; the first
     one's repro.py, run as a child from another directory, rebuilds the plugin engine with the run's
