@@ -201,6 +201,7 @@ def loop_report(tmp_path_factory) -> Path:
                         "--categories", CATEGORY, "--max-new-tokens", MAX_NEW, "--calibration", "selected",
                         "--report", report)
     assert code == 1, out[-4000:]
+    assert f"report: {report / REPRODUCERS / 'README.md'}" in out.splitlines()  # the index, among the files
     return report
 
 

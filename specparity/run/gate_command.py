@@ -100,10 +100,11 @@ def engine_record(spec: str, options: Any) -> dict[str, Any]:
 
 def report_paths(setup: GateSetup) -> list[Path]:
     from specparity.report.render import DERIVED_FILES
+    from specparity.report.reproducers import INDEX, REPRODUCERS
     from specparity.run.runner import JOURNAL
 
     out = setup.config.report_dir
-    return [Path(out) / name for name in (*DERIVED_FILES, JOURNAL)] if out else []
+    return [Path(out) / name for name in (*DERIVED_FILES, f"{REPRODUCERS}/{INDEX}", JOURNAL)] if out else []
 
 
 def execute(setup: GateSetup, prompts: Sequence[Prompt] | None = None, *,
