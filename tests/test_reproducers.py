@@ -190,6 +190,20 @@ def test_old_journal_without_request_facts_still_renders(tmp_path):
     assert (report / "report.html").read_text().startswith("<!doctype html>")
     assert "rendering this report failed" not in (report / "report.html").read_text()
 
+    # a server that could not say what its requests need when the run started: the error it gave
+    run_line = rows[0]
+    assert run_line["kind"] == "run"
+    run_line["wire"] = {role: [{"url": url, "facts": None, "error": "ServerError: /v1/models answered 500"}]
+                        for role, url in (("baseline", base.url), ("spec", spec.url))}
+    journal.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    code, out = run_cli("report", report)
+    assert code == 1, out[-3000:]
+    summary = (report / "summary.md").read_text()
+    for pid in wanted:
+        assert f"- Reproducer: reproducer for {pid} not written: ValueError: the baseline server {base.url} could " \
+               f"not say what its requests need: ServerError: /v1/models answered 500" in summary
+    assert folders(report) == {} and "Reproducers:" not in summary
+
 
 # ---------------------------------------------------------------------------------------------- in-process
 

@@ -373,8 +373,8 @@ class ServerEngine:
             for endpoint in session.fleet.endpoints:
                 try:
                     rows.append({"url": endpoint.base_url, "facts": self.request_facts(endpoint)})
-                except ServerError as exc:
-                    rows.append({"url": endpoint.base_url, "facts": None, "error": str(exc)})
+                except Exception as exc:  # noqa: BLE001 - each request meets the same failure and says it
+                    rows.append({"url": endpoint.base_url, "facts": None, "error": f"{type(exc).__name__}: {exc}"})
             out[session.role] = rows
         return out
 
