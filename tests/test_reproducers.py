@@ -327,3 +327,35 @@ def test_the_scripts_comparison_names_the_split_and_the_drift():
     spec = [[(1, -0.1, None)], [(7, -0.8, None), (2, -0.9, None)], [(3, -0.2, None)]]
     assert drift([1, 2, 3], base, spec) == (1, pytest.approx(0.4))
     assert drift([1, 2, 3], [None] * 3, spec) is None
+
+
+@pytest.mark.slow
+def test_constrained_prompt_reproducer_sends_the_constraint(tmp_path):
+    """A grammar-constrained prompt on vLLM fakes whose speculative server loses the grammar state
+    after its first verify step: the reproducer's bodies carry the grammar on both sides, and its
+    repro.py (the bug is deterministic) prints the position the verdict names. The threshold is given
+    (``--near-tie-nats``): rows a constraint chose are not calibrated on, so one constrained prompt leaves
+    no noise to measure."""
+    grammar = 'root ::= "{\\"name\\": \\"get_weather\\", \\"arguments\\": {\\"city\\": \\"Berlin\\"}}"'
+    prompts = tmp_path / "one.jsonl"
+    prompts.write_text('{"specparity_prompts": 1, "description": "one grammar prompt"}\n' + json.dumps(
+        {"id": "tool-literal", "category": "structured", "lang": "en", "max_new_tokens": 48, "grammar": grammar,
+         "messages": [{"role": "user", "content": "Call the weather tool for Berlin."}]}) + "\n")
+    with VLLMServer() as base, VLLMServer(speculative=True, grammar_rollback_bug=True) as spec:
+        report = tmp_path / "report"
+        proc = run_lossless("vllm", base.url, spec.url, report, *SERVERS["vllm"][1], "--prompts", str(prompts),
+                            "--categories", "structured", "--max-new-tokens", "48", "--near-tie-nats", "0.01",
+                            in_process=True)[0]
+        assert proc.returncode == 1, (proc.stdout + proc.stderr)[-4000:]
+        wanted = failing(prompt_lines(report))
+        assert set(wanted) == {"tool-literal"} and wanted["tool-literal"] is not None
+        folder = folders(report)["tool-literal"]
+        request = json.loads((folder / "request.json").read_text())
+        assert request["constraint"] == {"kind": "grammar", "text": grammar}
+        for side in ("baseline", "spec"):
+            body = json.loads((folder / f"{side}.request.json").read_text())
+            assert body["structured_outputs"] == {"grammar": grammar}
+        env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "BASELINE_URL", "SPEC_URL")}
+        done = child([sys.executable, "-I", str(folder / "repro.py")], env=env, timeout=120)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert [int(p) for p in POSITION.findall(done.stdout)] == [wanted["tool-literal"]], done.stdout
