@@ -359,3 +359,22 @@ def test_constrained_prompt_reproducer_sends_the_constraint(tmp_path):
         done = child([sys.executable, "-I", str(folder / "repro.py")], env=env, timeout=120)
     assert done.returncode == 1, done.stdout + done.stderr
     assert [int(p) for p in POSITION.findall(done.stdout)] == [wanted["tool-literal"]], done.stdout
+
+
+def test_reproducers_that_cannot_be_written_cost_nothing_else(loop_report, tmp_path):
+    """A file where the reproducers' folder belongs: rebuilding the reports writes none, says why in
+    one summary line, and every report is still written with the verdicts."""
+    report = tmp_path / "report"
+    shutil.copytree(loop_report, report)
+    shutil.rmtree(report / REPRODUCERS)
+    (report / REPRODUCERS).write_text("in the way\n")
+    for name in ("summary.md", "report.md", "report.html"):
+        (report / name).unlink()
+    code, out = run_cli("report", report)
+    assert code == 1, out[-3000:]
+    summary = (report / "summary.md").read_text()
+    assert f"- Reproducer: reproducers: could not clear {report / REPRODUCERS} (" in summary
+    assert "- Reproducers:" not in summary and "Reproducer: [" not in summary
+    for pid in failing(prompt_lines(report)):
+        assert f"`{pid}`" in summary and pid in (report / "report.md").read_text()
+    assert "rendering this report failed" not in (report / "report.html").read_text()
