@@ -268,7 +268,7 @@ def render_one(rec: PromptRecord, run: GateRun) -> tuple[str, dict[str, tuple[st
     streams = {"baseline": stream_json(rec.baseline), "spec": stream_json(rec.spec)}
     position = first_difference(streams["baseline"]["output_ids"], streams["spec"]["output_ids"])
     recorded = recorded_line(rec, position)
-    title = f"Reproducer for prompt {rec.prompt.id} ({rec.verdict.klass}): {recorded}."
+    title = f"Reproducer for prompt {rec.prompt.id}: {recorded}."
     files: dict[str, tuple[str, bool]] = {
         "request.json": (_dump(request_json(req)), False),
         "streams.json": (_dump({**streams, "verdict": {"class": rec.verdict.klass, "reason": rec.verdict.reason,
