@@ -628,7 +628,7 @@ def test_write_reports_and_derived_files(tmp_path):
 
 
 def test_a_report_that_fails_to_render_keeps_the_summary(tmp_path, monkeypatch):
-    def boom(run, decision):
+    def boom(run, decision, reproducers=None):
         raise RuntimeError("template broke " + XSS)
 
     monkeypatch.setattr(report, "render_report_html", boom)

@@ -103,6 +103,10 @@ class GateConfig:
     #: ``--force-reject``: None, "all" or "random" (:mod:`specparity.model.force_reject`): the speculative
     #: run's drafts were corrupted on purpose; the gate counts what share of verify steps rejected.
     force_reject: str | None = None
+    #: The engine as it was built — ``spec`` (``--engine``: a name or ``file.py:factory``, files made
+    #: absolute) and ``options`` (the checked :class:`~specparity.engines.base.EngineOptions`, as JSON) —
+    #: so a reproducer can rebuild it from the journal; None where the caller did not record it.
+    engine: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if self.max_new_tokens is not None and self.max_new_tokens < 1:
@@ -224,6 +228,9 @@ class GateRun:
     #: baselines reused and prompts whose verdict was already written.
     resumed_baselines: int = 0
     resumed_verdicts: int = 0
+    #: Server engines: per side (``baseline`` / ``spec``), each server's ``url`` and the ``facts`` its
+    #: request bodies were built from (:mod:`specparity.engines.server.wire`); empty otherwise.
+    wire: dict[str, Any] = field(default_factory=dict)
 
     def activity(self, category: str | None = None) -> Activity:
         act = Activity()

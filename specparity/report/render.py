@@ -32,6 +32,7 @@ from specparity.gate.decision import GateDecision, near_tie_policy, prompt_check
 from specparity.model.threshold import DRIFT_MULTIPLIER
 from specparity.report.plots import AcceptBar, MarginPoint, RefLine, accept_plot, margin_plot
 from specparity.model.gate_run import DEFAULT_MAX_NEW_TOKENS, GateRun, PromptRecord
+from specparity.report.reproducers import REPRODUCERS, INDEX, Reproducers, planned, write_reproducers
 
 _TEMPLATES = Path(__file__).parent / "templates"
 SUMMARY = "summary.md"
@@ -202,14 +203,17 @@ def scorer_check_line(run: GateRun) -> str:
             f"{c['clear_positions']} positions whose decode margin exceeds {c['clear_nats']:g} nats")
 
 
-def render_summary_md(run: GateRun, decision: GateDecision) -> str:
+def render_summary_md(run: GateRun, decision: GateDecision, reproducers: Reproducers | None = None) -> str:
+    """``summary.md``; ``reproducers``: what :func:`write_reproducers` wrote (None: what it writes
+    when every reproducer can be written, :func:`planned`)."""
+    found = reproducers if reproducers is not None else planned(run)
     details = []
     for r in run.records:
         v = r.verdict
         if v is None or v.klass == "exact":
             continue
         details.append({"id": r.prompt.id, "klass": v.klass, "reason": v.reason, "div": v.divergence,
-                        "tf": v.tf_violations, "drift": v.drift})
+                        "tf": v.tf_violations, "drift": v.drift, "reproducer": found.link(r.prompt.id)})
     taken = run.coverage.taken()
     fp = run.fingerprint
     return _env().get_template("summary.md.j2").render(
@@ -241,6 +245,8 @@ def render_summary_md(run: GateRun, decision: GateDecision) -> str:
         near_tie_lines=near_tie_lines(run, decision),
         forced=reject_share(run),
         fixture_models=fixture_note(fp.target.path if fp is not None else None).get("models"),
+        reproducers=found,
+        reproducers_index=f"{REPRODUCERS}/{INDEX}",
     )
 
 
@@ -257,14 +263,17 @@ class _UnknownFingerprint:
 def write_reports(run: GateRun, decision: GateDecision, report_dir: str | Path) -> Path:
     """Write ``summary.md``, ``report.html`` and ``report.md``; returns the summary's path.
 
-    The summary is written first: a report that fails to render never costs the run its summary."""
+    The summary is written first: a report that fails to render never costs the run its summary. The
+    reproducers (:mod:`specparity.report.reproducers`) come before it, so every page can link them;
+    writing them never raises (what fails is a warning line in the summary)."""
     out = Path(report_dir)
     out.mkdir(parents=True, exist_ok=True)
+    found = write_reproducers(run, out)
     path = out / SUMMARY
-    path.write_text(render_summary_md(run, decision), encoding="utf-8")
+    path.write_text(render_summary_md(run, decision, found), encoding="utf-8")
     for name, render in ((REPORT_HTML, render_report_html), (REPORT_MD, render_report_md)):
         try:
-            text = render(run, decision)
+            text = render(run, decision, found)
         except Exception:  # noqa: BLE001 - the verdict stands; the file says the report broke, and why
             tb = traceback.format_exc()
             text = (f"<!doctype html><meta charset=utf-8><title>specparity report failed</title>"
@@ -698,8 +707,9 @@ def _counts_line(decision: GateDecision, n: int) -> str:
     return ", ".join(f"{k} {decision.counts.get(k, 0)}" for k in CLASSES) + f" ({n} prompts)"
 
 
-def report_model(run: GateRun, decision: GateDecision) -> dict[str, Any]:
-    """Everything both triage templates show, computed once."""
+def report_model(run: GateRun, decision: GateDecision, reproducers: Reproducers | None = None) -> dict[str, Any]:
+    """Everything both triage templates show, computed once (``reproducers``: what was written, for
+    the links; None: :func:`planned`)."""
     flips = flip_views(run, decision)
     speed, speed_prompts = speed_rows(run)
     how, launches = launch_view(run)
@@ -749,6 +759,7 @@ def report_model(run: GateRun, decision: GateDecision) -> dict[str, Any]:
         "golden_baselines": sum(1 for r in run.records if _baseline_from(r) == "golden"),
         "no_speculation": bool(getattr(run.config, "golden", None))
         and getattr(run.config, "golden_mode", "spec") == "baseline",
+        "reproducers": (reproducers if reproducers is not None else planned(run)).links(),
     }
 
 
@@ -797,15 +808,15 @@ def _report_env(autoescape: bool) -> jinja2.Environment:
     return env
 
 
-def render_report_html(run: GateRun, decision: GateDecision) -> str:
+def render_report_html(run: GateRun, decision: GateDecision, reproducers: Reproducers | None = None) -> str:
     """``report.html``: one self-contained page (inline CSS and SVG, nothing fetched)."""
     return _report_env(True).get_template("report.html.j2").render(
-        css=Markup(_CSS), max_later=MAX_LATER_POINTS, **report_model(run, decision))
+        css=Markup(_CSS), max_later=MAX_LATER_POINTS, **report_model(run, decision, reproducers))
 
 
-def render_report_md(run: GateRun, decision: GateDecision) -> str:
+def render_report_md(run: GateRun, decision: GateDecision, reproducers: Reproducers | None = None) -> str:
     """``report.md``: the triage report compactly, as GitHub markdown for a PR comment."""
-    m = report_model(run, decision)
+    m = report_model(run, decision, reproducers)
     shown = m["flips"][:MD_MAX_DETAILS]
     text = _report_env(False).get_template("report.md.j2").render(
         shown=shown, hidden=len(m["flips"]) - len(shown), **m)

@@ -8,6 +8,8 @@ how progress and the outcome are shown.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -82,12 +84,27 @@ def _check_counters(setup: GateSetup, engine: Any) -> None:
         raise PolicyUnsupported(str(exc)) from None
 
 
+def engine_record(spec: str, options: Any) -> dict[str, Any]:
+    """``GateConfig.engine``: the ``--engine`` spec and the checked options as JSON (a value JSON
+    cannot hold is kept as its text), a plugin file and local model paths made absolute, so the
+    record names the same files from any directory."""
+    module, sep, attr = spec.rpartition(":")
+    if sep and module.endswith(".py") and Path(module).is_file():
+        spec = f"{Path(module).resolve()}:{attr}"
+    values = json.loads(json.dumps(dataclasses.asdict(options), default=str))
+    for key in ("target", "draft"):
+        if values.get(key) and Path(values[key]).exists():
+            values[key] = str(Path(values[key]).resolve())
+    return {"spec": spec, "options": values}
+
+
 def report_paths(setup: GateSetup) -> list[Path]:
     from specparity.report.render import DERIVED_FILES
+    from specparity.report.reproducers import INDEX, REPRODUCERS
     from specparity.run.runner import JOURNAL
 
     out = setup.config.report_dir
-    return [Path(out) / name for name in (*DERIVED_FILES, JOURNAL)] if out else []
+    return [Path(out) / name for name in (*DERIVED_FILES, f"{REPRODUCERS}/{INDEX}", JOURNAL)] if out else []
 
 
 def execute(setup: GateSetup, prompts: Sequence[Prompt] | None = None, *,
@@ -116,8 +133,9 @@ def execute(setup: GateSetup, prompts: Sequence[Prompt] | None = None, *,
             on_finish(result)
         return result
 
+    config = dataclasses.replace(setup.config, engine=engine_record(setup.engine_spec, setup.engine_options))
     try:
-        run = run_gate(engine, chosen, setup.config, calibration=setup.calibration, progress=progress,
+        run = run_gate(engine, chosen, config, calibration=setup.calibration, progress=progress,
                        golden=setup.golden, resume=setup.resume)
     except GateInterrupted as stopped:
         finish(stopped.run)

@@ -214,4 +214,5 @@ def load_run(path: str | Path) -> GateRun:
     run.golden_notes = list(dict.fromkeys(journal.golden_notes))
     run.resumed_baselines = int(head.get("resumed_baselines", 0))
     run.resumed_verdicts = int(head.get("resumed_verdicts", 0))
+    run.wire = dict(head.get("wire") or {})
     return run

@@ -22,6 +22,7 @@ from it instead of running them (``--update-golden`` runs them and records them)
 from __future__ import annotations
 
 import json
+import shutil
 import time
 import traceback
 from functools import partial
@@ -42,6 +43,7 @@ from specparity.judge.logprob_channel import stream_problem
 from specparity.model.prompts import Prompt
 from specparity.model.gate_run import DEFAULT_MAX_NEW_TOKENS, GateConfig, GateRun, PromptRecord
 from specparity.report.render import DERIVED_FILES, write_reports
+from specparity.report.reproducers import REPRODUCERS
 from specparity.run.scoring import Scorer, choose_scorer
 from specparity.judge.structured import hide_forced_rows, judge_constraint, unconstrained_baselines
 from specparity.model.types import GenerationRequest, GenerationResult, SpecStats, TokenScores
@@ -77,6 +79,7 @@ class ResultsWriter:
             if mode != "append":
                 for name in DERIVED_FILES:
                     (out / name).unlink(missing_ok=True)
+                shutil.rmtree(out / REPRODUCERS, ignore_errors=True)
             self._fh = open(out / JOURNAL, "w" if mode == "new" else "a", encoding="utf-8")
 
     def write(self, obj: dict[str, Any]) -> None:
@@ -262,6 +265,8 @@ def _run_phases(engine: Engine, run: GateRun, writer: ResultsWriter, say: Callab
     run.attachments = list(logs()) if callable(logs) else []
     run.deterministic = caps.deterministic
     run.deterministic_partial = caps.deterministic_partial
+    wire = getattr(engine, "wire_record", None)
+    run.wire = wire() if callable(wire) else {}
     if resume is not None:
         problem = _restore(run, resume)
         if problem:
@@ -276,7 +281,8 @@ def _run_phases(engine: Engine, run: GateRun, writer: ResultsWriter, say: Callab
                   "concurrency": run.concurrency, "capabilities": vars(caps), "attachments": run.attachments,
                   "stop_token_ids": [int(t) for t in engine.stop_token_ids()],
                   "calibrated_apart": run.calibrated_apart, "calibration_reused": run.calibration_reused,
-                  "resumed_baselines": run.resumed_baselines, "resumed_verdicts": run.resumed_verdicts})
+                  "resumed_baselines": run.resumed_baselines, "resumed_verdicts": run.resumed_verdicts,
+                  "wire": run.wire})
     try:
         if config.golden and not _use_golden(run, golden, writer, say):
             return

@@ -358,6 +358,26 @@ class ServerEngine:
     def complete(self, endpoint: Endpoint, req: GenerationRequest, speculative: bool) -> GenerationResult:
         raise NotImplementedError
 
+    def request_facts(self, endpoint: Endpoint) -> dict[str, Any]:
+        """What the adapter's request body needs from ``endpoint`` besides the request (its
+        ``WIRE.body`` facts, :mod:`specparity.engines.server.wire`); none by default."""
+        return {}
+
+    def wire_record(self) -> dict[str, list[dict[str, Any]]]:
+        """Per side, every server's URL and its :meth:`request_facts`, for the journal's run line: a
+        reproducer rebuilds the exact request bodies from it. A server that cannot say is recorded
+        with the error instead of its facts (a reproducer then says so); the run goes on."""
+        out: dict[str, list[dict[str, Any]]] = {}
+        for session in (self.baseline, self.spec):
+            rows = []
+            for endpoint in session.fleet.endpoints:
+                try:
+                    rows.append({"url": endpoint.base_url, "facts": self.request_facts(endpoint)})
+                except Exception as exc:  # noqa: BLE001 - each request meets the same failure and says it
+                    rows.append({"url": endpoint.base_url, "facts": None, "error": f"{type(exc).__name__}: {exc}"})
+            out[session.role] = rows
+        return out
+
     def server_info(self, endpoint: Endpoint) -> dict[str, Any]:
         """What the server says about itself (version, speculative config), for the fingerprint.
 

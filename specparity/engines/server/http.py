@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 import threading
 import time
-import zlib
 from dataclasses import dataclass
 from typing import Any, Sequence
 from urllib.parse import urlsplit
@@ -29,6 +28,8 @@ import urllib3
 from urllib3.exceptions import HTTPError as Urllib3Error
 from urllib3.exceptions import MaxRetryError, NewConnectionError, ProtocolError, ReadTimeoutError
 from urllib3.util import Retry, Timeout
+
+from specparity.engines.server.wire import shard_index
 
 DEFAULT_CONNECT_TIMEOUT_S = 10.0
 DEFAULT_READ_TIMEOUT_S = 300.0
@@ -172,7 +173,7 @@ class Fleet:
         self.endpoints = list(endpoints)
 
     def pick(self, request_id: str) -> Endpoint:
-        return self.endpoints[zlib.crc32(request_id.encode()) % len(self.endpoints)]
+        return self.endpoints[shard_index(request_id, len(self.endpoints))]
 
     @property
     def urls(self) -> list[str]:

@@ -47,7 +47,7 @@ import os
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Sequence
+from typing import Any, ClassVar, Mapping, Sequence
 
 import numpy as np
 
@@ -61,6 +61,7 @@ from specparity.engines.base import (
     parse_positive_int,
 )
 from specparity.engines.server.http import Endpoint, ServerError
+from specparity.engines.server.wire import WireFormat
 from specparity.engines.server.launch import LaunchConfig
 from specparity.engines.server.presets import fill, get_preset, presets_for
 from specparity.engines.common import FULL_HASH_LIMIT, artifact
@@ -467,6 +468,23 @@ def parse_probabilities(rows: Sequence[dict[str, Any]], token_ids: Sequence[int]
     return TokenScores(np.asarray(token_ids, np.int64), logprobs, top_ids, top_lp)
 
 
+def completion_body(prompt: Sequence[int], n_predict: int, k: int) -> dict[str, Any]:
+    """A greedy ``/completion`` body with ``k`` alternatives per position (generation and scoring)."""
+    return {"prompt": list(prompt), "n_predict": n_predict, "temperature": 0, "n_probs": k,
+            "cache_prompt": False, "return_tokens": True}
+
+
+def request_body(req: GenerationRequest, facts: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``/completion`` body of one generation request; the same on both sides (``facts``: none)."""
+    body = completion_body(req.prompt_ids, req.max_new_tokens, req.top_k)
+    if req.constraint is not None:  # the same field on both sides: json_schema (object) or grammar (GBNF)
+        body[req.constraint.kind] = req.constraint.value()
+    return body
+
+
+WIRE = WireFormat("/completion", request_body)
+
+
 class LlamaCppEngine(ServerEngine):
     name = "llamacpp"
     scorer_description = ("one n_predict=1 request per position to the baseline llama-server (speculation off, "
@@ -493,14 +511,10 @@ class LlamaCppEngine(ServerEngine):
 
     # ------------------------------------------------------------------ wire format
     def _body(self, prompt: Sequence[int], n_predict: int, k: int) -> dict[str, Any]:
-        return {"prompt": list(prompt), "n_predict": n_predict, "temperature": 0, "n_probs": k,
-                "cache_prompt": False, "return_tokens": True}
+        return completion_body(prompt, n_predict, k)
 
     def complete(self, endpoint: Endpoint, req: GenerationRequest, speculative: bool) -> GenerationResult:
-        body = self._body(req.prompt_ids, req.max_new_tokens, req.top_k)
-        if req.constraint is not None:  # the same field on both sides: json_schema (object) or grammar (GBNF)
-            body[req.constraint.kind] = req.constraint.value()
-        r = endpoint.post_json("/completion", body)
+        r = endpoint.post_json(WIRE.path, WIRE.body(req, self.request_facts(endpoint)))
         if not isinstance(r, dict):
             raise ServerError(f"/completion answered {type(r).__name__}, expected an object")
         ids = [int(t) for t in r["tokens"]]

@@ -49,7 +49,7 @@ import math
 import sys
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Sequence
+from typing import Any, ClassVar, Mapping, Sequence
 
 import numpy as np
 
@@ -63,6 +63,7 @@ from specparity.engines.base import (
     parse_positive_int,
 )
 from specparity.engines.server.http import Endpoint, ServerError
+from specparity.engines.server.wire import WireFormat
 from specparity.engines.server.launch import GPU_STARTUP_TIMEOUT_S, LaunchConfig
 from specparity.engines.server.presets import preset_launch_values
 from specparity.engines.common import artifact
@@ -280,6 +281,16 @@ def generate_body(input_ids: Sequence[int], max_new_tokens: int, stop_token_ids:
     if rid:
         body["rid"] = rid
     return body
+
+
+def request_body(req: GenerationRequest, facts: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``/generate`` body of one generation request; ``facts["rid"]``: its request id (each request
+    gets a fresh one: SGLang refuses an id already in flight)."""
+    return generate_body(req.prompt_ids, req.max_new_tokens, req.stop_token_ids, req.top_k, rid=facts.get("rid"),
+                         constraint=req.constraint)
+
+
+WIRE = WireFormat("/generate", request_body, per_request=("rid",))
 
 
 def _float_or_nan(value: Any) -> float:
@@ -514,8 +525,7 @@ class SGLangEngine(ServerEngine):
             raise ServerError(f"the baseline server declares speculative_algorithm={declared} in /server_info: "
                               "the baseline must run without speculation")
         rid = f"specparity-{req.request_id}-{uuid.uuid4().hex[:12]}"
-        body = endpoint.post_json("/generate", generate_body(req.prompt_ids, req.max_new_tokens, req.stop_token_ids,
-                                                             req.top_k, rid=rid, constraint=req.constraint))
+        body = endpoint.post_json(WIRE.path, WIRE.body(req, {**self.request_facts(endpoint), "rid": rid}))
         ids, finish, scores, meta = parse_generate(body, req.top_k)
         if speculative:
             spec = spec_stats(meta, len(ids), declared)

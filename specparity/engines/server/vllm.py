@@ -58,7 +58,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, ClassVar, Sequence
+from typing import Any, Callable, ClassVar, Mapping, Sequence
 
 import numpy as np
 
@@ -72,6 +72,7 @@ from specparity.engines.base import (
     parse_positive_int,
 )
 from specparity.engines.server.http import Endpoint, ServerError
+from specparity.engines.server.wire import WireFormat
 from specparity.engines.server.launch import GPU_STARTUP_TIMEOUT_S, LaunchConfig
 from specparity.engines.server.presets import fill, preset_launch_values
 from specparity.engines.common import artifact
@@ -392,6 +393,16 @@ def completion_body(model: str | None, prompt_ids: Sequence[int], max_tokens: in
     return body
 
 
+def request_body(req: GenerationRequest, facts: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``/v1/completions`` body of one generation request; ``facts``: the served ``model`` name and
+    the server version's ``top_k`` value meaning "no top-k" (:meth:`VLLMEngine.request_facts`)."""
+    return completion_body(facts.get("model"), req.prompt_ids, req.max_new_tokens, req.stop_token_ids,
+                           logprobs=req.top_k, top_k=int(facts["top_k"]), constraint=req.constraint)
+
+
+WIRE = WireFormat("/v1/completions", request_body)
+
+
 def parse_token_key(key: str) -> int:
     """``"token_id:1587"`` → 1587 (ValueError for a decoded-string key: ``return_tokens_as_token_ids`` ignored)."""
     if not isinstance(key, str) or not key.startswith("token_id:"):
@@ -656,10 +667,7 @@ class VLLMEngine(ServerEngine):
         if not speculative and families:
             raise ServerError("the baseline server exposes vllm:spec_decode_* counters on /metrics: it was launched "
                               "with --speculative-config; the baseline must run without speculation")
-        body = completion_body(self.model_name(endpoint), req.prompt_ids, req.max_new_tokens, req.stop_token_ids,
-                               logprobs=req.top_k, top_k=top_k_disabled(self.version(endpoint)),
-                               constraint=req.constraint)
-        answer = endpoint.post_json("/v1/completions", body)
+        answer = endpoint.post_json(WIRE.path, WIRE.body(req, self.request_facts(endpoint)))
         ids, finish, scores, _ = parse_completion(answer, req.top_k)
         if speculative:
             spec = request_spec_stats(answer) or SpecStats.unavailable(
@@ -667,6 +675,11 @@ class VLLMEngine(ServerEngine):
         else:
             spec = SpecStats.unavailable("speculation off")
         return GenerationResult(req.request_id, ids, self.decode(ids), finish, scores, spec)
+
+    def request_facts(self, endpoint: Endpoint) -> dict[str, Any]:
+        """The served model name and the version's "no top-k" value (:func:`request_body`)."""
+        model = self.model_name(endpoint)
+        return {"model": model, "top_k": top_k_disabled(self.version(endpoint))}
 
     def score(self, prompt_ids: Sequence[int], continuation_ids: Sequence[int], top_k: int) -> TokenScores:
         n = len(continuation_ids)

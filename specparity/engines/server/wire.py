@@ -1,0 +1,51 @@
+"""The request body each server adapter sends, as one function per adapter that both the adapter's
+``complete()`` and the reproducers (:mod:`specparity.report.reproducers`) call.
+
+A reproducer must send exactly what the gate sent, so the body is built in one place: each adapter
+module declares ``WIRE = WireFormat(path, body)``, where ``body(request, facts)`` turns a
+:class:`~specparity.model.types.GenerationRequest` and the server facts the adapter reads once per
+endpoint (vLLM's served model name and its "no top-k" value; nothing for llama.cpp) into the JSON
+body. The facts of every endpoint are journalled on the run line (``wire``), so the body can be
+rebuilt from the journal alone, long after the servers are gone.
+"""
+
+from __future__ import annotations
+
+import importlib
+import zlib
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
+
+from specparity.model.types import GenerationRequest
+
+#: ``body(request, facts) -> JSON body`` of one greedy generation request.
+BodyBuilder = Callable[[GenerationRequest, Mapping[str, Any]], dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class WireFormat:
+    """Where an adapter posts a generation request and how it builds the body. ``per_request``: body
+    fields the adapter sets afresh for every request (SGLang's ``rid``), which a reproducer leaves out."""
+
+    path: str
+    body: BodyBuilder
+    per_request: tuple[str, ...] = ()
+
+
+def shard_index(request_id: str, n: int) -> int:
+    """Which of ``n`` servers of one side serves ``request_id`` (:meth:`~specparity.engines.server.http.Fleet.pick`):
+    a stable hash, so a reproducer names the same server the run used."""
+    return zlib.crc32(request_id.encode()) % n
+
+
+def wire_format(engine: str) -> WireFormat | None:
+    """The :class:`WireFormat` of the built-in server engine named ``engine`` (None: not a built-in
+    server engine, or one that declares none)."""
+    from specparity.engines import BUILTIN
+
+    target = BUILTIN.get(engine)
+    if not target or ".server." not in target:
+        return None
+    module = importlib.import_module(target.rpartition(":")[0])
+    wire = getattr(module, "WIRE", None)
+    return wire if isinstance(wire, WireFormat) else None
