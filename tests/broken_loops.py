@@ -206,9 +206,12 @@ def LoopEngine(options: EngineOptions, bug: str | None = None,  # noqa: N802 - r
 @engine_factory(EngineInfo(
     "hf-loop",
     spec_modes=("draft",),
-    options={**HF_OPTIONS, "bug": OptionSpec("the deliberate bug to run (none: the correct loop)", choices=tuple(BUGS) + tuple(REJECT_PATH_BUGS))},
+    options={**HF_OPTIONS, "bug": OptionSpec("the deliberate bug to run (none: the correct loop)", choices=tuple(BUGS) + tuple(REJECT_PATH_BUGS)),
+             "tie_rule": OptionSpec("how a draft token that is not the row's argmax may be kept (none: never)",
+                                    choices=tuple(TIE_RULES))},
     force_reject=("all", "random"),
 ))
 def create(options: EngineOptions) -> InProcessEngine:
-    """``--engine tests/broken_loops.py:create --engine-opt bug=<name>`` (no bug: the correct loop)."""
-    return LoopEngine(options, options.extra.get("bug") or None)
+    """``--engine tests/broken_loops.py:create --engine-opt bug=<name>`` (no bug: the correct loop;
+    ``--engine-opt tie_rule=draft|close``: :data:`TIE_RULES`)."""
+    return LoopEngine(options, options.extra.get("bug") or None, tie_rule=options.extra.get("tie_rule") or None)

@@ -34,11 +34,14 @@ ROOT=$(cd "$HERE/../../.." && pwd)
 SGL=${SGLANG_DIR:-/tmp/sgl}
 WORK=${SPECPARITY_LIVE_WORK:-/tmp/specparity-sglang-live}
 T=$ROOT/fixtures/models
+# TARGET: the model every server serves and the gate tokenizes with (default the fixture target; e.g. the
+# tie-dense copy that tests/tie_model.py writes)
+TARGET=${TARGET:-$T/target}
 MODE=${MODE:-eager}
 case "$MODE" in eager) P0=31000 ;; graphs) P0=31100 ;; *) echo "sglang_live: MODE is eager or graphs, not $MODE"; exit 4 ;; esac
 PORT_base=$P0 PORT_ngram=$((P0 + 1)) PORT_standalone=$((P0 + 2)) PORT_dflash=$((P0 + 3)) PORT_eagle3=$((P0 + 4))
 # a small KV pool each, so that every server fits one GPU side by side
-COMMON=(--model-path "$T/target" --host 127.0.0.1 --attention-backend triton --sampling-backend pytorch
+COMMON=(--model-path "$TARGET" --host 127.0.0.1 --attention-backend triton --sampling-backend pytorch
         --context-length 2048 --max-total-tokens 65536 --max-running-requests 32 --mem-fraction-static 0.1
         --mm-feature-transport cpu)
 [ "$MODE" = eager ] && COMMON+=(--cuda-graph-backend-decode disabled --cuda-graph-backend-prefill disabled)
@@ -106,7 +109,7 @@ gate() {
   # the gate runs in the host's environment (SGLang's tree is for the servers only)
   cd "$ROOT" && PYTHONPATH=$ROOT python3 -m pytest suites/lossless -q -p no:cacheprovider --engine sglang \
     --baseline-url "http://127.0.0.1:$PORT_base" --spec-url "http://127.0.0.1:${!port}" \
-    --engine-opt "tokenizer=$T/target" --report "$WORK/reports/$run" "$@" 2>&1 | tee "$WORK/logs/gate-$run.txt"
+    --engine-opt "tokenizer=$TARGET" --report "$WORK/reports/$run" "$@" 2>&1 | tee "$WORK/logs/gate-$run.txt"
   return "${PIPESTATUS[0]}"
 }
 
