@@ -517,6 +517,8 @@ class SGLangEngine(ServerEngine):
         body = endpoint.post_json("/generate", generate_body(req.prompt_ids, req.max_new_tokens, req.stop_token_ids,
                                                              req.top_k, rid=rid, constraint=req.constraint))
         ids, finish, scores, meta = parse_generate(body, req.top_k)
+        self.note_request(req.request_id, speculative, prompt_tokens=meta.get("prompt_tokens"),
+                          cached_tokens=meta.get("cached_tokens"))
         if speculative:
             spec = spec_stats(meta, len(ids), declared)
         else:

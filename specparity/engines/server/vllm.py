@@ -475,6 +475,15 @@ def parse_prompt_logprobs(rows: Any, prompt_ids: Sequence[int], continuation_ids
     return TokenScores(np.asarray(continuation_ids, np.int64), logprobs, top_ids, top_lp)
 
 
+def usage_facts(body: dict[str, Any]) -> dict[str, Any]:
+    """``usage.prompt_tokens`` and ``usage.prompt_tokens_details.cached_tokens`` (the latter only from a
+    server started with ``--enable-prompt-tokens-details``; None otherwise): what proves a prefix-cache
+    hit and a prompt's length."""
+    usage = body.get("usage") if isinstance(body.get("usage"), dict) else {}
+    details = usage.get("prompt_tokens_details") if isinstance(usage.get("prompt_tokens_details"), dict) else {}
+    return {"prompt_tokens": usage.get("prompt_tokens"), "cached_tokens": details.get("cached_tokens")}
+
+
 def request_spec_stats(body: dict[str, Any]) -> SpecStats | None:
     """``metrics.speculative_decoding`` (``--per-request-spec-decode-metrics``) → per-request totals."""
     sd = (body.get("metrics") or {}).get("speculative_decoding") if isinstance(body.get("metrics"), dict) else None
@@ -661,6 +670,7 @@ class VLLMEngine(ServerEngine):
                                constraint=req.constraint)
         answer = endpoint.post_json("/v1/completions", body)
         ids, finish, scores, _ = parse_completion(answer, req.top_k)
+        self.note_request(req.request_id, speculative, **usage_facts(answer))
         if speculative:
             spec = request_spec_stats(answer) or SpecStats.unavailable(
                 "vLLM reports draft counters only run-wide: /metrics, read before and after the speculative phase")
