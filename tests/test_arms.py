@@ -160,7 +160,9 @@ def test_vllm_arms_change_both_launches():
             if value is not None:
                 assert _pairs(argv, flag) == [value]
     _launch, both = _launched(vllm_engine, "vllm", "deterministic", "vllm-ngram")
-    assert all(launch.env() == {"VLLM_BATCH_INVARIANT": "1"} for launch in both)
+    assert all(launch.env() == {"VLLM_BATCH_INVARIANT": "1", "VLLM_SERVER_DEV_MODE": "1"} for launch in both)
+    _launch, both = _launched(vllm_engine, "vllm", "fp8-kv", "vllm-ngram")  # its cache dtype is read back there
+    assert all(launch.env() == {"VLLM_SERVER_DEV_MODE": "1"} for launch in both)
     assert not any(launch.env() for launch in plain)
 
 

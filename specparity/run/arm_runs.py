@@ -456,10 +456,10 @@ def terminal_lines(arms: ArmsResult) -> list[str]:
              "; ".join(r.evidence.lines), r.status) for r in arms.results]
     widths = [max(len(h), *(len(row[i]) for row in rows)) if rows else len(h) for i, h in enumerate(header)]
     widths[4] = min(widths[4], 60)
-    lines.append("  ".join(h.ljust(w) for h, w in zip(header, widths)))
+    lines.append("  ".join(h.ljust(w) for h, w in zip(header, widths)).rstrip())
     for row in rows:
         cells = [c if i != 4 or len(c) <= 60 else c[:57] + "..." for i, c in enumerate(row)]
-        lines.append("  ".join(c.ljust(w) for c, w in zip(cells, widths)))
+        lines.append("  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip())
     for r in arms.results:
         if r.bias:
             lines.append(f"arm {r.arm}: {r.bias}")

@@ -145,9 +145,12 @@ def arm_launch(engine: str, arm: str, sizing: ArmSizing, options: EngineOptions)
     if arm == "prefix-warm":  # vLLM: cached tokens are answered only with this flag
         return ArmLaunch(("--enable-prefix-caching", "--enable-prompt-tokens-details"))
     if arm == "deterministic":
-        return ArmLaunch(engine_opts={"batch_invariant": True} if engine == "vllm" else {"deterministic": True})
-    if arm == "fp8-kv":
-        return ArmLaunch(("--kv-cache-dtype", "fp8" if engine == "vllm" else "fp8_e4m3"))
+        return ArmLaunch(engine_opts={"batch_invariant": True, "dev_mode": True} if engine == "vllm"
+                         else {"deterministic": True})
+    if arm == "fp8-kv":  # vLLM shows its cache dtype only on a dev-mode /server_info
+        if engine == "vllm":
+            return ArmLaunch(("--kv-cache-dtype", "fp8"), engine_opts={"dev_mode": True})
+        return ArmLaunch(("--kv-cache-dtype", "fp8_e4m3"))
     if arm == "preempt":
         tokens = preempt_tokens(sizing)
         if engine == "vllm":

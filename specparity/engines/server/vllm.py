@@ -241,6 +241,9 @@ class VLLMLaunch(LaunchConfig):
     per_request_spec_decode_metrics: str | None = None
     batch_invariant: bool = False
     entrypoint: str = "serve"
+    #: ``VLLM_SERVER_DEV_MODE=1``: the server answers ``/server_info`` (its config, the KV cache dtype, its
+    #: environment), which is how the gate reads back what a launch set.
+    dev_mode: bool = False
     extra: tuple[str, ...] = field(default_factory=tuple)
 
     startup_timeout_s: ClassVar[float] = GPU_STARTUP_TIMEOUT_S
@@ -280,7 +283,10 @@ class VLLMLaunch(LaunchConfig):
         return a + list(self.extra)
 
     def env(self) -> dict[str, str]:
-        return {"VLLM_BATCH_INVARIANT": "1"} if self.batch_invariant else {}
+        out = {"VLLM_BATCH_INVARIANT": "1"} if self.batch_invariant else {}
+        if self.dev_mode:
+            out["VLLM_SERVER_DEV_MODE"] = "1"
+        return out
 
     def spec_config(self) -> dict[str, Any]:
         out: dict[str, Any] = dict(self.speculative_config or {})
@@ -295,6 +301,8 @@ OPTIONS = {
                                parse=parse_positive_int),
     "served_model_name": OptionSpec("the model name sent in requests (default: the first id of GET /v1/models)"),
     "batch_invariant": OptionSpec("launches: set VLLM_BATCH_INVARIANT=1 for both servers (true/false)", parse=parse_bool),
+    "dev_mode": OptionSpec("launches: set VLLM_SERVER_DEV_MODE=1 for both servers, so /server_info shows their config "
+                           "(true/false)", parse=parse_bool),
     "per_request_metrics": OptionSpec("launches: --per-request-spec-decode-metrics on the speculative server "
                                       "(per-request draft counters)", choices=PER_REQUEST_METRICS),
     "entrypoint": OptionSpec("launches: 'serve' (vllm serve MODEL) or 'api_server' (python -m "
@@ -320,6 +328,8 @@ def launch_configs(options: EngineOptions) -> tuple[VLLMLaunch, VLLMLaunch]:
             common[key] = ex[opt]
     if "batch_invariant" in ex:
         common["batch_invariant"] = bool(ex["batch_invariant"])
+    if "dev_mode" in ex:
+        common["dev_mode"] = bool(ex["dev_mode"])
     base, spec = {**base, **common}, {**spec, **common}
     if "per_request_metrics" in ex:
         spec["per_request_spec_decode_metrics"] = ex["per_request_metrics"]
