@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 from pathlib import Path
 
 import pytest
@@ -195,6 +196,32 @@ def test_sglang_arms_change_both_launches():
         assert all(_pairs(launch.args(), flag)[-1] == value for launch in both), arm
     _launch, both = _launched(sglang_engine, "sglang", "deterministic", "sglang-mtp")
     assert all("--enable-deterministic-inference" in launch.args() for launch in both)
+
+
+def test_an_installed_engine_without_the_arms_argument_is_refused_naming_it(tmp_path, monkeypatch):
+    from specparity.engines.server import arm_knobs
+
+    pkg = tmp_path / "vllm"
+    (pkg / "engine").mkdir(parents=True)
+    (pkg / "engine" / "arg_utils.py").write_text("max_model_len = None\nkv_cache_dtype = 'auto'\n")
+    monkeypatch.setattr(arm_knobs, "installed_package_dir", lambda name: pkg if name == "vllm" else None)
+    options = EngineOptions(preset="vllm-ngram", target="/models/t")
+    with pytest.raises(arm_knobs.ArmSetupError, match=r"--arms preempt: the installed vllm .* has no "
+                                                      r"--num-gpu-blocks-override \(num_gpu_blocks_override\)"):
+        arm_launch("vllm", "preempt", _sizing(), options)
+    assert arm_launch("vllm", "fp8-kv", _sizing(), options).flags == ("--kv-cache-dtype", "fp8")  # declared there
+
+
+@pytest.mark.skipif(shutil.which("vllm") is not None, reason="a vllm on PATH would really launch")
+def test_an_arm_whose_servers_do_not_start_is_an_error_and_the_next_arm_still_runs(capsys, tmp_path):
+    code, out, err = arms(capsys, "--engine", "vllm", "--preset", "vllm-ngram", "--target", str(TARGET), "--arms",
+                          "default,fp8-kv", "--report", str(tmp_path))
+    got = rows(tmp_path)
+    assert list(got) == ["default", "fp8-kv"], got
+    assert all(r["status"] == "ERROR" and r["exit_code"] == exitcodes.ENGINE_ERROR for r in got.values()), got
+    assert "cannot start" in got["fp8-kv"]["failures"][0]
+    assert all((tmp_path / arm / ARM_JSON).is_file() for arm in got)
+    assert code == exitcodes.ENGINE_ERROR, out + err
 
 
 # --------------------------------------------------------------------------- bugs only an arm catches (fakes)

@@ -21,6 +21,7 @@ from specparity.engines.base import EngineOptions
 from specparity.engines.server.engine import DEFAULT_CONCURRENCY
 from specparity.engines.server.http import ServerError
 from specparity.model.arms import ARMS, LONG_MAX_TOKENS, LONG_MIN_TOKENS
+from specparity.model.packages import installed_package_dir
 
 #: vLLM's KV cache block size (``--block-size`` default, tokens) and the tokens of slack each request
 #: needs beyond its prompt and output (speculative lookahead slots of a verify step).
@@ -32,6 +33,16 @@ LOOKAHEAD_TOKENS = 16
 PREEMPTION_COUNTERS = {"vllm": "vllm:num_preemptions_total", "sglang": "sglang:num_retracted_requests_total"}
 #: A context length the long arm asks for is the prompts' longest request plus this much.
 LONG_SLACK_TOKENS = 256
+
+
+#: The engine argument each arm's launch needs, and the source file of the installed engine that declares
+#: its arguments: an installed version without it cannot set the arm up (checked before any launch).
+ARM_ARGUMENTS = {
+    "vllm": ("engine/arg_utils.py", {"preempt": "num_gpu_blocks_override", "prefix-warm": "enable_prompt_tokens_details",
+                                     "fp8-kv": "kv_cache_dtype", "long": "max_model_len"}),
+    "sglang": ("srt/server_args.py", {"preempt": "max_total_tokens", "fp8-kv": "kv_cache_dtype",
+                                      "long": "context_length", "deterministic": "enable_deterministic_inference"}),
+}
 
 
 class ArmSetupError(ValueError):
@@ -133,6 +144,27 @@ def long_context_length(sizing: ArmSizing, target: str | None) -> int:
     return need
 
 
+def check_installed(engine: str, arm: str, options: EngineOptions) -> None:
+    """Refuse an arm whose engine argument the engine installed here does not declare (read from its
+    source, never imported); nothing to check when the engine is not importable here (it may run from
+    another environment: SGLang's ``--engine-opt python``) or the file is unreadable."""
+    if engine not in ARM_ARGUMENTS or (engine == "sglang" and options.extra.get("python")):
+        return
+    source, needs = ARM_ARGUMENTS[engine]
+    name = needs.get(arm)
+    pkg = installed_package_dir(engine)
+    if name is None or pkg is None:
+        return
+    try:
+        text = (pkg / source).read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return
+    if name not in text:
+        flag = "--" + name.replace("_", "-")
+        raise ArmSetupError(f"--arms {arm}: the installed {engine} ({pkg / source}) has no {flag} ({name}), which "
+                            "this arm launches with; upgrade it or drop the arm")
+
+
 def arm_launch(engine: str, arm: str, sizing: ArmSizing, options: EngineOptions) -> ArmLaunch:
     """What ``arm`` changes in ``engine``'s launches (:class:`ArmLaunch`); ArmSetupError, one line
     naming the knob, when the engine cannot set it up."""
@@ -140,6 +172,7 @@ def arm_launch(engine: str, arm: str, sizing: ArmSizing, options: EngineOptions)
     if engine not in spec.engines:
         raise ArmSetupError(f"--arms {arm}: engine {engine!r} cannot run it: {spec.unsupported.get(engine, 'no knob')}"
                             f" (it supports: {', '.join(a.name for a in ARMS.values() if engine in a.engines)})")
+    check_installed(engine, arm, options)
     if arm in ("default", "prefix-warm") and not (arm == "prefix-warm" and engine == "vllm"):
         return ArmLaunch()
     if arm == "prefix-warm":  # vLLM: cached tokens are answered only with this flag
