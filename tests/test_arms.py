@@ -125,6 +125,12 @@ def test_a_launch_arm_on_running_servers_is_refused_before_any_request(capsys, t
     assert "--arms preempt" in err and "--num-gpu-blocks-override" in err and "--prelaunched" in err, err
 
 
+def test_on_running_servers_the_default_arms_are_those_without_a_launch_change(capsys, tmp_path, prompts):
+    with VLLMServer() as base, VLLMServer(speculative=True) as spec:
+        arms(capsys, *url_args("vllm", base, spec, prompts[0], tmp_path))
+    assert list(rows(tmp_path)) == [a.name for a in ARMS.values() if not a.launch and "vllm" in a.engines]
+
+
 def test_the_long_arm_on_a_short_target_names_its_positions(capsys, tmp_path):
     positions = json.loads((TARGET / "config.json").read_text())["max_position_embeddings"]
     code, _out, err = arms(capsys, "--engine", "vllm", "--preset", "vllm-ngram", "--target", str(TARGET), "--arms",

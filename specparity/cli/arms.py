@@ -49,6 +49,8 @@ def _run_arms(args: argparse.Namespace) -> int:
         arms = parse_arms(args.arms, engine)
     except ValueError as exc:
         raise BadInput(str(exc)) from None
+    if args.arms is None and setup.engine_options.baseline_urls and not args.prelaunched:
+        arms = tuple(a for a in arms if not a.launch)  # running servers: only what needs no launch change
     if not arms:
         raise BadInput(f"--arms: engine {engine!r} supports no arm")
     plans = plan_arms(setup, arms, prelaunched=args.prelaunched)
@@ -97,7 +99,8 @@ def add_arms_command(sub: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--arms", metavar="A,B,...", default=None,
-                   help=f"the arms to run, in this order (default: every arm the engine supports; known: "
+                   help=f"the arms to run, in this order (default: every arm the engine supports; with "
+                   f"--baseline-url/--spec-url and no --prelaunched, those that need no launch change; known: "
                    f"{', '.join(ARMS)})")
     p.add_argument("--prelaunched", action="store_true",
                    help="with --baseline-url/--spec-url: the servers were launched with the arms' settings (see "
