@@ -230,6 +230,44 @@ def test_an_arm_whose_servers_do_not_start_is_an_error_and_the_next_arm_still_ru
     assert code == exitcodes.ENGINE_ERROR, out + err
 
 
+class _Metrics:
+    """An endpoint answering ``/metrics`` with ``text`` (None: HTTP 404, metrics off)."""
+
+    def __init__(self, text: str | None):
+        self.text = text
+
+    def request(self, method: str, path: str, timeout_s: float = 0.0):
+        from types import SimpleNamespace
+
+        from specparity.engines.server.http import ServerError
+
+        if self.text is None:
+            raise ServerError("404 Not Found", status=404)
+        return SimpleNamespace(body=self.text.encode())
+
+
+def _engine_with(name: str, *texts: str | None):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(name=name, spec=SimpleNamespace(fleet=SimpleNamespace(endpoints=[_Metrics(t) for t in texts])))
+
+
+def test_preemption_counters_are_summed_and_a_missing_one_is_unknown_not_zero():
+    from specparity.engines.server.arm_knobs import preemptions
+
+    vllm_text = '# TYPE vllm:num_preemptions_total counter\nvllm:num_preemptions_total{{engine="0"}} {}\n'
+    assert preemptions(_engine_with("vllm", vllm_text.format(3), vllm_text.format(4))) == 7
+    assert preemptions(_engine_with("vllm", "# TYPE vllm:other gauge\nvllm:other 1\n")) is None
+    assert preemptions(_engine_with("vllm", None)) is None
+    # SGLang's counter appears at the first retraction: before it, metrics on means 0 so far
+    running = '# TYPE sglang:num_running_reqs gauge\nsglang:num_running_reqs{tp_rank="0"} 2\n'
+    retracted = '# TYPE sglang:num_retracted_requests_total counter\nsglang:num_retracted_requests_total 5\n'
+    assert preemptions(_engine_with("sglang", running)) == 0
+    assert preemptions(_engine_with("sglang", running + retracted)) == 5
+    assert preemptions(_engine_with("sglang", None)) is None
+    assert preemptions(_engine_with("llamacpp", running)) is None
+
+
 # --------------------------------------------------------------------------- bugs only an arm catches (fakes)
 
 

@@ -36,7 +36,7 @@ def _run_arms(args: argparse.Namespace) -> int:
     from specparity.cli.option_table import gate_dests
     from specparity.cli.options import build_setup
     from specparity.model.arms import parse_arms
-    from specparity.run.arm_runs import _engine_kind, plan_arms, run_arms, write_arms
+    from specparity.run.arm_runs import engine_kind, plan_arms, run_arms, write_arms
 
     for key, value in (("HF_HUB_OFFLINE", "1"), ("TRANSFORMERS_OFFLINE", "1"), ("TOKENIZERS_PARALLELISM", "false"),
                        ("HF_HUB_DISABLE_PROGRESS_BARS", "1")):
@@ -44,7 +44,7 @@ def _run_arms(args: argparse.Namespace) -> int:
     raw = {dest: getattr(args, dest) for dest in gate_dests()}
     check_arms_options(raw)
     setup = build_setup(raw, check_report=True)
-    engine, _server = _engine_kind(setup)
+    engine, _server = engine_kind(setup)
     try:
         arms = parse_arms(args.arms, engine)
     except ValueError as exc:

@@ -64,9 +64,11 @@ ARMS: dict[str, Arm] = {
             "mid-speculation; concurrency raised to what the engine serves",
             changes={"vllm": "--num-gpu-blocks-override N (N from the prompts' lengths and the concurrency) "
                              "on both launches",
-                     "sglang": "--max-total-tokens N (the same sizing, in tokens) on both launches"},
+                     "sglang": "--max-total-tokens N (the same sizing, in tokens) and --enable-metrics on both "
+                               "launches"},
             proof={"vllm": "/metrics vllm:num_preemptions_total delta on the speculative servers > 0",
-                   "sglang": "/metrics sglang:num_retracted_reqs (needs --enable-metrics) > 0 at some read"},
+                   "sglang": "/metrics sglang:num_retracted_requests_total delta on the speculative servers > 0 "
+                             "(the launch adds --enable-metrics)"},
             launch=True, engines=("vllm", "sglang"),
             unsupported={"llamacpp": "llama-server's slots each own their context; it does not preempt"}),
         Arm("prefix-warm", "every prompt sent once to the speculative server (max_tokens 1) before the judged "

@@ -140,7 +140,7 @@ class ArmsResult:
 # --------------------------------------------------------------------------- planning (before anything runs)
 
 
-def _engine_kind(setup: GateSetup) -> tuple[str, bool]:
+def engine_kind(setup: GateSetup) -> tuple[str, bool]:
     """(engine name, whether it is a server engine)."""
     from specparity.engines import engine_info
 
@@ -175,7 +175,7 @@ def long_prompts(setup: GateSetup, engine: str) -> list[Prompt]:
 def plan_arms(setup: GateSetup, arms: Sequence[Arm], *, prelaunched: bool = False) -> list[ArmPlan]:
     """Every arm's plan; :class:`BadInput` (one line naming the arm and the missing knob) for an arm this
     engine, its servers or its model cannot run — before any model loads or request is sent."""
-    engine, server = _engine_kind(setup)
+    engine, server = engine_kind(setup)
     if not server:
         gpu = [a.name for a in arms if a.name != "default"]
         if gpu:

@@ -27,10 +27,12 @@ from specparity.model.packages import installed_package_dir
 #: needs beyond its prompt and output (speculative lookahead slots of a verify step).
 VLLM_BLOCK_TOKENS = 16
 LOOKAHEAD_TOKENS = 16
-#: Preemption counters: vLLM (``vllm/v1/metrics/loggers.py``: ``vllm:num_preemptions``, a counter) and
-#: SGLang (``sglang:num_retracted_requests_total``, a counter; the older gauge
-#: ``sglang:num_retracted_reqs`` resets after each publish and is not read).
-PREEMPTION_COUNTERS = {"vllm": "vllm:num_preemptions_total", "sglang": "sglang:num_retracted_requests_total"}
+#: Preemption counters, and a sample that shows the server's metrics are on: vLLM
+#: (``vllm:num_preemptions``, a counter declared from the start) and SGLang
+#: (``sglang:num_retracted_requests_total``, a counter that appears only at the first retraction, with
+#: ``--enable-metrics``; the gauge ``sglang:num_retracted_reqs`` resets after each publish and is not read).
+PREEMPTION_COUNTERS = {"vllm": ("vllm:num_preemptions_total", "vllm:num_preemptions_total"),
+                       "sglang": ("sglang:num_retracted_requests_total", "sglang:num_running_reqs")}
 #: A context length the long arm asks for is the prompts' longest request plus this much.
 LONG_SLACK_TOKENS = 256
 
@@ -189,7 +191,7 @@ def arm_launch(engine: str, arm: str, sizing: ArmSizing, options: EngineOptions)
         if engine == "vllm":
             return ArmLaunch(("--num-gpu-blocks-override", str(math.ceil(tokens / VLLM_BLOCK_TOKENS))),
                              concurrency=sizing.concurrency)
-        return ArmLaunch(("--max-total-tokens", str(tokens)), concurrency=sizing.concurrency)
+        return ArmLaunch(("--max-total-tokens", str(tokens), "--enable-metrics"), concurrency=sizing.concurrency)
     if arm == "long":
         length = long_context_length(sizing, options.target)
         flag = {"vllm": "--max-model-len", "sglang": "--context-length", "llamacpp": "--ctx-size"}[engine]
@@ -209,19 +211,21 @@ def preemptions(engine: Any) -> int | None:
     when the engine has none known or a server does not expose it."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    name = PREEMPTION_COUNTERS.get(getattr(engine, "name", ""))
-    if name is None:
+    names = PREEMPTION_COUNTERS.get(getattr(engine, "name", ""))
+    if names is None:
         return None
+    name, witness = names
     total = 0
     for endpoint in _spec_endpoints(engine):
         try:
             text = endpoint.request("GET", "/metrics", timeout_s=30.0).body.decode("utf-8", "replace")
-            samples = [s for fam in text_string_to_metric_families(text) for s in fam.samples if s.name == name]
+            samples = [s for fam in text_string_to_metric_families(text) for s in fam.samples]
         except (ServerError, ValueError):
             return None
-        if not samples:
-            return None
-        total += int(round(sum(s.value for s in samples)))
+        counted = [s.value for s in samples if s.name == name]
+        if not counted and not any(s.name == witness for s in samples):
+            return None  # metrics off, or another engine: the counter is unknown, not zero
+        total += int(round(sum(counted)))
     return total
 
 
