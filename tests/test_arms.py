@@ -65,10 +65,6 @@ def rows(report: Path) -> dict[str, dict]:
     return {r["arm"]: r for r in json.loads((report / ARMS_JSON).read_text())["results"]}
 
 
-def speculative_requests(server) -> int:
-    return sum(1 for s in server.seen if s.n_predict > 1)
-
-
 # --------------------------------------------------------------------------- the registry
 
 
