@@ -180,6 +180,9 @@ def test_vllm_preempt_sizes_the_kv_cache_below_what_runs_at_once():
     assert tokens < sum(sizes[: sizing.concurrency])  # those in flight together do not
     assert launch.concurrency == sizing.concurrency
     assert math.ceil(preempt_tokens(sizing) / VLLM_BLOCK_TOKENS) * VLLM_BLOCK_TOKENS == tokens
+    # the context fits the KV cache (vLLM refuses to start otherwise) and the largest request fits the context
+    contexts = {int(_pairs(launch_.args(), "--max-model-len")[-1]) for launch_ in both}
+    assert len(contexts) == 1 and sizes[0] <= contexts.pop() <= tokens
 
 
 def test_arm_flags_come_after_the_users_server_args_so_they_win():
@@ -196,6 +199,11 @@ def test_sglang_arms_change_both_launches():
                                                                           str(preempt_tokens(_sizing())))):
         _launch, both = _launched(sglang_engine, "sglang", arm, "sglang-mtp")
         assert all(_pairs(launch.args(), flag)[-1] == value for launch in both), arm
+    _launch, both = _launched(sglang_engine, "sglang", "preempt", "sglang-mtp")
+    for launch in both:
+        argv = launch.args()
+        assert "--enable-metrics" in argv  # its retraction counter is on /metrics only then
+        assert int(_pairs(argv, "--context-length")[-1]) <= int(_pairs(argv, "--max-total-tokens")[-1])
     _launch, both = _launched(sglang_engine, "sglang", "deterministic", "sglang-mtp")
     assert all("--enable-deterministic-inference" in launch.args() for launch in both)
 

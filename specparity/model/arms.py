@@ -63,9 +63,9 @@ ARMS: dict[str, Arm] = {
         Arm("preempt", "a KV cache too small for every request in flight, so requests are preempted "
             "mid-speculation; concurrency raised to what the engine serves",
             changes={"vllm": "--num-gpu-blocks-override N (N from the prompts' lengths and the concurrency) "
-                             "on both launches",
-                     "sglang": "--max-total-tokens N (the same sizing, in tokens) and --enable-metrics on both "
-                               "launches"},
+                             "and --max-model-len cut to the largest request, on both launches",
+                     "sglang": "--max-total-tokens N (the same sizing, in tokens), --context-length cut to the "
+                               "largest request and --enable-metrics on both launches"},
             proof={"vllm": "/metrics vllm:num_preemptions_total delta on the speculative servers > 0",
                    "sglang": "/metrics sglang:num_retracted_requests_total delta on the speculative servers > 0 "
                              "(the launch adds --enable-metrics)"},

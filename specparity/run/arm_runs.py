@@ -205,7 +205,8 @@ def plan_arms(setup: GateSetup, arms: Sequence[Arm], *, prelaunched: bool = Fals
             if not server:
                 launch = ArmLaunch()
             else:
-                sizing = ArmSizing(_prompt_tokens(setup, engine, prompts), _max_new(setup, prompts),
+                sent = [*prompts, *(calibration or ())]  # every prompt a server of this arm is sent
+                sizing = ArmSizing(_prompt_tokens(setup, engine, sent), _max_new(setup, sent),
                                    requests_in_flight(options))
                 launch = arm_launch(engine, arm.name, sizing, options)
         except ArmSetupError as exc:

@@ -106,6 +106,13 @@ def preempt_tokens(sizing: ArmSizing) -> int:
     return max(sizes[0] + VLLM_BLOCK_TOKENS, together // 2)
 
 
+def preempt_context(sizing: ArmSizing) -> int:
+    """The context length of a preempt launch: the largest request, whole blocks (never above the budget
+    of :func:`preempt_tokens`, which holds it plus a block)."""
+    largest = max(p + n + LOOKAHEAD_TOKENS for p, n in zip(sizing.prompt_tokens, sizing.max_new_tokens))
+    return math.ceil(largest / VLLM_BLOCK_TOKENS) * VLLM_BLOCK_TOKENS
+
+
 def max_positions(target: str | None) -> int | None:
     """The target's ``max_position_embeddings`` (config.json, or its ``text_config``); None when unreadable."""
     if not target:
@@ -187,11 +194,14 @@ def arm_launch(engine: str, arm: str, sizing: ArmSizing, options: EngineOptions)
             return ArmLaunch(("--kv-cache-dtype", "fp8"), engine_opts={"dev_mode": True})
         return ArmLaunch(("--kv-cache-dtype", "fp8_e4m3"))
     if arm == "preempt":
-        tokens = preempt_tokens(sizing)
+        # the context is cut to the largest request too: a server refuses to start with a KV cache that
+        # cannot hold one request of its full context length
+        tokens, context = preempt_tokens(sizing), preempt_context(sizing)
         if engine == "vllm":
-            return ArmLaunch(("--num-gpu-blocks-override", str(math.ceil(tokens / VLLM_BLOCK_TOKENS))),
-                             concurrency=sizing.concurrency)
-        return ArmLaunch(("--max-total-tokens", str(tokens), "--enable-metrics"), concurrency=sizing.concurrency)
+            return ArmLaunch(("--num-gpu-blocks-override", str(math.ceil(tokens / VLLM_BLOCK_TOKENS)),
+                              "--max-model-len", str(context)), concurrency=sizing.concurrency)
+        return ArmLaunch(("--max-total-tokens", str(tokens), "--context-length", str(context), "--enable-metrics"),
+                         concurrency=sizing.concurrency)
     if arm == "long":
         length = long_context_length(sizing, options.target)
         flag = {"vllm": "--max-model-len", "sglang": "--context-length", "llamacpp": "--ctx-size"}[engine]
