@@ -436,7 +436,13 @@ def _golden_commands() -> tuple[Callable[[Any], None], ...]:
     return GOLDEN
 
 
-COMMANDS: tuple[Callable[[Any], None], ...] = (add_run_command, add_sweep_command, *_golden_commands(),
+def _arms_command(sub: Any) -> None:
+    from specparity.cli.arms import add_arms_command
+
+    add_arms_command(sub)
+
+
+COMMANDS: tuple[Callable[[Any], None], ...] = (add_run_command, add_sweep_command, _arms_command, *_golden_commands(),
                                                 add_lossless_command, add_probe_command)
 
 

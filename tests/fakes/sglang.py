@@ -36,6 +36,11 @@ Knobs besides the faults of :class:`~fakes.server.FakeServer`:
   0.5.23's 400, the counters carry the 0.5.19 aliases, ``/server_info`` has no ``launch_command`` /
   ``frontend``.
 
+* ``prefix_cache=True`` (the radix cache): generation requests (not scoring: ``logprob_start_len``
+  inside the prompt) are cached by token prefix, never the prompt's last token, and answered in
+  ``meta_info.cached_tokens``; ``prefix_hit_bug=True`` flips an answer whose whole prompt was cached
+  before (a bug that only ``specparity arms --arms prefix-warm`` sees).
+
 The content faults, in SGLang's fields: ``no_timings`` drops ``meta_info.spec_*``;
 ``accepted_gt_drafted`` reports ``spec_num_correct_drafts`` above ``spec_num_proposed_drafts``;
 ``short_limit`` finishes ``length`` with half the tokens; ``bad_prob_ids`` names another token in
@@ -88,9 +93,15 @@ class SGLangServer(FakeServer):
                  grammar_rollback_bug: bool = False,
                  instance_noise_nats: float = 0.0, batch_flip_above: int | None = None, batch_window_s: float = 0.3,
                  rules: Sequence[Rule] = (), die_after: int | None = None,
-                 refuse: bool = False, hang_s: float = 30.0, trickle_s: float = 0.1):
+                 refuse: bool = False, hang_s: float = 30.0, trickle_s: float = 0.1, prefix_cache: bool = False,
+                 prefix_hit_bug: bool = False):
         super().__init__(rules=rules, die_after=die_after, refuse=refuse, hang_s=hang_s, trickle_s=trickle_s)
         self.backend = backend or shared_backend()
+        self.prefix_cache = prefix_cache
+        self.prefix_hit_bug = prefix_hit_bug
+        #: Prompts the radix cache holds, and the answers flipped on a whole-prompt hit.
+        self.cached_prompts: list[tuple[int, ...]] = []
+        self.prefix_flipped: list[str] = []
         self.instance_noise_nats = instance_noise_nats
         if version not in ("0.5.23", "0.5.19"):
             raise ValueError("version: 0.5.23 or 0.5.19")
@@ -117,6 +128,26 @@ class SGLangServer(FakeServer):
         #: (rid, kind, text) of every constrained request, for the test to check.
         self.constraints_seen: list[tuple[str, str, str]] = []
         self._server_info = self._build_server_info()
+
+    def radix_lookup(self, prompt: Sequence[int]) -> tuple[int, bool]:
+        """(cached tokens, whether the whole prompt was cached before) for a generation request, which is
+        then cached itself; (0, False) without ``prefix_cache``. The last prompt token is never cached."""
+        if not self.prefix_cache:
+            return 0, False
+        key = tuple(prompt)
+        best = 0
+        with self._batch_lock:
+            for seen in self.cached_prompts:
+                n = 0
+                for a, b in zip(seen, key):
+                    if a != b:
+                        break
+                    n += 1
+                best = max(best, n)
+            full = key in self.cached_prompts
+            if not full:
+                self.cached_prompts.append(key)
+        return min(best, len(key) - 1), full
 
     # ------------------------------------------------------------------ /server_info
     def _build_server_info(self) -> dict[str, Any]:
@@ -297,6 +328,7 @@ class SGLangServer(FakeServer):
         # only decodes (two or more tokens) form the batch: one-token scoring requests never count
         decoding = self.batch_flip_above is not None and max_new >= 2
         token = self.join_batch(self.batch_window_s) if decoding else None
+        cached, full_hit = self.radix_lookup(prompt) if start >= len(prompt) - 1 else (0, False)
         with self.backend.lock:
             batched = decoding and self.leave_batch(token) > self.batch_flip_above
             if constraint is not None:
@@ -313,6 +345,11 @@ class SGLangServer(FakeServer):
                 if flipped is not None:
                     result = flipped
                     self.batch_flipped.append(rid)
+            if full_hit and self.prefix_hit_bug and max_new >= 2:
+                flipped = self.backend.flip_closest_call(prompt, result, max_new, stops, top_n)
+                if flipped is not None:
+                    result = flipped
+                    self.prefix_flipped.append(rid)
             if self.near_tie_flips > 0:
                 flipped = self.backend.flip_closest_call(prompt, result, max_new, stops, top_n)
                 if flipped is not None:
@@ -361,7 +398,7 @@ class SGLangServer(FakeServer):
                 meta["input_top_logprobs"] = in_tops
                 meta["output_top_logprobs"] = [[entry(s.top_logprobs[i, c], s.top_ids[i, c]) for c in range(top_n)]
                                                if math.isfinite(s.logprobs[i]) else None for i in range(len(ids))]
-        meta.update({"reasoning_tokens": 0, "completion_tokens": len(ids), "cached_tokens": 0,
+        meta.update({"reasoning_tokens": 0, "completion_tokens": len(ids), "cached_tokens": cached,
                      "weight_versions": [{"version": "default", "start": 0, "end": len(ids)}],
                      "cached_tokens_details": None, "dp_rank": None, "e2e_latency": time.perf_counter() - t0})
         if self.speculative and not self.drop_spec_fields and fault != "no_timings":

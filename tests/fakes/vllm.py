@@ -27,6 +27,21 @@ Knobs besides the faults of :class:`~fakes.server.FakeServer`:
   ``--per-request-spec-decode-metrics``: ``per_request_metrics=True`` is refused), ``min_p`` accepted
   on a greedy speculative request, and a dev-mode ``/server_info`` shaped like the recorded one.
 
+Configuration-arm knobs (``specparity arms``; each a bug that only its arm catches):
+
+* ``preempt_budget_tokens=N``: a KV cache of N tokens (``--num-gpu-blocks-override``): a decode
+  request (two or more tokens) whose length (prompt + ``max_tokens``) times the most requests in flight
+  while it waited (each decode is held ``batch_window_s`` first, as a scheduler collects a batch)
+  exceeds N is preempted, counted in ``vllm:num_preemptions_total`` and listed in ``preempted``;
+  ``preempt_bug=True`` flips a preempted answer at its closest call (a KV cache restored wrongly).
+* ``prefix_cache=True``: generation requests (not ``prompt_logprobs`` scoring) are cached by prefix in
+  blocks of ``PREFIX_BLOCK`` tokens (the last prompt token is never cached); ``prompt_tokens_details=True``
+  (``--enable-prompt-tokens-details``) answers ``usage.prompt_tokens_details.cached_tokens``;
+  ``prefix_hit_bug=True`` flips an answer whose whole prompt was cached before.
+* ``batch_invariant=True`` with ``deterministic_bug=True``: a speculative server that flips its answers
+  only in batch-invariant mode; ``kv_cache_dtype`` (dev-mode ``cache_config.cache_dtype``, default
+  ``auto``) with ``fp8_bug=True``: flips only when it starts with ``fp8``.
+
 The content faults, in vLLM's fields: ``no_timings`` answers ``metrics: null``;
 ``accepted_gt_drafted`` reports more accepted draft tokens than drafted (in ``metrics`` and in the
 ``/metrics`` counters); ``short_limit`` finishes ``length`` with half the tokens; ``bad_prob_ids``
@@ -49,6 +64,8 @@ from fakes.faults import Rule
 from fakes.server import FakeServer, Reply, Request, json_reply, not_found, refuses
 from specparity.model.constraints import Constraint
 
+#: The fake prefix cache's block size (vLLM's default ``--block-size``).
+PREFIX_BLOCK = 16
 #: Knobs vLLM fills from ``generation_config.json`` when a request leaves them unset.
 VLLM_KNOBS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty")
 
@@ -66,10 +83,27 @@ class VLLMServer(FakeServer):
                  served_model_name: str = "fixture/target", dev_mode: bool = False, batch_invariant: bool = False,
                  near_tie_flips: int = 0, backend: FixtureBackend | None = None, rules: Sequence[Rule] = (),
                  die_after: int | None = None, refuse: bool = False, hang_s: float = 30.0, trickle_s: float = 0.1,
-                 grammar_rollback_bug: bool = False):
+                 grammar_rollback_bug: bool = False, preempt_budget_tokens: int | None = None,
+                 preempt_bug: bool = False, batch_window_s: float = 0.3, prefix_cache: bool = False,
+                 prompt_tokens_details: bool = False, prefix_hit_bug: bool = False, deterministic_bug: bool = False,
+                 kv_cache_dtype: str = "auto", fp8_bug: bool = False):
         super().__init__(rules=rules, die_after=die_after, refuse=refuse, hang_s=hang_s, trickle_s=trickle_s)
         self.backend = backend or shared_backend()
         self.grammar_rollback_bug = grammar_rollback_bug
+        self.preempt_budget_tokens = preempt_budget_tokens
+        self.preempt_bug = preempt_bug
+        self.batch_window_s = batch_window_s
+        #: Prompts (as token ids, joined) whose requests were preempted.
+        self.preempted: list[str] = []
+        self.prefix_cache = prefix_cache
+        self.prompt_tokens_details = prompt_tokens_details
+        self.prefix_hit_bug = prefix_hit_bug
+        self.deterministic_bug = deterministic_bug
+        self.kv_cache_dtype = kv_cache_dtype
+        self.fp8_bug = fp8_bug
+        #: Prompts the prefix cache holds (generation requests only), and the answers flipped by an arm's bug.
+        self.cached_prompts: list[tuple[int, ...]] = []
+        self.arm_flipped: list[str] = []
         #: (prompt ids, kind, text) of every constrained request, for the test to check.
         self.constraints_seen: list[tuple[list[int], str, str]] = []
         from prometheus_client import CollectorRegistry, Counter, Gauge
@@ -120,6 +154,9 @@ class VLLMServer(FakeServer):
                                 registry=self.registry)
         self.c_generation = Counter("vllm:generation_tokens", "Number of generation tokens processed.", labels,
                                     registry=self.registry)
+        self.c_preemptions = Counter("vllm:num_preemptions", "Cumulative number of preemption from the engine.",
+                                     labels, registry=self.registry)
+        self.c_preemptions.labels(*self.labelvalues)
         self.c_success = Counter("vllm:request_success", "Count of successfully processed requests.",
                                  labels[:1] + ["finished_reason"] + labels[1:], registry=self.registry)
         for g in (self.g_running, self.g_waiting, self.c_prompt, self.c_generation):
@@ -189,6 +226,7 @@ class VLLMServer(FakeServer):
         config = {"model_config": {"model": str(TARGET), "dtype": "torch.float32", "max_model_len": 4096,
                                    "served_model_name": self.served},
                   "speculative_config": spec}
+        config["cache_config"] = {"cache_dtype": self.kv_cache_dtype, "block_size": PREFIX_BLOCK}
         if self.v026:  # the recorded 0.26.0 shapes: the whole SpeculativeConfig, nested configs and ports
             live = recorded(DATA / "vllm-0.26.0" / "server_info_ngram.json")["vllm_config"]
             model_config = {**live["model_config"], "model": str(TARGET), "tokenizer": str(TARGET),
@@ -199,10 +237,31 @@ class VLLMServer(FakeServer):
                              "prompt_lookup_max": None, "prompt_lookup_min": None, "target_model_config": model_config})
                 spec["draft_model_config"] = {**model_config, "model": str(DRAFT), "tokenizer": str(DRAFT)}
             config = {"model_config": model_config, "speculative_config": spec}
+            config["cache_config"] = {**live.get("cache_config", {}), "cache_dtype": self.kv_cache_dtype}
         return {"vllm_config": config if "config_format=json" in query else f"VllmConfig(model={str(TARGET)!r}, ...)",
                 "vllm_env": {"VLLM_BATCH_INVARIANT": self.batch_invariant, "VLLM_SERVER_DEV_MODE": True,
                              "VLLM_LOGGING_LEVEL": "INFO"},
                 "system_env": {"torch_version": "2.9.0", "is_cuda_available": False}}
+
+    def prefix_lookup(self, prompt: Sequence[int]) -> tuple[int, bool]:
+        """(cached tokens, whether the whole prompt was cached before) for a generation request, which is
+        then cached itself; (0, False) without ``prefix_cache``. Whole blocks of :data:`PREFIX_BLOCK`
+        tokens only, and never the prompt's last token (vLLM recomputes it to get the first logits)."""
+        if not self.prefix_cache:
+            return 0, False
+        key = tuple(prompt)
+        best = 0
+        for seen in self.cached_prompts:
+            n = 0
+            for a, b in zip(seen, key):
+                if a != b:
+                    break
+                n += 1
+            best = max(best, n)
+        full = key in self.cached_prompts
+        if not full:
+            self.cached_prompts.append(key)
+        return min(best, len(key) - 1) // PREFIX_BLOCK * PREFIX_BLOCK, full
 
     def completions(self, body: Any, fault: str | None = None) -> Reply:
         if not isinstance(body, dict):
@@ -260,7 +319,12 @@ class VLLMServer(FakeServer):
         stops = list(dict.fromkeys([*(body.get("stop_token_ids") or []), *self.backend.eos_ids]))
         use_spec = self.speculative and not (self.spec_disabled_for_logprobs and logprobs is not None)
         k = int(logprobs or 0)
+        decoding = self.preempt_budget_tokens is not None and max_tokens >= 2 and prompt_logprobs is None
+        token = self.join_batch(self.batch_window_s) if decoding else None
         with self.backend.lock:
+            in_flight = self.leave_batch(token) if decoding else 1
+            preempted = decoding and in_flight * (len(prompt) + max_tokens) > self.preempt_budget_tokens
+            cached, full_hit = self.prefix_lookup(prompt) if prompt_logprobs is None else (0, False)
             if constraint is not None:
                 self.constraints_seen.append((list(prompt), constraint.kind, constraint.text))
                 try:
@@ -276,6 +340,17 @@ class VLLMServer(FakeServer):
                     result = flipped
                     self.near_tie_flips -= 1
                     self.flipped.append(",".join(map(str, prompt)))
+            if preempted:
+                self.c_preemptions.labels(*self.labelvalues).inc()
+                self.preempted.append(",".join(map(str, prompt)))
+            bug = ((preempted and self.preempt_bug) or (full_hit and self.prefix_hit_bug)
+                   or (self.speculative and self.batch_invariant and self.deterministic_bug)
+                   or (self.speculative and self.kv_cache_dtype.startswith("fp8") and self.fp8_bug))
+            if bug and max_tokens >= 2:
+                flipped = self.backend.flip_closest_call(prompt, result, max_tokens, stops, k)
+                if flipped is not None:
+                    result = flipped
+                    self.arm_flipped.append(",".join(map(str, prompt)))
             rows = self.backend.prompt_rows(prompt, prompt_logprobs) if prompt_logprobs is not None else None
             if fault == "short_limit":
                 result = shortened(result)
@@ -361,7 +436,8 @@ class VLLMServer(FakeServer):
                   "prompt_token_ids": list(prompt) if with_ids else None, "routed_experts": None,
                   "weight_versions": None}
         usage = {"prompt_tokens": len(prompt), "total_tokens": len(prompt) + len(ids), "completion_tokens": len(ids),
-                 "prompt_tokens_details": None, "completion_tokens_details": None}
+                 "prompt_tokens_details": {"cached_tokens": cached} if self.prompt_tokens_details else None,
+                 "completion_tokens_details": None}
         if self.v026:  # recorded: neither key exists in 0.26.0
             del choice["weight_versions"], usage["completion_tokens_details"]
         answer = {"id": "cmpl-" + uuid.uuid4().hex[:16], "object": "text_completion", "created": int(time.time()),

@@ -242,6 +242,9 @@ class VLLMLaunch(LaunchConfig):
     per_request_spec_decode_metrics: str | None = None
     batch_invariant: bool = False
     entrypoint: str = "serve"
+    #: ``VLLM_SERVER_DEV_MODE=1``: the server answers ``/server_info`` (its config, the KV cache dtype, its
+    #: environment), which is how the gate reads back what a launch set.
+    dev_mode: bool = False
     extra: tuple[str, ...] = field(default_factory=tuple)
 
     startup_timeout_s: ClassVar[float] = GPU_STARTUP_TIMEOUT_S
@@ -281,7 +284,10 @@ class VLLMLaunch(LaunchConfig):
         return a + list(self.extra)
 
     def env(self) -> dict[str, str]:
-        return {"VLLM_BATCH_INVARIANT": "1"} if self.batch_invariant else {}
+        out = {"VLLM_BATCH_INVARIANT": "1"} if self.batch_invariant else {}
+        if self.dev_mode:
+            out["VLLM_SERVER_DEV_MODE"] = "1"
+        return out
 
     def spec_config(self) -> dict[str, Any]:
         out: dict[str, Any] = dict(self.speculative_config or {})
@@ -296,6 +302,8 @@ OPTIONS = {
                                parse=parse_positive_int),
     "served_model_name": OptionSpec("the model name sent in requests (default: the first id of GET /v1/models)"),
     "batch_invariant": OptionSpec("launches: set VLLM_BATCH_INVARIANT=1 for both servers (true/false)", parse=parse_bool),
+    "dev_mode": OptionSpec("launches: set VLLM_SERVER_DEV_MODE=1 for both servers, so /server_info shows their config "
+                           "(true/false)", parse=parse_bool),
     "per_request_metrics": OptionSpec("launches: --per-request-spec-decode-metrics on the speculative server "
                                       "(per-request draft counters)", choices=PER_REQUEST_METRICS),
     "entrypoint": OptionSpec("launches: 'serve' (vllm serve MODEL) or 'api_server' (python -m "
@@ -321,6 +329,8 @@ def launch_configs(options: EngineOptions) -> tuple[VLLMLaunch, VLLMLaunch]:
             common[key] = ex[opt]
     if "batch_invariant" in ex:
         common["batch_invariant"] = bool(ex["batch_invariant"])
+    if "dev_mode" in ex:
+        common["dev_mode"] = bool(ex["dev_mode"])
     base, spec = {**base, **common}, {**spec, **common}
     if "per_request_metrics" in ex:
         spec["per_request_spec_decode_metrics"] = ex["per_request_metrics"]
@@ -484,6 +494,15 @@ def parse_prompt_logprobs(rows: Any, prompt_ids: Sequence[int], continuation_ids
         for j, (_, neg_lp, tid) in enumerate(sorted(cands)[:k]):
             top_ids[i, j], top_lp[i, j] = tid, -neg_lp
     return TokenScores(np.asarray(continuation_ids, np.int64), logprobs, top_ids, top_lp)
+
+
+def usage_facts(body: dict[str, Any]) -> dict[str, Any]:
+    """``usage.prompt_tokens`` and ``usage.prompt_tokens_details.cached_tokens`` (the latter only from a
+    server started with ``--enable-prompt-tokens-details``; None otherwise): what proves a prefix-cache
+    hit and a prompt's length."""
+    usage = body.get("usage") if isinstance(body.get("usage"), dict) else {}
+    details = usage.get("prompt_tokens_details") if isinstance(usage.get("prompt_tokens_details"), dict) else {}
+    return {"prompt_tokens": usage.get("prompt_tokens"), "cached_tokens": details.get("cached_tokens")}
 
 
 def request_spec_stats(body: dict[str, Any]) -> SpecStats | None:
@@ -669,6 +688,7 @@ class VLLMEngine(ServerEngine):
                               "with --speculative-config; the baseline must run without speculation")
         answer = endpoint.post_json(WIRE.path, WIRE.body(req, self.request_facts(endpoint)))
         ids, finish, scores, _ = parse_completion(answer, req.top_k)
+        self.note_request(req.request_id, speculative, **usage_facts(answer))
         if speculative:
             spec = request_spec_stats(answer) or SpecStats.unavailable(
                 "vLLM reports draft counters only run-wide: /metrics, read before and after the speculative phase")

@@ -1,0 +1,121 @@
+"""Configuration arms: the one list of the run configurations ``specparity arms`` knows.
+
+An arm is a named change to an engine's launch or requests (prefix caching warmed, KV cache too small
+to hold every request at once, fp8 KV cache, deterministic kernels, very long prompts) plus the
+engine counter that proves the change happened. Speculative-decoding bugs cluster in these
+configurations, which engine CIs rarely run; a lossless gate run on the default configuration passes
+them. Each arm is data here; the launch knobs per engine live in
+:mod:`specparity.engines.server.arm_knobs`, the orchestration in :mod:`specparity.run.arm_runs`, and
+every other module reads this registry (one place for the list).
+
+An arm whose proof is missing ends ``not exercised``, which fails: a condition the engine's own counters
+do not show never passes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+#: Engines whose servers the arms can configure; each arm names the ones it supports.
+SERVER_ENGINES = ("vllm", "sglang", "llamacpp")
+
+#: A long arm's prompts are at least this many tokens (the failures it looks for start past 16K).
+LONG_MIN_TOKENS = 32768
+#: A long arm's prompts where the target's ``max_position_embeddings`` allows.
+LONG_MAX_TOKENS = 131072
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One configuration arm.
+
+    ``changes`` says what the arm changes, per engine (words for the table and docs: the knobs
+    themselves are in :mod:`specparity.engines.server.arm_knobs`); ``proof`` names the engine counter
+    that shows the condition happened; ``launch``: the arm changes how servers are launched (with
+    ``--baseline-url`` / ``--spec-url`` it runs only under ``--prelaunched``); ``engines``: the
+    engines that can set it up, and ``unsupported`` why each other one cannot."""
+
+    name: str
+    description: str
+    changes: dict[str, str]
+    proof: dict[str, str]
+    launch: bool
+    engines: tuple[str, ...]
+    unsupported: dict[str, str]
+
+
+ARMS: dict[str, Arm] = {
+    a.name: a
+    for a in (
+        Arm("default", "the preset as it is",
+            changes={"vllm": "nothing", "sglang": "nothing", "llamacpp": "nothing"},
+            proof={e: "none needed" for e in SERVER_ENGINES},
+            launch=False, engines=SERVER_ENGINES, unsupported={}),
+        Arm("deterministic", "the engine's deterministic / batch-invariant switch on both sides; the run is "
+            "bit-exact (a near tie fails)",
+            changes={"vllm": "VLLM_BATCH_INVARIANT=1 in both servers' environment",
+                     "sglang": "--enable-deterministic-inference on both launches"},
+            proof={"vllm": "the determinism declaration (both launches set it, or every dev-mode /server_info "
+                           "shows vllm_env.VLLM_BATCH_INVARIANT)",
+                   "sglang": "/server_info enable_deterministic_inference on every server of both sides"},
+            launch=True, engines=("vllm", "sglang"),
+            unsupported={"llamacpp": "llama-server has no deterministic / batch-invariant switch"}),
+        Arm("preempt", "a KV cache too small for every request in flight, so requests are preempted "
+            "mid-speculation; concurrency raised to what the engine serves",
+            changes={"vllm": "--num-gpu-blocks-override N (N from the prompts' lengths and the concurrency) "
+                             "and --max-model-len cut to the largest request, on both launches",
+                     "sglang": "--max-total-tokens N (the same sizing, in tokens), --context-length cut to the "
+                               "largest request and --enable-metrics on both launches"},
+            proof={"vllm": "/metrics vllm:num_preemptions_total delta on the speculative servers > 0",
+                   "sglang": "/metrics sglang:num_retracted_requests_total delta on the speculative servers > 0 "
+                             "(the launch adds --enable-metrics)"},
+            launch=True, engines=("vllm", "sglang"),
+            unsupported={"llamacpp": "llama-server's slots each own their context; it does not preempt"}),
+        Arm("prefix-warm", "every prompt sent once to the speculative server (max_tokens 1) before the judged "
+            "request, so the judged one is a prefix-cache hit; judged against the cold baseline",
+            changes={"vllm": "prefix caching on (its default) and --enable-prompt-tokens-details on both launches; "
+                             "a warm-up request per prompt",
+                     "sglang": "radix cache on (its default); a warm-up request per prompt"},
+            proof={"vllm": "usage.prompt_tokens_details.cached_tokens > 0 on every judged speculative request",
+                   "sglang": "meta_info.cached_tokens > 0 on every judged speculative request"},
+            launch=False, engines=("vllm", "sglang"),
+            unsupported={"llamacpp": "not wired: llama-server's cache_prompt reuse is not read back (timings.cache_n)"}),
+        Arm("fp8-kv", "fp8 KV cache on both sides; the summary states the decode/prefill bias on its own line",
+            changes={"vllm": "--kv-cache-dtype fp8 on both launches",
+                     "sglang": "--kv-cache-dtype fp8_e4m3 on both launches"},
+            proof={"vllm": "dev-mode /server_info vllm_config.cache_config.cache_dtype starts with fp8 on every server",
+                   "sglang": "/server_info kv_cache_dtype starts with fp8 on every server"},
+            launch=True, engines=("vllm", "sglang"),
+            unsupported={"llamacpp": "llama-server's KV cache types (--cache-type-k/v) have no fp8"}),
+        Arm("long", f"prompts of >= {LONG_MIN_TOKENS} tokens (needle in a haystack), the context raised to fit; "
+            f"{LONG_MAX_TOKENS} where the target's max_position_embeddings allows",
+            changes={"vllm": "--max-model-len L on both launches", "sglang": "--context-length L on both launches",
+                     "llamacpp": "--ctx-size L on both launches"},
+            proof={e: f"every judged prompt is >= {LONG_MIN_TOKENS} tokens (the engine's own prompt token count "
+                      "where it reports one)" for e in SERVER_ENGINES},
+            launch=True, engines=SERVER_ENGINES, unsupported={}),
+    )
+}
+
+#: Arms' verdicts beyond the gate's: the condition was not proven by the engine's counters.
+NOT_EXERCISED = "NOT EXERCISED"
+
+
+def arm_names() -> tuple[str, ...]:
+    return tuple(ARMS)
+
+
+def parse_arms(text: str | None, engine: str) -> tuple[Arm, ...]:
+    """``--arms a,b``: known names, each once (None: every arm ``engine`` supports). ValueError, one line."""
+    if text is None:
+        return tuple(a for a in ARMS.values() if engine in a.engines)
+    names = [n.strip() for n in str(text).split(",")]
+    if not str(text).strip() or any(not n for n in names):
+        raise ValueError(f"--arms {text!r}: expected arm names separated by commas (known: {', '.join(ARMS)})")
+    unknown = [n for n in names if n not in ARMS]
+    if unknown:
+        raise ValueError(f"--arms {text}: unknown arm {unknown[0]!r} (known: {', '.join(ARMS)})")
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise ValueError(f"--arms {text}: {', '.join(twice)} given twice")
+    return tuple(ARMS[n] for n in names)
