@@ -258,5 +258,5 @@ def kv_cache_dtypes(engine: Any) -> list[tuple[str, str, str | None]]:
 
 def request_facts(engine: Any, request_ids: Sequence[str], *, speculative: bool, key: str) -> dict[str, Any]:
     """{request id: the answer's ``key`` fact} as the adapter noted it (a missing one is None)."""
-    facts = getattr(engine, "request_facts", None)
+    facts = getattr(engine, "noted_request", None)
     return {rid: (facts(rid, speculative).get(key) if callable(facts) else None) for rid in request_ids}

@@ -349,7 +349,7 @@ class ServerEngine:
         with self._facts_lock:
             self._request_facts.setdefault((speculative, request_id), {}).update(facts)
 
-    def request_facts(self, request_id: str, speculative: bool) -> dict[str, Any]:
+    def noted_request(self, request_id: str, speculative: bool) -> dict[str, Any]:
         """What :meth:`note_request` kept for ``request_id`` on that side (empty: nothing)."""
         with self._facts_lock:
             return dict(self._request_facts.get((speculative, request_id), {}))
