@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from specparity.engines.libraries import configure_libraries
 from specparity.gate import exitcodes
 from specparity.probes.checkpoints import CheckpointError
 from specparity.probes.version_facts import EngineSpecError
@@ -130,6 +131,8 @@ RUN_JSON_SCHEMA = 1
 SUITE_DIR = Path(__file__).resolve().parents[1] / "suite"
 #: ``specparity sweep``'s default report directory (each level in a cN subdirectory).
 SWEEP_REPORT = "reports/sweep"
+VERBOSE_HELP = ("also show the warnings and log lines of the libraries the engine loads (transformers, "
+                "huggingface_hub), kept off the console otherwise")
 
 
 # --------------------------------------------------------------------------- specparity run
@@ -263,13 +266,9 @@ def _run_gate(args: argparse.Namespace) -> int:
     from specparity.run.runner import GateInterrupted
     from specparity.run.gate_command import RunRefused, execute
 
-    # As the pytest plugin: never download, no tokenizer fork warnings; and no model-loading progress
-    # bars of transformers / huggingface_hub on stderr (this command draws its own, or none).
-    for key, value in (("HF_HUB_OFFLINE", "1"), ("TRANSFORMERS_OFFLINE", "1"), ("TOKENIZERS_PARALLELISM", "false"),
-                       ("HF_HUB_DISABLE_PROGRESS_BARS", "1")):
-        os.environ.setdefault(key, value)
-    if "transformers" in sys.modules:  # imported already (read the variable at import): switch it off directly
-        sys.modules["transformers"].utils.logging.disable_progress_bar()
+    # As the pytest plugin: never download, no tokenizer fork warnings, no progress bars of the libraries
+    # (this command draws its own, or none), their warnings only under --verbose
+    configure_libraries(args.verbose)
     raw = {dest: getattr(args, dest) for dest in gate_dests()}
     try:
         setup = build_setup(raw, check_report=True)
@@ -324,6 +323,7 @@ def add_run_command(sub: Any) -> None:
                      "fingerprint, per-prompt classes, report files) instead of the summary; no progress bar")
     out.add_argument("-q", "--quiet", action="store_true",
                      help="print only the verdict line and the failures; no progress bar")
+    out.add_argument("-v", "--verbose", action="store_true", help=VERBOSE_HELP)
     p.set_defaults(func=_run_gate)
 
 
@@ -335,9 +335,7 @@ def _run_sweep(args: argparse.Namespace) -> int:
     from specparity.cli.options import build_setup
     from specparity.cli.sweep import check_engine, check_sweep_options, parse_levels, run_sweep, write_sweep
 
-    for key, value in (("HF_HUB_OFFLINE", "1"), ("TRANSFORMERS_OFFLINE", "1"), ("TOKENIZERS_PARALLELISM", "false"),
-                       ("HF_HUB_DISABLE_PROGRESS_BARS", "1")):
-        os.environ.setdefault(key, value)
+    configure_libraries(args.verbose)
     levels = parse_levels(args.levels)
     raw = {dest: getattr(args, dest) for dest in gate_dests()}
     check_sweep_options(raw)
@@ -393,6 +391,7 @@ def add_sweep_command(sub: Any) -> None:
     out = p.add_argument_group("output")
     out.add_argument("--json", action="store_true", help="print sweep.json on stdout instead of the summary")
     out.add_argument("-q", "--quiet", action="store_true", help="print only the verdict line and the failures")
+    out.add_argument("-v", "--verbose", action="store_true", help=VERBOSE_HELP)
     p.set_defaults(func=_run_sweep)
 
 

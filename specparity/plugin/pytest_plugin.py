@@ -23,7 +23,6 @@ its outcome is relayed to the controller, which prints it and sets the exit stat
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +31,7 @@ import pytest
 from specparity.gate import exitcodes
 from specparity.cli.option_table import DEFAULT_REPORT, add_gate_options, gate_dests
 from specparity.cli.options import build_setup
+from specparity.engines.libraries import configure_libraries
 from specparity.plugin.autoload import ENTRY_POINT
 from specparity.run.setup import BadInput, GateSetup
 
@@ -91,9 +91,8 @@ def _names_gate_suite(config: pytest.Config) -> bool:
 def pytest_configure(config: pytest.Config) -> None:
     if not active(config):
         return
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    # the libraries' warnings and log lines only under -v (pytest's own verbosity)
+    configure_libraries(verbose=config.getoption("verbose", 0) > 0)
     raw = {name: config.getoption(name) for name in _GATE_OPTIONS}
     # A report directory the user named is created and proven writable now; the default one when
     # the run starts (so `pytest tests/` does not create it).
