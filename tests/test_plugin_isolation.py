@@ -17,11 +17,16 @@ import sys
 from pathlib import Path
 
 from specparity.cli.option_table import gate_dests
-from specparity.model.locations import REPO_ROOT
+from specparity.model.locations import REPO_ROOT, fixture_dir
 from specparity.model.prompts import load_prompts
 
 #: The foreign project's options: names the gate also uses, with the values its tests must see.
 THEIRS = {"device": "cuda:3", "dtype": "bfloat16", "engine": "ours", "target": "tiny-model", "report": "their-report"}
+
+#: A server gate, only collected (no server is contacted): it needs no torch, so these tests run in
+#: the torch-free environments of .ci/run too.
+SERVER_GATE = ("--engine", "vllm", "--baseline-url", "http://127.0.0.1:9", "--spec-url", "http://127.0.0.1:10",
+               "--target", str(fixture_dir("target")), "--categories", "code")
 
 FOREIGN_CONFTEST = '''
 import pytest
@@ -89,7 +94,7 @@ def test_the_gate_still_loads_where_it_is_named(tmp_path):
     brings the options."""
     empty = tmp_path / "elsewhere"
     empty.mkdir()
-    proc = _pytest(empty, "-q", "--collect-only", "--pyargs", "specparity.suite", "--categories", "code")
+    proc = _pytest(empty, "-q", "--collect-only", "--pyargs", "specparity.suite", *SERVER_GATE)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     ids = [line.split("::", 1)[1] for line in proc.stdout.splitlines() if "::" in line]
     code = [p.id for p in load_prompts(REPO_ROOT / "prompts" / "default.jsonl").prompts if p.category == "code"]
@@ -106,7 +111,7 @@ def test_a_team_names_the_plugin_in_its_rootdir_conftest(tmp_path):
     (repo / "conftest.py").write_text('pytest_plugins = ["specparity.plugin.pytest_plugin"]\n')
     (repo / "tests" / "test_specparity_gate.py").write_text(
         "from specparity.suite.test_lossless import test_gate_policy, test_lossless  # noqa: F401\n")
-    proc = _pytest(repo, "-q", "--collect-only", "tests/test_specparity_gate.py", "--categories", "code")
+    proc = _pytest(repo, "-q", "--collect-only", "tests/test_specparity_gate.py", *SERVER_GATE)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     ids = [line.split("::", 1)[1] for line in proc.stdout.splitlines() if "::" in line]
     code = [p.id for p in load_prompts(REPO_ROOT / "prompts" / "default.jsonl").prompts if p.category == "code"]
