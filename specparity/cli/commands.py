@@ -25,6 +25,7 @@ from specparity.gate import exitcodes
 from specparity.probes.checkpoints import CheckpointError
 from specparity.probes.version_facts import EngineSpecError
 from specparity.probes.sglang_source import SourceError
+from specparity.probes.version_facts import ENGINE_NAMES
 
 INPUT_ERRORS = (CheckpointError, EngineSpecError, SourceError, ValueError, OSError)
 
@@ -57,15 +58,9 @@ def _run_probe(args: argparse.Namespace) -> int:
 
         engine = build_engine(live_spec[0], live_spec[1], args.live_engine, "--live-engine")
         try:
-            verdicts.append(live.first_decode(engine))
-            recorded = args.recorded_accept_length
-            if recorded is None and args.accept_record:
-                recorded = live.load_recorded(args.accept_record, engine.fingerprint())
-            verdicts.append(live.acceptance_floor(engine, floor=args.accept_floor, recorded=recorded,
-                                                  relative=args.accept_relative))
-            if args.stress_requests:
-                verdicts.append(live.mamba_stress(engine, requests=args.stress_requests))
-            verdicts.append(live.self_draft(engine))
+            verdicts += live.run_live(engine, live.LiveSettings(
+                floor=args.accept_floor, relative=args.accept_relative, recorded=args.recorded_accept_length,
+                record_file=args.accept_record, stress_requests=args.stress_requests))
         finally:
             engine.close()
     if allowed is not None:
@@ -90,7 +85,8 @@ def add_probe_command(sub: Any) -> None:
     )
     p.add_argument("--target", required=True, help="target checkpoint directory")
     p.add_argument("--draft", help="draft checkpoint directory")
-    p.add_argument("--engine", required=True, help="name==version: sglang, vllm or llamacpp (e.g. sglang==0.5.19)")
+    p.add_argument("--engine", required=True,
+                   help=f"name==version: {', '.join(ENGINE_NAMES[:-1])} or {ENGINE_NAMES[-1]} (e.g. sglang==0.5.19)")
     p.add_argument("--launch-flags", help="the server's launch flags as one string (mamba slot prediction)")
     p.add_argument("--sglang-source", help="SGLang source to read: wheel, unpacked tree or installed package dir")
     p.add_argument("--wheel-cache", default=DEFAULT_WHEEL_CACHE, help="where sglang-<version>-*.whl files are cached")
