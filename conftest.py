@@ -1,12 +1,13 @@
-"""Root conftest of the checkout.
+"""Root conftest of the checkout: loads the gate's pytest plugin for this repository's suites.
 
-The specparity pytest plugin (options, per-prompt parametrisation, reports) is registered by the
-package's ``pytest11`` entry point ``specparity`` (pyproject.toml), as in any repository where
-specparity is installed: ``pytest -p no:specparity`` turns it off, ``-p specparity`` loads it when
-plugin autoloading is disabled. Registering it here as well would register the same module twice
-(pluggy refuses that), so this file loads it only when the installed metadata has no such entry
-point: a checkout used without installing it (``PYTHONPATH=.``), or installed before the entry
-point existed (re-run ``pip install -e .``).
+specparity's ``pytest11`` entry point registers no option in other projects' sessions
+(:mod:`specparity.plugin.autoload`); here, where ``pytest suites/lossless --engine …`` and the
+harness's own tests need the gate's options, this file names the plugin, as a team's rootdir
+conftest does to run the gate from its own test tree. ``pytest -p no:specparity`` leaves it inert.
+
+An environment installed before the entry point moved to ``specparity.plugin.autoload`` still
+registers the plugin itself under the entry point's name; naming it here as well would register
+the module twice (pluggy refuses that), so it is left out there (re-run ``pip install -e .``).
 """
 
 from importlib.metadata import entry_points
@@ -14,8 +15,8 @@ from importlib.metadata import entry_points
 PLUGIN = "specparity.plugin.pytest_plugin"
 
 
-def _entry_point_installed() -> bool:
+def _registered_by_stale_entry_point() -> bool:
     return any(ep.value.split(":")[0].strip() == PLUGIN for ep in entry_points(group="pytest11"))
 
 
-pytest_plugins = [] if _entry_point_installed() else [PLUGIN]
+pytest_plugins = [] if _registered_by_stale_entry_point() else [PLUGIN]

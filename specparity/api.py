@@ -16,25 +16,36 @@ classification instead of string equality: each (baseline, speculative) pair goe
                    max_new_tokens=64, stop_token_ids=engine.stop_token_ids(), decode=engine.decode)
 
 Without ``spec_scores`` (the target's teacher-forced scoring of each speculative output) a flip
-cannot be shown to be a near tie, so only ``exact`` passes. Plain token-id lists work too (a team
-that has only tokens): their finish reason is ``"stop"`` when the last token is a stop token, else
-``"length"``, and they carry no logprobs.
+cannot be shown to be a near tie, so only ``exact`` passes.
+
+The outputs may be what the engine's offline API returned (:mod:`specparity.engines.offline_outputs`):
+vLLM's ``(token_ids, text)`` and ``(token_ids, text, logprobs)`` tuples (its test runner's
+``generate_greedy`` / ``generate_greedy_logprobs``) or ``RequestOutput`` objects, SGLang's offline
+``Engine.generate`` dicts, plain token-id lists. An output that does not state its finish reason
+is ``"stop"`` when its last token is a stop token, else ``"length"``; one without logprobs carries
+none. The keywords of vLLM's ``check_outputs_equal`` work as well::
+
+    check_lossless(outputs_0_lst=ref_outputs, outputs_1_lst=spec_outputs, name_0="ref", name_1="spec",
+                   max_new_tokens=max_tokens, prompt_token_ids=prompt_ids)
+
+(``prompt_token_ids``: ``generate_greedy`` puts each prompt's ids in front of its output's.)
 """
 
 from __future__ import annotations
 
-from typing import Callable, Iterable, Sequence, Union
+from typing import Any, Callable, Iterable, Sequence, Union
 
-import numpy as np
-
+from specparity.engines.offline_outputs import OutputContext, to_result, unreported
 from specparity.judge.compare import compare
 from specparity.model.verdicts import Verdict
 from specparity.judge.calibration import Sample, calibrate
 from specparity.judge.noise import CalibrationError
 from specparity.model.threshold import DEFAULT_CEILING_NATS, DEFAULT_MULTIPLIER, NearTieThreshold
-from specparity.model.types import GenerationResult, SpecStats, TokenScores
+from specparity.model.types import GenerationResult, TokenScores
 
-Output = Union[GenerationResult, Sequence[int]]
+#: A result, a token-id list, a vLLM tuple or output object, an SGLang output dict
+#: (:mod:`specparity.engines.offline_outputs`).
+Output = Union[GenerationResult, Sequence[int], tuple, dict, Any]
 __all__ = ["LosslessError", "check_lossless", "measure_threshold"]
 
 
@@ -78,8 +89,8 @@ def measure_threshold(
 
 
 def check_lossless(
-    baselines: Sequence[Output],
-    specs: Sequence[Output],
+    baselines: Sequence[Output] | None = None,
+    specs: Sequence[Output] | None = None,
     *,
     max_new_tokens: int,
     threshold: float | NearTieThreshold | None = None,
@@ -89,6 +100,11 @@ def check_lossless(
     decode: Callable[[Sequence[int]], str] | None = None,
     names: tuple[str, str] = ("baseline", "speculative"),
     allow_near_tie: bool = True,
+    prompt_token_ids: Sequence[Sequence[int]] | None = None,
+    outputs_0_lst: Sequence[Output] | None = None,
+    outputs_1_lst: Sequence[Output] | None = None,
+    name_0: str | None = None,
+    name_1: str | None = None,
 ) -> list[Verdict]:
     """Classify each (baseline, speculative) pair; raise :class:`LosslessError` (an
     ``AssertionError``) naming every pair that is not ``exact`` or ``near_tie`` (``exact`` only when
@@ -105,12 +121,23 @@ def check_lossless(
     result (which also brings the latent-drift bound the gate applies, where the noise module has
     one); required with ``spec_scores`` (it is never guessed). ``decode``: token ids -> text, for
     the message only. ``names``: how the message calls the two runs.
+
+    Each output may also be an engine's own offline output (the module docstring lists them).
+    ``prompt_token_ids[i]``: prompt ``i``'s ids, for outputs that hold them in front of the output's
+    (vLLM's ``runner.generate_greedy``); they are dropped before judging. ``outputs_0_lst`` /
+    ``outputs_1_lst`` / ``name_0`` / ``name_1``: vLLM's ``check_outputs_equal`` names for
+    ``baselines`` / ``specs`` / ``names``.
     """
+    baselines = _one_of("baselines", baselines, "outputs_0_lst", outputs_0_lst)
+    specs = _one_of("specs", specs, "outputs_1_lst", outputs_1_lst)
+    names = (name_0 if name_0 is not None else names[0], name_1 if name_1 is not None else names[1])
     if len(baselines) != len(specs):
         raise ValueError(f"check_lossless: {len(baselines)} {names[0]} outputs but {len(specs)} {names[1]} outputs")
     for label, seq in (("spec_scores", spec_scores), ("baseline_scores", baseline_scores)):
         if seq is not None and len(seq) != len(specs):
             raise ValueError(f"check_lossless: {label} has {len(seq)} entries for {len(specs)} prompts")
+    if prompt_token_ids is not None and len(prompt_token_ids) != len(specs):
+        raise ValueError(f"check_lossless: prompt_token_ids has {len(prompt_token_ids)} entries for {len(specs)} prompts")
     if max_new_tokens < 1:
         raise ValueError(f"check_lossless: max_new_tokens must be >= 1, got {max_new_tokens}")
     if not specs:  # nothing judged is never a pass (the gate's rule, gate.decide)
@@ -138,8 +165,9 @@ def check_lossless(
 
     verdicts: list[Verdict] = []
     for i, (b, s) in enumerate(zip(baselines, specs)):
-        base = _as_result(b, f"#{i}", stops, f"{names[0]}[{i}]")
-        spec = _as_result(s, base.request_id, stops, f"{names[1]}[{i}]")
+        prompt = tuple(int(t) for t in prompt_token_ids[i]) if prompt_token_ids is not None else None
+        base = _as_result(b, OutputContext(f"{names[0]}[{i}]", f"#{i}", stops, max_new_tokens, prompt, is_baseline=True))
+        spec = _as_result(s, OutputContext(f"{names[1]}[{i}]", base.request_id, stops, max_new_tokens, prompt))
         extra = {"drift_nats": drift} if drift is not None else {}
         verdicts.append(compare(
             base.request_id, "", base, spec, spec_scores[i] if spec_scores is not None else None,
@@ -154,26 +182,28 @@ def check_lossless(
     return verdicts
 
 
-def _as_result(out: Output, default_id: str, stops: tuple[int, ...], label: str) -> GenerationResult:
-    """A :class:`GenerationResult` for a result or a plain token list; rows the caller did not give
-    are *not reported* (NaN), never a probability."""
+def _one_of(name: str, value: Sequence[Output] | None, alias: str, alias_value: Sequence[Output] | None
+            ) -> Sequence[Output]:
+    """The outputs given under ``name`` or under vLLM's ``alias``: exactly one of the two."""
+    if value is not None and alias_value is not None:
+        raise TypeError(f"check_lossless: {name} and {alias} name the same outputs; give one of them")
+    if value is None and alias_value is None:
+        raise TypeError(f"check_lossless: missing the outputs: pass {name} (positional) or {alias}=")
+    return value if value is not None else alias_value
+
+
+def _as_result(out: Output, ctx: OutputContext) -> GenerationResult:
+    """A :class:`GenerationResult` for any accepted output; rows the caller did not give are *not
+    reported* (NaN), never a probability."""
     if isinstance(out, GenerationResult):
         n = len(out.output_ids)
         if len(out.scores) == n or out.error:
             return out
         if len(out.scores):
-            raise ValueError(f"check_lossless: {label} has {len(out.scores)} score rows for {n} tokens")
+            raise ValueError(f"check_lossless: {ctx.label} has {len(out.scores)} score rows for {n} tokens")
         return GenerationResult(out.request_id, list(out.output_ids), out.text, out.finish_reason,
-                                _unreported(out.output_ids), out.spec, out.wall_s, out.error)
-    ids = [int(t) for t in out]
-    finish = "stop" if ids and ids[-1] in stops else "length"
-    return GenerationResult(default_id, ids, "", finish, _unreported(ids), SpecStats.unavailable("token ids only"))
-
-
-def _unreported(ids: Sequence[int]) -> TokenScores:
-    n = len(ids)
-    return TokenScores(np.asarray(ids, np.int64), np.full(n, np.nan, np.float32), np.full((n, 1), -1, np.int64),
-                       np.full((n, 1), np.nan, np.float32))
+                                unreported(out.output_ids), out.spec, out.wall_s, out.error)
+    return to_result(out, ctx)
 
 
 def _message(failed: list[tuple[int, Verdict]], total: int, how: str, scored: bool, allow_near_tie: bool,

@@ -410,7 +410,7 @@ def mamba_component_file(root: Path) -> Path:
 
 
 def patch_graceful(root: Path, *, allocator: bool = True, guards: bool = True) -> int:
-    """Patch the real source like the field report's fix: skip prefix donation on an empty pool.
+    """Patch the real source with the fix: skip prefix donation on an empty pool.
 
     ``allocator``: ``_alloc_mamba_slot`` gains ``allow_fail`` and returns None instead of
     asserting when asked. ``guards``: each donation site in ``prepare_for_caching_req`` asks for

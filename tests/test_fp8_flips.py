@@ -1,8 +1,8 @@
 """Real fp8 KV-cache flips on a CPU, classified with their evidence (docs/FP8_KV.md).
 
 bfloat16 weights, an fp8 e4m3 KV cache with SGLang's default scales (1.0), and outputs decoded past
-EOS to 128 tokens (``stop_token_ids=4``): the default suite then shows real near-tie flips, as the
-field reports' fp8 server did. How many depends on the CPU's bf16 kernels (11–14 with dflash on
+EOS to 128 tokens (``stop_token_ids=4``): the default suite then shows real near-tie flips, as an
+SGLang server with an fp8 KV cache does. How many depends on the CPU's bf16 kernels (11–14 with dflash on
 the development machines, 4–7 on an H200: docs/gpu-numerics.md), so the test asserts only what holds
 on any CPU: there are flips, every one is a near tie whose margin is within the measured threshold,
 nothing diverges or drifts, and the report explains each flip.

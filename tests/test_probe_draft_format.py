@@ -31,7 +31,7 @@ def test_matching_layouts_pass(draft, stored, declared):
 
 
 def test_block_scales_with_a_per_tensor_config_accept_nothing(draft):
-    """Field report 000: the 2026-10-08 128x128 block-scale draft under a per-tensor config."""
+    """A DFlash2 draft stored with 128x128 block scales under a per-tensor config (a real checkpoint's layout)."""
     v = probe_fp8_scales(draft(stored="block128", declared="per_tensor"), SG19)
     assert v.status is Status.FAIL and SILENT in v.summary
     joined = "\n".join(v.evidence)

@@ -51,7 +51,7 @@ def test_dense_heads_pass(ckpts, target, engine):
 
 
 def test_redhat_int4_target_keeps_a_dense_head(ckpts):
-    """Field report 003: W4A16 target with lm_head in compressed-tensors' ignore list."""
+    """A deployed W4A16 target with lm_head in compressed-tensors' ignore list."""
     v = run(ckpts, "int4_dense_head", "vllm==0.11.0")
     assert v.status is Status.OK
     assert any("ignore=['lm_head']" in e for e in v.evidence)

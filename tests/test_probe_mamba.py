@@ -27,8 +27,8 @@ def slots(targets, flags: str, engine=SG19, env=None):
     return probe_mamba_slots(targets["hybrid"], engine, LaunchFlags.parse(flags), None, env or {})
 
 
-def test_field_report_cap_of_one(targets):
-    """Field report 003: --max-mamba-cache-size 8 under speculation -> 5 slots/request -> cap 1."""
+def test_a_cache_of_8_under_speculation_caps_at_one_request(targets):
+    """--max-mamba-cache-size 8 under speculation -> 5 slots/request -> cap 1 (a deployed configuration)."""
     v = slots(targets, "--speculative-algorithm DFLASH --max-mamba-cache-size 8")
     assert v.status is Status.WARN
     assert v.message.startswith(

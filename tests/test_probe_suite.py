@@ -19,6 +19,7 @@ import pytest
 
 import probe_artifacts as pa
 from inprocess import run_pytest
+from specparity.probes.live import LIVE_PROBES, SELF_DRAFT
 
 ROOT = Path(__file__).resolve().parents[1]
 STAND_IN_CONFTEST = '''
@@ -84,7 +85,8 @@ def run_suite(scratch: Path, *args: str) -> SuiteRun:
     return SuiteRun(code, out, outcomes(junit) if junit.is_file() else {})
 
 
-LIVE = {"test_first_decode", "test_acceptance_floor", "test_mamba_stress", "test_self_draft"}
+LIVE = {f"test_live_probe[{name}]" for name in LIVE_PROBES}
+SELF_DRAFT_TEST = f"test_live_probe[{SELF_DRAFT}]"
 
 
 def tally(proc) -> Counter:
@@ -148,8 +150,8 @@ def test_live_probes_through_the_suite(scratch, dirs):
                      "--probe-live-engine", "probe_artifacts:copy_draft_engine", "--probe-stress-requests", "3")
     assert proc.returncode == 0, proc.output
     # the copy-draft engine's draft is not its target: the self-draft probe says so and skips
-    assert {o for n, o in proc.outcomes.items() if n != "test_self_draft"} == {"passed"}, proc.outcomes
-    assert proc.outcomes["test_self_draft"] == "skipped" and LIVE <= set(proc.outcomes)
+    assert {o for n, o in proc.outcomes.items() if n != SELF_DRAFT_TEST} == {"passed"}, proc.outcomes
+    assert proc.outcomes[SELF_DRAFT_TEST] == "skipped" and LIVE <= set(proc.outcomes)
 
 
 def test_with_the_project_root_conftest(dirs, tmp_path):

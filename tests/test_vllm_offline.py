@@ -15,8 +15,8 @@ Nothing here talks to vLLM. The adapter (``specparity/engines/server/vllm.py``) 
   **0.11–0.13** did to logprob requests under the ngram/suffix proposers (read in those wheels:
   drafting silently skipped, counters never move).
 
-vLLM launch commands are not given in the field reports (report 003 names vLLM + MTP without
-flags), so the vllm-* presets' argv are checked against the flags read in the 0.33.0 source.
+No vLLM deployment's launch flags were available (only "vLLM with MTP"), so the vllm-* presets'
+argv are checked against the flags read in the 0.33.0 source.
 
 A pass on the 0.33.0 data means the adapter agrees with what was read from that source; the live
 runs of the gate itself (docs/SERVERS.md "Verified live") are made with ``tools/gpu/vllm_live.sh``.

@@ -4,7 +4,7 @@ Builds the wheel from a copy of the sources (the checkout gets no ``build/``), i
 ``--no-deps`` into a fresh virtualenv outside the checkout that sees the heavy dependencies (torch,
 transformers, dflash …) of the current environment through a ``.pth`` line instead of reinstalling
 them, and runs the gate from an empty "engine team" folder: ``specparity run``, ``specparity
-lossless``, plain ``pytest`` through the ``pytest11`` entry point, a broken loop of the team's own,
+lossless``, plain ``pytest --pyargs specparity.suite`` through the ``pytest11`` entry point, a broken loop of the team's own,
 and a missing ``--target``. The checkout's fixture models are passed explicitly, as a team passes
 its own models.
 """
@@ -147,7 +147,8 @@ def test_lossless_under_pytest_from_the_installed_package(installed):
 
 
 def test_plain_pytest_loads_the_plugin_through_its_entry_point(installed):
-    # Autoloaded by the pytest11 entry point; `-p specparity` names it (needed only without autoloading).
+    # `--pyargs specparity.suite` loads the plugin through the pytest11 entry point; `-p specparity` names it
+    # (needed only without autoloading).
     # Collection is where the plugin shows (its options parse, one test per prompt): the gate running to
     # PASS under pytest from the installed package is test_lossless_under_pytest_from_the_installed_package's.
     proc = _check(installed.run(installed.python, "-m", "pytest", "-p", "specparity", "--pyargs", "specparity.suite",
@@ -159,10 +160,11 @@ def test_plain_pytest_loads_the_plugin_through_its_entry_point(installed):
     assert [i.split("::")[1] for i in ids] == [f"test_lossless[{pid}]" for pid in prompts] + ["test_gate_policy"], \
         proc.stdout[-2000:]  # one per prompt, then the policy test
     assert f"{len(ids)} tests collected" in proc.stdout, proc.stdout[-2000:]
-    # -p no:specparity turns it off: its options are then unknown to pytest
+    # -p specparity brings the options; a plain session of the team's repository has none of them (they
+    # would collide with its own conftest's), nor has -p no:specparity beside --pyargs specparity.suite
     helps = [installed.run(installed.python, "-m", "pytest", *extra, "--help").stdout
-             for extra in (("--target", str(TARGET)), ("-p", "no:specparity"))]
-    assert "--near-tie-nats" in helps[0] and "--near-tie-nats" not in helps[1]
+             for extra in (("-p", "specparity"), (), ("-p", "no:specparity", "--pyargs", "specparity.suite"))]
+    assert "--near-tie-nats" in helps[0] and "--near-tie-nats" not in helps[1] + helps[2]
 
 
 def test_the_teams_own_tests_still_run_with_specparity_installed(installed):

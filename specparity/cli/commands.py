@@ -20,10 +20,12 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from specparity.engines.libraries import configure_libraries
 from specparity.gate import exitcodes
 from specparity.probes.checkpoints import CheckpointError
 from specparity.probes.version_facts import EngineSpecError
 from specparity.probes.sglang_source import SourceError
+from specparity.probes.version_facts import ENGINE_NAMES
 
 INPUT_ERRORS = (CheckpointError, EngineSpecError, SourceError, ValueError, OSError)
 
@@ -56,15 +58,9 @@ def _run_probe(args: argparse.Namespace) -> int:
 
         engine = build_engine(live_spec[0], live_spec[1], args.live_engine, "--live-engine")
         try:
-            verdicts.append(live.first_decode(engine))
-            recorded = args.recorded_accept_length
-            if recorded is None and args.accept_record:
-                recorded = live.load_recorded(args.accept_record, engine.fingerprint())
-            verdicts.append(live.acceptance_floor(engine, floor=args.accept_floor, recorded=recorded,
-                                                  relative=args.accept_relative))
-            if args.stress_requests:
-                verdicts.append(live.mamba_stress(engine, requests=args.stress_requests))
-            verdicts.append(live.self_draft(engine))
+            verdicts += live.run_live(engine, live.LiveSettings(
+                floor=args.accept_floor, relative=args.accept_relative, recorded=args.recorded_accept_length,
+                record_file=args.accept_record, stress_requests=args.stress_requests))
         finally:
             engine.close()
     if allowed is not None:
@@ -89,7 +85,8 @@ def add_probe_command(sub: Any) -> None:
     )
     p.add_argument("--target", required=True, help="target checkpoint directory")
     p.add_argument("--draft", help="draft checkpoint directory")
-    p.add_argument("--engine", required=True, help="name==version: sglang, vllm or llamacpp (e.g. sglang==0.5.19)")
+    p.add_argument("--engine", required=True,
+                   help=f"name==version: {', '.join(ENGINE_NAMES[:-1])} or {ENGINE_NAMES[-1]} (e.g. sglang==0.5.19)")
     p.add_argument("--launch-flags", help="the server's launch flags as one string (mamba slot prediction)")
     p.add_argument("--sglang-source", help="SGLang source to read: wheel, unpacked tree or installed package dir")
     p.add_argument("--wheel-cache", default=DEFAULT_WHEEL_CACHE, help="where sglang-<version>-*.whl files are cached")
@@ -130,6 +127,8 @@ RUN_JSON_SCHEMA = 1
 SUITE_DIR = Path(__file__).resolve().parents[1] / "suite"
 #: ``specparity sweep``'s default report directory (each level in a cN subdirectory).
 SWEEP_REPORT = "reports/sweep"
+VERBOSE_HELP = ("also show the warnings and log lines of the libraries the engine loads (transformers, "
+                "huggingface_hub), kept off the console otherwise")
 
 
 # --------------------------------------------------------------------------- specparity run
@@ -263,13 +262,9 @@ def _run_gate(args: argparse.Namespace) -> int:
     from specparity.run.runner import GateInterrupted
     from specparity.run.gate_command import RunRefused, execute
 
-    # As the pytest plugin: never download, no tokenizer fork warnings; and no model-loading progress
-    # bars of transformers / huggingface_hub on stderr (this command draws its own, or none).
-    for key, value in (("HF_HUB_OFFLINE", "1"), ("TRANSFORMERS_OFFLINE", "1"), ("TOKENIZERS_PARALLELISM", "false"),
-                       ("HF_HUB_DISABLE_PROGRESS_BARS", "1")):
-        os.environ.setdefault(key, value)
-    if "transformers" in sys.modules:  # imported already (read the variable at import): switch it off directly
-        sys.modules["transformers"].utils.logging.disable_progress_bar()
+    # As the pytest plugin: never download, no tokenizer fork warnings, no progress bars of the libraries
+    # (this command draws its own, or none), their warnings only under --verbose
+    configure_libraries(args.verbose)
     raw = {dest: getattr(args, dest) for dest in gate_dests()}
     try:
         setup = build_setup(raw, check_report=True)
@@ -324,6 +319,7 @@ def add_run_command(sub: Any) -> None:
                      "fingerprint, per-prompt classes, report files) instead of the summary; no progress bar")
     out.add_argument("-q", "--quiet", action="store_true",
                      help="print only the verdict line and the failures; no progress bar")
+    out.add_argument("-v", "--verbose", action="store_true", help=VERBOSE_HELP)
     p.set_defaults(func=_run_gate)
 
 
@@ -335,9 +331,7 @@ def _run_sweep(args: argparse.Namespace) -> int:
     from specparity.cli.options import build_setup
     from specparity.cli.sweep import check_engine, check_sweep_options, parse_levels, run_sweep, write_sweep
 
-    for key, value in (("HF_HUB_OFFLINE", "1"), ("TRANSFORMERS_OFFLINE", "1"), ("TOKENIZERS_PARALLELISM", "false"),
-                       ("HF_HUB_DISABLE_PROGRESS_BARS", "1")):
-        os.environ.setdefault(key, value)
+    configure_libraries(args.verbose)
     levels = parse_levels(args.levels)
     raw = {dest: getattr(args, dest) for dest in gate_dests()}
     check_sweep_options(raw)
@@ -393,6 +387,7 @@ def add_sweep_command(sub: Any) -> None:
     out = p.add_argument_group("output")
     out.add_argument("--json", action="store_true", help="print sweep.json on stdout instead of the summary")
     out.add_argument("-q", "--quiet", action="store_true", help="print only the verdict line and the failures")
+    out.add_argument("-v", "--verbose", action="store_true", help=VERBOSE_HELP)
     p.set_defaults(func=_run_sweep)
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from specparity.engines import BUILTIN
+from specparity.engines import BUILTIN, SERVER_ENGINES
 from specparity.engines.base import EngineOptions
 from specparity.model.force_reject import FORCE_REJECT_MODES, MIN_REJECT_SHARE
 from specparity.model.threshold import DEFAULT_CEILING_NATS
@@ -22,7 +22,7 @@ DEFAULT_ENGINE = "dflash"
 DEFAULT_REPORT = "reports/lossless"
 GATE = "specparity lossless gate"
 SERVERS = "specparity servers"
-SERVERS_DESCRIPTION = "specparity: engines behind HTTP (llamacpp, sglang, vllm)"
+SERVERS_DESCRIPTION = f"specparity: engines behind HTTP ({', '.join(SERVER_ENGINES)})"
 GOLDEN = "specparity goldens"
 GOLDEN_DESCRIPTION = "specparity: recorded baselines (goldens), resume, policy file"
 

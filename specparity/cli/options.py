@@ -14,7 +14,8 @@ import tempfile
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from specparity.engines import EngineLoadError, check_options, engine_info, resolve_factory
+from specparity.engines import (SERVER_ENGINES, EngineLoadError, check_options, engine_info, engines_applying,
+                                resolve_factory)
 from specparity.engines.base import EngineOptions
 from specparity.run.golden import Golden, GoldenError, load_golden
 from specparity.run.journal import JOURNAL, Journal, JournalError, read_journal
@@ -26,8 +27,6 @@ from specparity.cli.option_table import DEFAULT_ENGINE, DEFAULT_REPORT  # noqa: 
 from specparity.model.gate_run import DRIFT_POLICIES, GateConfig, GatePolicy
 from specparity.model.prompts import Prompt, PromptFileError, load_many
 
-#: The built-in engines that apply prompt constraints (docs/STRUCTURED.md).
-CONSTRAINED_ENGINES = ("llamacpp", "sglang", "vllm")
 from specparity.run.scoring import SCORERS
 from specparity.model.types import DEFAULT_TOP_K, MIN_TOP_K
 from specparity.run.setup import BadInput, GateSetup, check_counters
@@ -135,7 +134,8 @@ def check_constraints(info: Any, engine: str, prompts: Sequence[Prompt]) -> None
             name = info.name if info is not None else engine
             raise BadInput(f"{p.source}: {p.constraint.kind}: engine {name!r} cannot constrain decoding "
                            f"({'it applies ' + ', '.join(supported) if supported else 'it applies no constraint'}; "
-                           f"{p.constraint.kind} runs on {', '.join(CONSTRAINED_ENGINES)}): leave the constrained prompts out of "
+                           f"{p.constraint.kind} runs on {', '.join(engines_applying(p.constraint.kind))}): leave the "
+                           "constrained prompts out of "
                            f"the prompt files (every prompt of them runs, if only to calibrate) or use one of those engines")
 
 
@@ -175,8 +175,8 @@ def build_setup(raw: Mapping[str, Any], *, check_report: bool = False, speculate
     server_flags = [flag for flag, key in (("--baseline-url", "baseline_url"), ("--spec-url", "spec_url"),
                                            ("--preset", "preset")) if raw.get(key)]
     if server_flags and not raw.get("engine"):
-        raise BadInput(f"{server_flags[0]}: needs --engine llamacpp, sglang or vllm (the default engine "
-                       f"{DEFAULT_ENGINE} runs in-process)")
+        raise BadInput(f"{server_flags[0]}: needs --engine {', '.join(SERVER_ENGINES[:-1])} or {SERVER_ENGINES[-1]} "
+                       f"(the default engine {DEFAULT_ENGINE} runs in-process)")
     if "==" in engine_spec:
         raise BadInput(f"--engine {engine_spec!r}: the lossless gate takes an engine name (dflash, hf, module:factory); "
                        "for the probes' name==version use --probe-engine")
@@ -367,7 +367,7 @@ def _golden(raw: Mapping[str, Any]) -> tuple[Golden | None, str, str | None]:
         raise BadInput("--update-golden with --golden-mode baseline: record the golden first (--update-golden), "
                        "then compare a new baseline with it (--golden-mode baseline)")
     if Path(path).is_dir():
-        raise BadInput(f"--golden {path}: a directory; expected a golden file (e.g. golden/dflash-default.jsonl)")
+        raise BadInput(f"--golden {path}: a directory; expected a golden file (e.g. golden/dflash-float32.jsonl)")
     try:
         return load_golden(path), mode, update
     except FileNotFoundError:

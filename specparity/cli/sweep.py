@@ -298,11 +298,27 @@ def _conclude(run: Any, out: Path) -> Any:
         raise write_failed(f"--report {out}", exc, decide(run).status) from None
 
 
+#: ``--engine-opt`` keys that raise how many requests an engine serves at once (llama.cpp's slots of
+#: its launches; the requests in flight of the others), as the engines declare them.
+SERVES_OPTIONS = ("parallel", "max_concurrency")
+
+
 def _one_at_a_time(setup: GateSetup, levels: Sequence[int]) -> str:
+    from specparity.engines import SERVER_ENGINES
+
     return (f"--levels {','.join(map(str, levels))}: engine {setup.engine_spec!r} serves one request at a time "
             f"(in-process engines decode one prompt at a time), so every level would run at concurrency 1; sweep a "
-            f"server engine (llamacpp with --engine-opt parallel=N, sglang, vllm), or measure in-process batching with "
+            f"server engine ({', '.join(SERVER_ENGINES)}), or measure in-process batching with "
             f"`pytest suites/invariance`")
+
+
+def _raise_serves(setup: GateSetup) -> str:
+    """How to raise what this engine serves: the option its :class:`EngineInfo` declares for it."""
+    from specparity.engines import engine_info
+
+    options = getattr(engine_info(setup.factory), "options", None) or {}
+    keys = [key for key in SERVES_OPTIONS if key in options]
+    return f"--engine-opt {keys[0]}=N" if keys else "what the engine serves"
 
 
 def check_engine(setup: GateSetup, levels: Sequence[int]) -> None:
@@ -324,8 +340,8 @@ def _check_levels(setup: GateSetup, engine: Any, serves: int, levels: Sequence[i
         raise LevelsUnsupported(_one_at_a_time(setup, levels))
     raise LevelsUnsupported(
         f"--levels {given}: engine {setup.engine_spec!r} serves at most {serves} request(s) at once, so level(s) "
-        f"{', '.join(map(str, over))} would run at {serves}; raise what it serves (llamacpp: --engine-opt parallel=N; "
-        f"sglang, vllm: --engine-opt max_concurrency=N) or sweep levels up to {serves}")
+        f"{', '.join(map(str, over))} would run at {serves}; raise what it serves ({_raise_serves(setup)}) or sweep "
+        f"levels up to {serves}")
 
 
 # --------------------------------------------------------------------------- output

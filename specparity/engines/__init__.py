@@ -36,6 +36,10 @@ BUILTIN: dict[str, str] = {
     "sglang": "specparity.engines.server.sglang:create",
     "vllm": "specparity.engines.server.vllm:create",
 }
+#: The built-in engines behind HTTP: their modules live under ``specparity/engines/server/`` and import
+#: no torch. Read from :data:`BUILTIN`, so a new server engine is listed by adding its row there.
+SERVER_ENGINES: tuple[str, ...] = tuple(name for name, target in BUILTIN.items()
+                                        if target.startswith("specparity.engines.server."))
 _REQUIRED = ("encode_prompt", "decode", "stop_token_ids", "generate", "score", "fingerprint", "close")
 
 Factory = Callable[[EngineOptions], Engine]
@@ -101,6 +105,13 @@ def _import_file(path: Path, spec: str, option: str):
 def engine_info(factory: Factory) -> EngineInfo | None:
     info = getattr(factory, "engine_info", None)
     return info if isinstance(info, EngineInfo) else None
+
+
+def engines_applying(constraint: str) -> list[str]:
+    """The built-in server engines whose :class:`EngineInfo` declares ``constraint`` (``json_schema``,
+    ``grammar``): their modules are imported (no torch), no engine is built."""
+    return [name for name in SERVER_ENGINES
+            if constraint in getattr(engine_info(resolve_factory(name)), "constraints", ())]
 
 
 def check_options(factory: Factory, options: EngineOptions, name: str) -> EngineOptions:

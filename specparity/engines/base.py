@@ -82,7 +82,10 @@ class Capabilities:
     returns (None: any). ``counters``: how speculation is counted — ``steps`` (per verify step),
     ``request`` (per-request totals), ``aggregate`` (only run-wide totals, read by
     ``activity_counters()`` before and after the speculative phase) or ``none``.
-    ``max_concurrency``: requests it can serve at once (in-process torch engines: 1).
+    ``max_concurrency``: requests it can serve at once (in-process torch engines: 1), the most a run
+    or a sweep level may put in flight. ``default_concurrency``: requests in flight when
+    ``--concurrency`` is not given (None: ``max_concurrency``), for an engine whose server can take
+    far more than a gate run needs (vLLM's ``max_num_seqs``).
     ``deterministic``: the engine declares deterministic / batch-invariant inference (e.g. SGLang's
     ``enable_deterministic_inference``) for **both** sides compared — every baseline and every
     speculative server — with where that was read; the gate then demands bit-exact output
@@ -96,6 +99,7 @@ class Capabilities:
     top_k: int | None = None
     counters: Literal["steps", "request", "aggregate", "none"] = "steps"
     max_concurrency: int = 1
+    default_concurrency: int | None = None
     deterministic: str | None = None
     deterministic_partial: str | None = None
 

@@ -1,7 +1,13 @@
 """pytest integration: command-line options, the per-prompt parametrisation, the session run.
 
-The root ``conftest.py`` loads this plugin, so ``pytest suites/lossless --engine … --prompts …``
-works from a checkout. Every option is checked once in ``pytest_configure``, before any model
+Loaded only where specparity's suites run, never into every pytest session of the environment: the
+checkout's root ``conftest.py`` and the packaged suite's ``specparity/suite/conftest.py`` name it in
+``pytest_plugins``, and the ``pytest11`` entry point (:mod:`specparity.plugin.autoload`) loads it
+for ``-p specparity`` or ``--pyargs specparity.suite``. Its generic option names (``--engine``,
+``--target``, ``--report`` …) would otherwise collide with another project's conftest.
+``-p no:specparity`` leaves it inert wherever it is named: no option, no hook acts.
+
+Every option is checked once in ``pytest_configure``, before any model
 loads: a bad one is a single ``ERROR: specparity: …`` line and exit code 4
 (:mod:`specparity.gate.exitcodes`). The whole suite runs once per session (baselines first, so the
 near-tie threshold is fixed before any speculative output is seen); each
@@ -17,7 +23,6 @@ its outcome is relayed to the controller, which prints it and sets the exit stat
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +31,8 @@ import pytest
 from specparity.gate import exitcodes
 from specparity.cli.option_table import DEFAULT_REPORT, add_gate_options, gate_dests
 from specparity.cli.options import build_setup
+from specparity.engines.libraries import configure_libraries
+from specparity.plugin.autoload import ENTRY_POINT
 from specparity.run.setup import BadInput, GateSetup
 
 _SETUP_KEY = pytest.StashKey[GateSetup]()
@@ -34,7 +41,9 @@ _OUTCOME_KEY = pytest.StashKey[dict]()
 _GATE_OPTIONS = gate_dests()
 
 
-def pytest_addoption(parser: pytest.Parser) -> None:
+def pytest_addoption(parser: pytest.Parser, pluginmanager: pytest.PytestPluginManager) -> None:
+    if pluginmanager.is_blocked(ENTRY_POINT):  # -p no:specparity: off, even where a conftest names the plugin
+        return
     add_gate_options(lambda name, description: parser.getgroup(name, description).addoption)
     from specparity.plugin.probe_options import add_probe_options
 
@@ -50,8 +59,15 @@ _ERROR_KEY = pytest.StashKey[str]()
 GATE_FIXTURES = frozenset({"lossless_prompt", "gate_session", "invariance_case", "invariance", "sweep"})
 
 
+def active(config: pytest.Config) -> bool:
+    """Whether the gate's options are registered in this session (not under ``-p no:specparity``)."""
+    return hasattr(config.option, _GATE_OPTIONS[0])
+
+
 def gate_setup(config: pytest.Config) -> GateSetup:
     """The validated options of this session (built in ``pytest_configure``)."""
+    if not active(config):
+        raise pytest.UsageError("specparity: the gate's pytest plugin is off (-p no:specparity)")
     error = setup_error(config)
     if error is not None:
         raise pytest.UsageError(error)
@@ -73,9 +89,10 @@ def _names_gate_suite(config: pytest.Config) -> bool:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if not active(config):
+        return
+    # the libraries' warnings and log lines only under -v (pytest's own verbosity)
+    configure_libraries(verbose=config.getoption("verbose", 0) > 0)
     raw = {name: config.getoption(name) for name in _GATE_OPTIONS}
     # A report directory the user named is created and proven writable now; the default one when
     # the run starts (so `pytest tests/` does not create it).
@@ -83,8 +100,8 @@ def pytest_configure(config: pytest.Config) -> None:
     try:
         config.stash[_SETUP_KEY] = build_setup(raw, check_report=check_report)
     except BadInput as exc:
-        # The plugin is installed for every pytest run of a repository (pytest11 entry point): an
-        # engine team's own tests must not fail because the gate has no --target there. Bad gate
+        # A repository's conftest may load the plugin for a whole tree: its other tests must not
+        # fail because the gate has no --target there. Bad gate
         # options fail now when the command names a gate suite, else once a gate test is collected
         # (pytest_collection_modifyitems); either way one line, exit 4, before any model loads.
         if _names_gate_suite(config):
@@ -118,7 +135,7 @@ def _configure_xdist(config: pytest.Config) -> None:
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    if "lossless_prompt" in metafunc.fixturenames:
+    if "lossless_prompt" in metafunc.fixturenames and active(metafunc.config):
         prompts = [] if setup_error(metafunc.config) else gate_setup(metafunc.config).prompts
         metafunc.parametrize("lossless_prompt", prompts, ids=[p.id for p in prompts])
 
@@ -150,10 +167,12 @@ def require_exit(config: pytest.Config, code: int) -> None:
 def pytest_testnodedown(node: Any, error: Any) -> None:
     """(xdist controller) collect a worker's gate outcome."""
     relayed = getattr(node, "workeroutput", {}).get("specparity")
+    if not relayed:
+        return
     out = _outcome(node.config)
     seen = out.setdefault("relayed_from", [])
     worker = node.gateway.id
-    if relayed and worker not in seen:  # xdist may report a node down twice
+    if worker not in seen:  # xdist may report a node down twice
         seen.append(worker)
         out["exit"] = max(out["exit"], relayed["exit"])
         out["sections"].extend(relayed["sections"])
@@ -168,7 +187,7 @@ NOTHING_SELECTED = ("FAIL: nothing judged: the selection (-k, -m, node ids or --
 def pytest_deselected(items: list[pytest.Item]) -> None:
     """Remember that gate tests were deselected, so an empty selection fails instead of pytest's 5."""
     for item in items:
-        if GATE_FIXTURES & set(getattr(item, "fixturenames", ())):
+        if active(item.config) and GATE_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.config.stash[_DESELECTED_KEY] = True
             return
 

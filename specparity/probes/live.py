@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from specparity.engines.base import Engine
 from specparity.model.types import Fingerprint, GenerationRequest, GenerationResult, accept_length
@@ -31,8 +32,6 @@ FIRST_DECODE = "first-decode"
 ACCEPTANCE = "acceptance-floor"
 STRESS = "mamba-stress"
 SELF_DRAFT = "self-draft"
-#: Every live probe's name (the policy file's ``allow_unknown`` takes them): a new live probe adds its name here.
-LIVE_PROBES = (FIRST_DECODE, ACCEPTANCE, STRESS, SELF_DRAFT)
 
 PROMPTS = (
     "Write a Python function that returns the n-th Fibonacci number.",
@@ -272,3 +271,50 @@ def self_draft(engine: Engine, *, prompts: Sequence[str] = PROMPTS, max_new_toke
     return make(SELF_DRAFT, why, evidence,
                 action="" if status == "ok" else "compare the verify kernel with the decode kernel at these positions")
 
+
+
+# --------------------------------------------------------------------------- the list of live probes
+
+
+@dataclass(frozen=True)
+class LiveSettings:
+    """What the live probes take besides the engine: ``specparity probe``'s ``--accept-*`` /
+    ``--stress-requests``, the probe suite's ``--probe-*`` options. ``stress_requests`` 0 leaves
+    the mamba stress probe out."""
+
+    floor: float = DEFAULT_FLOOR
+    relative: float = DEFAULT_RELATIVE
+    recorded: float | None = None
+    record_file: str | None = None
+    stress_requests: int = 8
+
+
+def _acceptance(engine: Engine, settings: LiveSettings) -> Finding:
+    recorded = settings.recorded
+    if recorded is None and settings.record_file:
+        recorded = load_recorded(settings.record_file, engine.fingerprint())
+    return acceptance_floor(engine, floor=settings.floor, recorded=recorded, relative=settings.relative)
+
+
+#: Every live probe, by name, in the order they run: ``specparity probe --live-engine``, the probe
+#: suite (one test each) and the policy file's ``allow_unknown`` read this table. A new live probe
+#: adds its row here. A runner answers None when the settings leave its probe out.
+LIVE_RUNNERS: dict[str, Callable[[Engine, LiveSettings], Finding | None]] = {
+    FIRST_DECODE: lambda engine, settings: first_decode(engine),
+    ACCEPTANCE: _acceptance,
+    STRESS: lambda engine, settings: (mamba_stress(engine, requests=settings.stress_requests)
+                                      if settings.stress_requests else None),
+    SELF_DRAFT: lambda engine, settings: self_draft(engine),
+}
+#: Every live probe's name.
+LIVE_PROBES = tuple(LIVE_RUNNERS)
+
+
+def run_probe(name: str, engine: Engine, settings: LiveSettings) -> Finding | None:
+    """The live probe ``name`` on ``engine``; None when ``settings`` leave it out."""
+    return LIVE_RUNNERS[name](engine, settings)
+
+
+def run_live(engine: Engine, settings: LiveSettings) -> list[Finding]:
+    """Every live probe the settings do not leave out, in :data:`LIVE_PROBES` order."""
+    return [f for f in (run_probe(name, engine, settings) for name in LIVE_PROBES) if f is not None]

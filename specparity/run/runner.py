@@ -255,8 +255,8 @@ def _run_phases(engine: Engine, run: GateRun, writer: ResultsWriter, say: Callab
                 golden: Golden | None, resume: Journal | None, baselines_only: bool = False) -> None:
     config = run.config
     caps = capabilities_of(engine)
-    run.concurrency = max(1, min(config.concurrency or caps.max_concurrency, caps.max_concurrency)
-                          if caps.max_concurrency > 1 else 1)
+    run.concurrency = max(1, min(config.concurrency or caps.default_concurrency or caps.max_concurrency,
+                                 caps.max_concurrency) if caps.max_concurrency > 1 else 1)
     health = getattr(engine, "health", None)
     if callable(health):
         health()

@@ -10,7 +10,7 @@ path coverage and prompts that never finished.
 This module ships in the package (``specparity lossless`` runs it from an installed wheel);
 ``suites/lossless/test_lossless.py`` in the checkout re-exports both tests, so
 ``pytest suites/lossless`` is unchanged. Its fixtures (``lossless_prompt``, ``gate_session``) come
-from the plugin, ``specparity.plugin.pytest_plugin``.
+from the plugin, ``specparity.plugin.pytest_plugin`` (loaded by this package's ``conftest.py``).
 """
 
 from __future__ import annotations

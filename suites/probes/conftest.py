@@ -85,6 +85,18 @@ def live_engine(pytestconfig: pytest.Config):
 
 
 @pytest.fixture(scope="session")
+def live_settings(pytestconfig: pytest.Config):
+    """The live probes' settings from the ``--probe-*`` options."""
+    from specparity.probes.live import DEFAULT_FLOOR, DEFAULT_RELATIVE, LiveSettings
+
+    return LiveSettings(floor=_opt(pytestconfig, "probe_accept_floor", DEFAULT_FLOOR),
+                        relative=_opt(pytestconfig, "probe_accept_relative", DEFAULT_RELATIVE),
+                        recorded=_opt(pytestconfig, "probe_recorded_accept_length"),
+                        record_file=_opt(pytestconfig, "probe_accept_record"),
+                        stress_requests=_opt(pytestconfig, "probe_stress_requests", 8))
+
+
+@pytest.fixture(scope="session")
 def judge(pytestconfig: pytest.Config):
     """``check_verdict`` under the gate policy (``--policy FILE``): a probe answering unknown fails
     unless the policy's ``allow_unknown`` names it; without a policy, unknown skips with the reason."""

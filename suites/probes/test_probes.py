@@ -18,26 +18,9 @@ def test_static_probe(probe_ctx, probe, judge):
     judge(STATIC_PROBES[probe](probe_ctx))
 
 
-def test_first_decode(live_engine, judge):
-    judge(live.first_decode(live_engine))
-
-
-def test_acceptance_floor(live_engine, pytestconfig, judge):
-    recorded = pytestconfig.getoption("probe_recorded_accept_length", default=None)
-    record_file = pytestconfig.getoption("probe_accept_record", default=None)
-    if recorded is None and record_file:
-        recorded = live.load_recorded(record_file, live_engine.fingerprint())
-    judge(live.acceptance_floor(
-        live_engine,
-        floor=pytestconfig.getoption("probe_accept_floor", default=live.DEFAULT_FLOOR),
-        recorded=recorded,
-        relative=pytestconfig.getoption("probe_accept_relative", default=live.DEFAULT_RELATIVE),
-    ))
-
-
-def test_mamba_stress(live_engine, pytestconfig, judge):
-    judge(live.mamba_stress(live_engine, requests=pytestconfig.getoption("probe_stress_requests", default=8)))
-
-
-def test_self_draft(live_engine, judge):
-    judge(live.self_draft(live_engine))
+@pytest.mark.parametrize("probe", list(live.LIVE_PROBES))
+def test_live_probe(live_engine, live_settings, probe, judge):
+    finding = live.run_probe(probe, live_engine, live_settings)
+    if finding is None:
+        pytest.skip(f"{probe}: left out by its option (e.g. --probe-stress-requests 0)")
+    judge(finding)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-#: The sizes the field reports ask about (where is the knee?).
+#: The block sizes around DFlash2's trained 8 (where is the knee?).
 BLOCK_SIZES = (1, 2, 4, 6, 8, 12, 16)
 
 

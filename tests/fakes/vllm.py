@@ -15,7 +15,9 @@ Knobs besides the faults of :class:`~fakes.server.FakeServer`:
   request with ``logprobs`` is decoded without drafting, and the ``/metrics`` spec counters never move.
 * ``dev_mode=True``: a ``VLLM_SERVER_DEV_MODE=1`` server, which answers ``GET /server_info``
   (``vllm_config``, ``vllm_env``, ``system_env``); ``batch_invariant=True`` puts
-  ``VLLM_BATCH_INVARIANT: true`` in its ``vllm_env``.
+  ``VLLM_BATCH_INVARIANT: true`` in its ``vllm_env``; ``max_num_seqs=N`` its ``vllm_config``'s
+  ``scheduler_config.max_num_seqs`` (the recorded 0.26.0 dump keeps only the model and speculative
+  configs, so without it there is none).
 * ``near_tie_flips=N`` (speculative): the first N answers of two or more tokens are flipped at their
   closest call (:meth:`~fakes.backend.FixtureBackend.flip_closest_call`).
 * ``structured_outputs`` ``{"json": schema}`` / ``{"grammar": gbnf}``: honoured as a constrained
@@ -86,7 +88,7 @@ class VLLMServer(FakeServer):
                  grammar_rollback_bug: bool = False, preempt_budget_tokens: int | None = None,
                  preempt_bug: bool = False, batch_window_s: float = 0.3, prefix_cache: bool = False,
                  prompt_tokens_details: bool = False, prefix_hit_bug: bool = False, deterministic_bug: bool = False,
-                 kv_cache_dtype: str = "auto", fp8_bug: bool = False):
+                 kv_cache_dtype: str = "auto", fp8_bug: bool = False, max_num_seqs: int | None = None):
         super().__init__(rules=rules, die_after=die_after, refuse=refuse, hang_s=hang_s, trickle_s=trickle_s)
         self.backend = backend or shared_backend()
         self.grammar_rollback_bug = grammar_rollback_bug
@@ -116,6 +118,7 @@ class VLLMServer(FakeServer):
             raise ValueError("per_request_metrics: vLLM 0.26 has no --per-request-spec-decode-metrics")
         self.speculative = speculative
         self.dev_mode = dev_mode
+        self.max_num_seqs = max_num_seqs
         self.batch_invariant = batch_invariant
         self.near_tie_flips = near_tie_flips
         self.flipped: list[str] = []  # prompts (as token ids, joined) of the flipped answers
@@ -238,6 +241,8 @@ class VLLMServer(FakeServer):
                 spec["draft_model_config"] = {**model_config, "model": str(DRAFT), "tokenizer": str(DRAFT)}
             config = {"model_config": model_config, "speculative_config": spec}
             config["cache_config"] = {**live.get("cache_config", {}), "cache_dtype": self.kv_cache_dtype}
+        if self.max_num_seqs is not None:  # vLLM's SchedulerConfig, as its pydantic dump nests it
+            config = {**config, "scheduler_config": {"max_num_seqs": self.max_num_seqs, "max_model_len": 4096}}
         return {"vllm_config": config if "config_format=json" in query else f"VllmConfig(model={str(TARGET)!r}, ...)",
                 "vllm_env": {"VLLM_BATCH_INVARIANT": self.batch_invariant, "VLLM_SERVER_DEV_MODE": True,
                              "VLLM_LOGGING_LEVEL": "INFO"},

@@ -1,7 +1,7 @@
 """Launching servers the gate starts itself, in the manner of llama.cpp's own server tests.
 
 A :class:`ServerProcess` owns one process from argv to process-group kill: its flags come from a
-typed launch config (``LlamaServerLaunch``, ``SGLangLaunch``, ``VLLMLaunch``: :class:`LaunchConfig`\ s,
+typed launch config (``LlamaServerLaunch``, ``SGLangLaunch``, ``VLLMLaunch``: :class:`LaunchConfig` objects,
 each turning its fields into argv, unit-tested), it binds ``127.0.0.1`` on a free port, waits for health with a
 deadline while watching the process (a server that exits during start-up fails at once, with the
 tail of its log), keeps the whole log in a file (which goes into the report), and always stops the

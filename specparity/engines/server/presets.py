@@ -1,4 +1,4 @@
-"""Launch presets as data: the field reports' configurations, and the llama.cpp ones CI runs.
+"""Launch presets as data: real deployments' SGLang launches, and the llama.cpp ones CI runs.
 
 A preset names one engine kind and two launch configurations — ``baseline`` (no speculation) and
 ``spec`` — as field values of that engine's typed launch config (``LlamaServerLaunch``,
@@ -8,8 +8,9 @@ engine's presets share, so each row says only its name, description, speculative
 ``--draft`` (or, for llama.cpp, the fixture GGUFs). Field values, not argv strings: each
 adapter's launch config turns them into argv, and those argv are unit-tested.
 
-SGLang presets reproduce ``shared/seeds/`` (field reports 000 and 003) flag for flag; where a
-report names a configuration without its flags, the preset says "inferred".
+SGLang presets reproduce the launch commands of two deployments flag for flag (each preset's
+``source`` says which; ``tests/test_sglang_offline.py`` holds the commands and checks the argv); where
+a deployment's configuration came without its flags, the preset says "inferred".
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ class Preset:
 
 #: Both llama.cpp launches: the target, a 4K context, one slot.
 _LLAMA_COMMON = {"model": "@target", "ctx_size": 4096, "parallel": 1}
-#: Field report 000's SGLang launch: 128K context on a 32 GB card (hybrid Mamba model, fp8 KV).
+#: A 128K-context SGLang 0.5.19 launch on one 32 GB card (hybrid Mamba target, INT4; fp8 KV cache).
 _SG_128K = {
     "model_path": "@target",
     "context_length": 131072,
@@ -44,7 +45,7 @@ _SG_128K = {
     "page_size": 1,
     "language_only": True,
 }
-#: Field report 003's SGLang launch: 32K context, 16 requests at once.
+#: A 32K-context SGLang launch of an FP8 target serving 16 requests at once.
 _SG_32K = {"model_path": "@target", "context_length": 32768, "max_running_requests": 16, "mamba_ssm_dtype": "bfloat16"}
 #: SGLang's DFlash2 speculation with the ``--draft`` model, block 8.
 _SG_DFLASH = {"speculative_algorithm": "DFLASH", "speculative_draft_model_path": "@draft",
@@ -90,33 +91,32 @@ PRESETS: dict[str, Preset] = {
         llamacpp("llamacpp-draft-dflash", "DFlash2 block-diffusion draft (7 draft tokens = block 8 - 1; llama.cpp's "
                  "own default is 3)",
                  spec_type="draft-dflash", draft="@draft", draft_n_max=7),
-        # ---------------------------------------------------------------- SGLang (GPU; field reports)
-        sglang("sglang-dflash2-128k", "DFlash2, 128K context, single stream, fp8 KV (field report 000)",
+        # ---------------------------------------------------------------- SGLang (GPU; real deployments)
+        sglang("sglang-dflash2-128k", "DFlash2, 128K context, single stream, fp8 KV",
                _SG_128K, **_SG_DFLASH,
-               source="shared/seeds/000: launch command in section 2 (sglang 0.5.19, RTX 4080 SUPER 32G)"),
-        sglang("sglang-dflash2-128k-dual", "DFlash2, 128K context, two streams (field report 000)",
+               source="a DFlash2 deployment's launch command (SGLang 0.5.19, one RTX 4080 SUPER 32 GB)"),
+        sglang("sglang-dflash2-128k-dual", "DFlash2, 128K context, two streams",
                {**_SG_128K, "max_running_requests": 2, "max_mamba_cache_size": 10}, **_SG_DFLASH,
-               source="shared/seeds/000 'dflash-128k-dual' (flags inferred: two streams need "
-                      "--max-mamba-cache-size 10, section 6 trap 4)"),
-        sglang("sglang-nospec-128k", "no speculation, 128K context (field report 000's control); the spec side is "
-               "the same launch, so the gate checks run-to-run identity",
-               _SG_128K, source="shared/seeds/000 'nospec-128k'"),
-        sglang("sglang-mtp", "built-in MTP head run as EAGLE, 3 steps, top-k 1, 4 draft tokens (field report 003)",
+               source="the same deployment's two-stream configuration (flags inferred: under speculation a "
+                      "request takes 5 mamba state slots, so two streams need --max-mamba-cache-size 10)"),
+        sglang("sglang-nospec-128k", "no speculation, 128K context (the 128K deployment's control); the spec side "
+               "is the same launch, so the gate checks run-to-run identity",
+               _SG_128K, source="the DFlash2 deployment's launch command without speculation"),
+        sglang("sglang-mtp", "built-in MTP head run as EAGLE, 3 steps, top-k 1, 4 draft tokens",
                _SG_32K, speculative_algorithm="EAGLE", speculative_num_steps=3, speculative_eagle_topk=1,
                speculative_num_draft_tokens=4,
-               source="shared/seeds/003: 'SGLang · MTP' launch command"),
-        sglang("sglang-dflash2-fp8", "DFlash2 with an FP8 draft (draft quantization fp8), 32K context "
-               "(field report 003)",
+               source="an MTP deployment's SGLang launch command (FP8 target, 32K context)"),
+        sglang("sglang-dflash2-fp8", "DFlash2 with an FP8 draft (draft quantization fp8), 32K context",
                _SG_32K, **_SG_DFLASH, speculative_draft_model_quantization="fp8",
-               source="shared/seeds/003: 'SGLang · DFlash2' launch command"),
+               source="the same deployment's DFlash2 SGLang launch command"),
         # ---------------------------------------------------------------- vLLM (GPU)
         # Both launches share one GPU unless --engine-opt baseline_gpus/spec_gpus part them: each takes
         # VLLM_GPU_FRACTION of it (vLLM's default 0.9 each cannot start twice on one device; measured
         # live with vLLM 0.26.0). A larger model needs its own fraction: --engine-opt
         # server_args="--gpu-memory-utilization 0.45" (the later flag wins) or one GPU per side.
-        vllm("vllm-mtp", "MTP, 3 speculative tokens (field report 003: INT8 W8A8 with MTP-BF16 draft)",
+        vllm("vllm-mtp", "MTP, 3 speculative tokens (as deployed with an INT8 W8A8 target and a BF16 MTP head)",
              {"method": "mtp", "num_speculative_tokens": 3},
-             source="shared/seeds/003 INT8/INT4 rows (vLLM, MTP only; flags inferred)"),
+             source="the MTP deployment's vLLM runs (INT8/INT4 targets; no launch flags given, so inferred)"),
         vllm("vllm-ngram", "n-gram prompt lookup, 4 speculative tokens",
              {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2}),
     )

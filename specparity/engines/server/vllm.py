@@ -297,7 +297,9 @@ class VLLMLaunch(LaunchConfig):
 
 
 OPTIONS = {
-    **server_options("vLLM", "vllm serve", startup_timeout_s=VLLMLaunch.startup_timeout_s),
+    **server_options("vLLM", "vllm serve", startup_timeout_s=VLLMLaunch.startup_timeout_s,
+                     concurrency_note="; a run or sweep may raise it up to the max_num_seqs every server reports "
+                                      "on its dev-mode /server_info"),
     "max_logprobs": OptionSpec(f"the servers' --max-logprobs (default {DEFAULT_MAX_LOGPROBS}); launches pass it on",
                                parse=parse_positive_int),
     "served_model_name": OptionSpec("the model name sent in requests (default: the first id of GET /v1/models)"),
@@ -542,6 +544,15 @@ def parse_metrics(text: str) -> dict[str, Any]:
 # ---------------------------------------------------------------------------------------------- engine
 
 
+def reported_max_num_seqs(info: dict[str, Any] | None) -> int | None:
+    """``vllm_config.scheduler_config.max_num_seqs`` of a dev-mode ``/server_info?config_format=json``
+    answer (vLLM's ``SchedulerConfig``: the sequences one scheduler step may hold), None when absent."""
+    config = (info or {}).get("vllm_config")
+    scheduler = config.get("scheduler_config") if isinstance(config, dict) else None
+    n = scheduler.get("max_num_seqs") if isinstance(scheduler, dict) else None
+    return n if isinstance(n, int) and not isinstance(n, bool) and n >= 1 else None
+
+
 class VLLMEngine(ServerEngine):
     name = "vllm"
     scorer_description = ("vLLM prompt_logprobs on the baseline server: prompt + continuation, max_tokens 1, "
@@ -556,6 +567,9 @@ class VLLMEngine(ServerEngine):
         self.served_model_name = served_model_name
         #: What the adapter changed or fell back to for this vLLM (e.g. a dropped per-request flag).
         self.notes: list[str] = list(notes)
+        #: Requests in flight without --concurrency, when ``max_concurrency`` is what the servers can
+        #: take (their max_num_seqs) rather than that default (:func:`create`).
+        self.default_concurrency: int | None = None
 
     # ------------------------------------------------------------------ server facts (cached)
     def _fact(self, endpoint: Endpoint, what: str, read: Callable[[], Any]) -> Any:
@@ -600,6 +614,17 @@ class VLLMEngine(ServerEngine):
             return self._fact(endpoint, "server_info", read)
         except ServerError:
             return None
+
+    def max_num_seqs(self) -> int | None:
+        """The fewest sequences any server of both sides schedules at once (``scheduler_config.max_num_seqs``
+        of its dev-mode ``/server_info``); None when one of them does not say."""
+        seen = []
+        for _, endpoint in self.every_server():
+            n = reported_max_num_seqs(self.dev_server_info(endpoint))
+            if n is None:
+                return None
+            seen.append(n)
+        return min(seen) if seen else None
 
     def read_metrics(self, endpoint: Endpoint) -> dict[str, Any]:
         with named_errors(endpoint):
@@ -647,8 +672,8 @@ class VLLMEngine(ServerEngine):
     def capabilities(self) -> Capabilities:
         deterministic, partial = self._deterministic()
         return Capabilities(scoring=True, top_k=self.max_logprobs, counters="aggregate",
-                            max_concurrency=self.max_concurrency, deterministic=deterministic,
-                            deterministic_partial=partial)
+                            max_concurrency=self.max_concurrency, default_concurrency=self.default_concurrency,
+                            deterministic=deterministic, deterministic_partial=partial)
 
     def _deterministic(self) -> tuple[str | None, str | None]:
         """(declared for both sides, declared for only some servers). Launched servers: both get
@@ -760,6 +785,12 @@ def create(options: EngineOptions) -> VLLMEngine:
     engine = VLLMEngine(options, baseline, spec, tokenizer, target=artifact(target) or ArtifactId("", "", ""),
                         draft=artifact(draft), launches=launches, max_concurrency=concurrency(options, spec),
                         max_logprobs=max_logprobs, served_model_name=ex.get("served_model_name"), notes=notes)
+    if not ex.get("max_concurrency"):
+        # what the servers can take bounds a run or sweep level; a plain run keeps the default in flight
+        per_server = engine.max_num_seqs()
+        if per_server is not None:
+            engine.default_concurrency = min(engine.max_concurrency, concurrency(options, spec, per_server))
+            engine.max_concurrency = concurrency(options, spec, per_server)
     if not target:  # name the model the server says it serves (hashed when that path is local)
         try:
             card = engine.model_card(spec.fleet.endpoints[0])
