@@ -18,8 +18,8 @@ from specparity.engines.base import EngineOptions
 from specparity.gate.decision import decide, flip_expectation, tie_flips
 from specparity.judge.flip_budget import expected_flips, measure_flip_rate, poisson_binomial, quantile
 from specparity.judge.noise import measure_noise, robust_figure
-from specparity.judge.resolution import (accepted_draft_positions, row_quantum, scores_quantum, spec_tie_break,
-                                         ulps)
+from specparity.judge.resolution import (accepted_draft_positions, margin_quantum, row_quantum, scores_quantum,
+                                         spec_tie_break, ulps)
 from specparity.model.gate_run import GateConfig, GatePolicy, GateRun, PromptRecord
 from specparity.model.prompts import Prompt
 from specparity.model.threshold import FlipRate, NearTieThreshold, NoiseStats
@@ -46,6 +46,15 @@ def test_the_spacing_is_read_near_the_top_not_from_a_lower_binade():
     """Values far below the top sit in lower binades with a finer spacing; they must not halve the ulp."""
     row = np.array([17.0, 16.875, 16.5, 16.25, 6.03125, 5.0]) - 20.0
     assert row_quantum(row) == 0.125
+
+
+def test_a_row_with_clear_margins_reads_its_spacing_from_the_nearest_values_at_any_distance():
+    top = 20.0
+    row = np.array([top, top, top - 6.5, top - 7.75, top - 9.0]) - 25.0  # a tie, then clear margins
+    assert row_quantum(row) == 0.25
+    s = TokenScores([5], [row[0]], [[5, 6, 7, 8, 9]], [row.tolist()])
+    assert margin_quantum(s, 0, 0.0625) == 0.0625  # never coarser than the margin itself allows
+    assert margin_quantum(s, 0, 0.5) == 0.25
 
 
 def test_scores_quantum_reads_the_row_with_its_alternatives():

@@ -36,7 +36,7 @@ import numpy as np
 
 from specparity.judge.noise import position_deltas
 from specparity.judge.resolution import (accepted_draft_positions, baseline_tie_break, is_tie,
-                                         scores_quantum, spec_tie_break)
+                                         margin_quantum, spec_tie_break)
 from specparity.model.threshold import FLOOR_NATS
 from specparity.model.types import GenerationResult, TokenScores
 from specparity.model.verdicts import TIE_BREAK_WORDS, Divergence, Drift, TFViolation, TokenView, Verdict
@@ -382,7 +382,7 @@ def _describe_divergence(
             spec_rank = scores.rank_of(i, b)
             if lp_b is not None:
                 base_margin = float(scores.logprobs[i]) - lp_b
-                quantum = scores_quantum(scores, i)
+                quantum = margin_quantum(scores, i, base_margin)
         if (base_margin is None and spec_tf is not None and i < len(spec_tf) and spec_tf.reported(i)
                 and int(spec_tf.top_ids[i, 0]) == a):
             # Up to position i both streams share the prefix, so the teacher-forced row that scored
@@ -392,7 +392,7 @@ def _describe_divergence(
             if lp_b is not None:
                 base_margin = float(spec_tf.top_logprobs[i, 0]) - lp_b
                 margin_source = "teacher-forced (the speculative stream's row at the split: same prefix)"
-                quantum = scores_quantum(spec_tf, i)
+                quantum = margin_quantum(spec_tf, i, base_margin)
         if i < len(spec.scores):
             lp_a = spec.scores.logprob_of(i, a)
             base_rank = spec.scores.rank_of(i, a)

@@ -64,7 +64,11 @@ def row_quantum(values: Sequence[float] | np.ndarray) -> float | None:
     if v.size < MIN_DIFFERENCES + 1:
         return None
     d = np.sort(np.abs(v - v.max()))
-    d = d[(d > QUANTUM_TOLERANCE) & (d <= NEAR_NATS)][:NEAREST]
+    d = d[d > QUANTUM_TOLERANCE]
+    near = d[d <= NEAR_NATS][:NEAREST]
+    # too few values near the top (a model with clear margins): the nearest ones at any distance,
+    # whose spacing may be a lower binade's, finer than the top's — an understated ulp, never a coarser one
+    d = near if near.size >= MIN_DIFFERENCES else d[:NEAREST]
     if d.size < MIN_DIFFERENCES:
         return None
     for q in QUANTA:
@@ -72,6 +76,27 @@ def row_quantum(values: Sequence[float] | np.ndarray) -> float | None:
         if np.all(np.abs(r - np.round(r)) * q <= QUANTUM_TOLERANCE):
             return q
     return None
+
+
+def power_of_two_divisor(x: float) -> float | None:
+    """The largest of :data:`QUANTA` that ``x`` is a whole multiple of (None: none, or ``x`` is 0)."""
+    if not x or not np.isfinite(x):
+        return None
+    for q in QUANTA:
+        r = abs(x) / q
+        if abs(r - round(r)) * q <= QUANTUM_TOLERANCE:
+            return q
+    return None
+
+
+def margin_quantum(scores: TokenScores, position: int, margin: float | None) -> float | None:
+    """The resolution a flip's ``margin`` is measured in: the row's quantum (:func:`scores_quantum`),
+    never coarser than the margin itself allows (a margin of 0.0625 cannot be made of 0.125 steps)."""
+    q = scores_quantum(scores, position)
+    if q is None or margin is None or is_tie(margin):
+        return q
+    own = power_of_two_divisor(margin)
+    return None if own is None else min(q, own)
 
 
 def scores_quantum(scores: TokenScores, position: int) -> float | None:
