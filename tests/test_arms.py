@@ -397,3 +397,30 @@ def test_sglang_preempt_without_a_readable_counter_is_not_exercised(capsys, tmp_
     row = rows(tmp_path)["preempt"]
     assert row["status"] == NOT_EXERCISED and "no preemption counter" in " ".join(row["evidence"]["lines"]), row
     assert code == exitcodes.GATE_FAILED, out + err
+
+
+def test_prefix_warm_counts_only_prompts_long_enough_to_be_cached():
+    """vLLM caches whole blocks and recomputes a prompt's last token: a prompt of one block or less can find
+    nothing cached, so it neither proves nor disproves the warm path; with only such prompts nothing is proven."""
+    from types import SimpleNamespace
+
+    from specparity.engines.server.arm_knobs import PREFIX_CACHE_UNIT
+    from specparity.model.arms import ARMS
+    from specparity.model.types import GenerationRequest
+    from specparity.run.arm_runs import collect_evidence
+
+    unit = PREFIX_CACHE_UNIT["vllm"]
+    lengths = {"short": unit, "long": 3 * unit + 1}
+
+    def run_with(cached: dict[str, int]):
+        records = [SimpleNamespace(spec=object(), request=GenerationRequest(rid, [1] * lengths[rid], 8))
+                   for rid in cached]
+        engine = SimpleNamespace(noted_request=lambda rid, spec: {"cached_tokens": cached[rid]}, warm_errors={})
+        plan = SimpleNamespace(arm=ARMS["prefix-warm"], setup=SimpleNamespace(engine_spec="vllm"))
+        return collect_evidence(plan, engine, SimpleNamespace(records=records), {})
+
+    proven = run_with({"short": 0, "long": 2 * unit})
+    assert proven.exercised is True and any("shorter than one cache unit" in line for line in proven.lines)
+    assert run_with({"short": 0, "long": 0}).exercised is False
+    only_short = run_with({"short": 0})
+    assert only_short.exercised is False and any("long enough" in line for line in only_short.lines)

@@ -22,6 +22,7 @@ from specparity.engines.server.arm_knobs import (
     ArmLaunch,
     ArmSetupError,
     ArmSizing,
+    PREFIX_CACHE_UNIT,
     arm_launch,
     kv_cache_dtypes,
     long_prompt_tokens,
@@ -294,15 +295,25 @@ def collect_evidence(plan: ArmPlan, engine: Any, run: Any, before: dict[str, Any
     if name == "prefix-warm":
         cached = request_facts(engine, ids, speculative=True, key="cached_tokens")
         warm_errors = getattr(engine, "warm_errors", {})
-        cold = [rid for rid, n in cached.items() if not n]
+        # a prompt shorter than one cache unit and the token the engine always recomputes has nothing to
+        # find cached (vLLM caches whole blocks): it neither proves nor disproves the warm path
+        unit = PREFIX_CACHE_UNIT.get(plan.setup.engine_spec, 1)
+        length = {r.request.request_id: len(r.request.prompt_ids) for r in judged}
+        short = [rid for rid in cached if length.get(rid, 0) < unit + 1]
+        cached_long = {rid: n for rid, n in cached.items() if rid not in short}
+        cold = [rid for rid, n in cached_long.items() if not n]
         unknown = [rid for rid, n in cached.items() if n is None]
         lines = [f"cached prompt tokens per judged speculative request: "
                  + (", ".join(f"{rid} {n if n is not None else 'unknown'}" for rid, n in cached.items()) or "none")]
         if warm_errors:
             lines.append(f"warm-up failed for {len(warm_errors)} prompt(s): " +
                          "; ".join(f"{k}: {v}" for k, v in list(warm_errors.items())[:3]))
-        if not ids:
-            return Evidence(False, lines + ["no speculative request was judged"], {"cached_tokens": cached})
+        if short:
+            lines.append(f"{len(short)} prompt(s) shorter than one cache unit ({unit} tokens) plus the recomputed "
+                         f"last token, which nothing can be cached for, are not counted: {', '.join(short[:8])}")
+        if not ids or not cached_long:
+            why = "no speculative request was judged" if not ids else "no judged prompt is long enough to be cached"
+            return Evidence(False, lines + [why], {"cached_tokens": cached})
         if unknown:
             lines.append(f"{len(unknown)} answer(s) carried no cached-token count (vLLM needs "
                          "--enable-prompt-tokens-details)")

@@ -26,6 +26,9 @@ from specparity.model.packages import installed_package_dir
 #: vLLM's KV cache block size (``--block-size`` default, tokens) and the tokens of slack each request
 #: needs beyond its prompt and output (speculative lookahead slots of a verify step).
 VLLM_BLOCK_TOKENS = 16
+#: What a prefix cache holds, in tokens, per engine: vLLM caches whole KV blocks; SGLang's radix cache
+#: holds any prefix (page size 1). Either recomputes a prompt's last token.
+PREFIX_CACHE_UNIT = {"vllm": VLLM_BLOCK_TOKENS, "sglang": 1}
 LOOKAHEAD_TOKENS = 16
 #: Preemption counters, and a sample that shows the server's metrics are on: vLLM
 #: (``vllm:num_preemptions``, a counter declared from the start) and SGLang
@@ -39,11 +42,14 @@ LONG_SLACK_TOKENS = 256
 
 #: The engine argument each arm's launch needs, and the source file of the installed engine that declares
 #: its arguments: an installed version without it cannot set the arm up (checked before any launch).
+#: vLLM declares engine arguments in ``engine/arg_utils.py`` and the OpenAI front end's own (such as
+#: ``--enable-prompt-tokens-details``) in ``entrypoints/openai/cli_args.py`` (read in vLLM 0.26.0).
 ARM_ARGUMENTS = {
-    "vllm": ("engine/arg_utils.py", {"preempt": "num_gpu_blocks_override", "prefix-warm": "enable_prompt_tokens_details",
-                                     "fp8-kv": "kv_cache_dtype", "long": "max_model_len"}),
-    "sglang": ("srt/server_args.py", {"preempt": "max_total_tokens", "fp8-kv": "kv_cache_dtype",
-                                      "long": "context_length", "deterministic": "enable_deterministic_inference"}),
+    "vllm": (("engine/arg_utils.py", "entrypoints/openai/cli_args.py"),
+             {"preempt": "num_gpu_blocks_override", "prefix-warm": "enable_prompt_tokens_details",
+              "fp8-kv": "kv_cache_dtype", "long": "max_model_len"}),
+    "sglang": (("srt/server_args.py",), {"preempt": "max_total_tokens", "fp8-kv": "kv_cache_dtype",
+                                         "long": "context_length", "deterministic": "enable_deterministic_inference"}),
 }
 
 
@@ -93,8 +99,10 @@ def requests_in_flight(options: EngineOptions) -> int:
 
 
 def preempt_tokens(sizing: ArmSizing) -> int:
-    """A KV budget (tokens) that holds the largest request but not half of what the ``concurrency``
-    largest requests need at once, so that running them together preempts some mid-decode."""
+    """A KV budget (tokens) that holds the largest request and one block more, far less than what the
+    ``concurrency`` requests in flight need together, so that running them preempts some mid-decode.
+    (Half of their sum was measured not to preempt on vLLM 0.26.0: requests end before their limit, and
+    the scheduler admits only what fits.)"""
     if sizing.concurrency < 2:
         raise ArmSetupError(f"preempt: {sizing.concurrency} request in flight cannot preempt another; raise "
                             "--engine-opt max_concurrency (at least 2)")
@@ -102,8 +110,7 @@ def preempt_tokens(sizing: ArmSizing) -> int:
                    reverse=True)
     if len(sizes) < 2:
         raise ArmSetupError("preempt: one prompt cannot preempt another; select two or more prompts")
-    together = sum(sizes[: sizing.concurrency])
-    return max(sizes[0] + VLLM_BLOCK_TOKENS, together // 2)
+    return sizes[0] + VLLM_BLOCK_TOKENS
 
 
 def preempt_context(sizing: ArmSizing) -> int:
@@ -159,18 +166,23 @@ def check_installed(engine: str, arm: str, options: EngineOptions) -> None:
     another environment: SGLang's ``--engine-opt python``) or the file is unreadable."""
     if engine not in ARM_ARGUMENTS or (engine == "sglang" and options.extra.get("python")):
         return
-    source, needs = ARM_ARGUMENTS[engine]
+    sources, needs = ARM_ARGUMENTS[engine]
     name = needs.get(arm)
     pkg = installed_package_dir(engine)
     if name is None or pkg is None:
         return
-    try:
-        text = (pkg / source).read_text(encoding="utf-8", errors="replace")
-    except OSError:
+    texts = []
+    for source in sources:
+        try:
+            texts.append((pkg / source).read_text(encoding="utf-8", errors="replace"))
+        except OSError:
+            continue
+    if not texts:
         return
-    if name not in text:
+    if not any(name in text for text in texts):
         flag = "--" + name.replace("_", "-")
-        raise ArmSetupError(f"--arms {arm}: the installed {engine} ({pkg / source}) has no {flag} ({name}), which "
+        where = ", ".join(str(pkg / source) for source in sources)
+        raise ArmSetupError(f"--arms {arm}: the installed {engine} ({where}) has no {flag} ({name}), which "
                             "this arm launches with; upgrade it or drop the arm")
 
 
