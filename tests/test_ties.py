@@ -111,7 +111,6 @@ def test_poisson_binomial_matches_enumeration():
 
 def _scores(tokens, margins):
     """Rows whose chosen token beats one alternative (id + 1000) by ``margins`` (negative: the other wins)."""
-    n = len(tokens)
     ids = np.asarray(tokens)
     m = np.asarray(margins, float)
     own, alt = np.where(m >= 0, 0.0, m), np.where(m >= 0, -m, 0.0)

@@ -8,7 +8,6 @@ launched with the arms' settings: the counters still decide whether each arm hap
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from pathlib import Path
@@ -68,17 +67,10 @@ def _run_arms(args: argparse.Namespace) -> int:
 
 
 def _print(args: argparse.Namespace, result: Any, paths: Sequence[Path]) -> None:
+    from specparity.cli.commands import print_outcome
     from specparity.run.arm_runs import terminal_lines
 
-    if args.json:
-        print(json.dumps(result.to_json(), indent=1, default=str))
-        return
-    lines = terminal_lines(result)
-    if args.quiet:
-        lines = lines[:1] + [line for line in lines if line.startswith("FAIL: ")]
-    else:
-        lines += [f"report: {p}" for p in paths]
-    print("\n".join(lines))
+    print_outcome(args, result, terminal_lines(result), paths)
 
 
 def add_arms_command(sub: Any) -> None:

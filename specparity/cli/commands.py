@@ -349,18 +349,23 @@ def _run_sweep(args: argparse.Namespace) -> int:
     return sweep.exit_code
 
 
+def print_outcome(args: argparse.Namespace, result: Any, lines: list[str], paths: Sequence[Path]) -> None:
+    """A multi-run command's outcome (``sweep``, ``arms``): its JSON under ``--json``; else its terminal
+    lines — under ``--quiet`` the verdict line and the failures only, otherwise with the report paths."""
+    if args.json:
+        print(json.dumps(result.to_json(), indent=1, default=str))
+        return
+    if args.quiet:
+        lines = lines[:1] + [line for line in lines if line.startswith("FAIL: ")]
+    else:
+        lines = lines + [f"report: {p}" for p in paths]
+    print("\n".join(lines))
+
+
 def _print_sweep(args: argparse.Namespace, sweep: Any, paths: Sequence[Path]) -> None:
     from specparity.cli.sweep import terminal_lines
 
-    if args.json:
-        print(json.dumps(sweep.to_json(), indent=1, default=str))
-    else:
-        lines = terminal_lines(sweep)
-        if args.quiet:
-            lines = lines[:1] + [line for line in lines if line.startswith("FAIL: ")]
-        else:
-            lines += [f"report: {p}" for p in paths]
-        print("\n".join(lines))
+    print_outcome(args, sweep, terminal_lines(sweep), paths)
 
 
 def add_sweep_command(sub: Any) -> None:

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from specparity.model.files import replace_whole
 from specparity.gate import exitcodes
 from specparity.run.setup import BadInput, GateSetup
 from specparity.run.gate_command import RunRefused
@@ -428,12 +429,5 @@ def sweep_markdown(sweep: SweepResult) -> str:
 def write_sweep(sweep: SweepResult) -> list[Path]:
     """``sweep.json`` and ``sweep.md`` in the sweep's directory, each replaced whole (never half written)."""
     root = Path(sweep.report_dir)
-    root.mkdir(parents=True, exist_ok=True)
-    paths = []
-    for name, text in ((SWEEP_JSON, json.dumps(sweep.to_json(), indent=1, default=str) + "\n"),
-                       (SWEEP_MD, sweep_markdown(sweep))):
-        path, tmp = root / name, root / f".{name}.tmp"
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, path)
-        paths.append(path)
-    return paths
+    return [replace_whole(root / SWEEP_JSON, json.dumps(sweep.to_json(), indent=1, default=str) + "\n"),
+            replace_whole(root / SWEEP_MD, sweep_markdown(sweep))]

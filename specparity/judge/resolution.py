@@ -27,7 +27,7 @@ from typing import Sequence
 import numpy as np
 
 from specparity.model.types import SpecStats, TokenScores
-from specparity.model.verdicts import TIE_BREAK_WORDS, TieBreak  # noqa: F401 (the words live with the data)
+from specparity.model.verdicts import TieBreak
 
 #: A margin at most this is an exact tie: both tokens carry the same logprob at the precision the
 #: engine reports (journals keep 6 decimals; two rounded copies of one value stay equal).

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -31,6 +30,7 @@ from specparity.engines.server.arm_knobs import (
     requests_in_flight,
 )
 from specparity.gate import exitcodes
+from specparity.model.files import replace_whole
 from specparity.model.arms import ARMS, LONG_MIN_TOKENS, NOT_EXERCISED, Arm
 from specparity.model.prompts import Prompt, long_context_prompt
 from specparity.run.gate_command import RunRefused
@@ -303,7 +303,7 @@ def collect_evidence(plan: ArmPlan, engine: Any, run: Any, before: dict[str, Any
         cached_long = {rid: n for rid, n in cached.items() if rid not in short}
         cold = [rid for rid, n in cached_long.items() if not n]
         unknown = [rid for rid, n in cached.items() if n is None]
-        lines = [f"cached prompt tokens per judged speculative request: "
+        lines = ["cached prompt tokens per judged speculative request: "
                  + (", ".join(f"{rid} {n if n is not None else 'unknown'}" for rid, n in cached.items()) or "none")]
         if warm_errors:
             lines.append(f"warm-up failed for {len(warm_errors)} prompt(s): " +
@@ -372,10 +372,7 @@ def _not_run(plan: ArmPlan, why: str) -> ArmResult:
 def write_arm(result: ArmResult) -> None:
     """The arm's proof beside its journal (``arm.json``) and at the end of its ``summary.md``."""
     out = Path(result.report_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    tmp = out / f".{ARM_JSON}.tmp"
-    tmp.write_text(json.dumps(result.to_json(), indent=1, default=str) + "\n", encoding="utf-8")
-    os.replace(tmp, out / ARM_JSON)
+    replace_whole(out / ARM_JSON, json.dumps(result.to_json(), indent=1, default=str) + "\n")
     summary = out / "summary.md"
     if summary.exists():
         lines = [f"## Arm {result.arm}: {result.status}", "", f"- launch: {result.launch}"]
@@ -500,12 +497,5 @@ def arms_markdown(arms: ArmsResult) -> str:
 def write_arms(arms: ArmsResult) -> list[Path]:
     """``arms.json`` and ``arms.md`` in the run's directory, each replaced whole."""
     root = Path(arms.report_dir)
-    root.mkdir(parents=True, exist_ok=True)
-    paths = []
-    for name, text in ((ARMS_JSON, json.dumps(arms.to_json(), indent=1, default=str) + "\n"),
-                       (ARMS_MD, arms_markdown(arms))):
-        path, tmp = root / name, root / f".{name}.tmp"
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, path)
-        paths.append(path)
-    return paths
+    return [replace_whole(root / ARMS_JSON, json.dumps(arms.to_json(), indent=1, default=str) + "\n"),
+            replace_whole(root / ARMS_MD, arms_markdown(arms))]

@@ -57,6 +57,7 @@ import uuid
 from typing import Any, Sequence
 
 from fakes.backend import DATA, DRAFT, TARGET, FixtureBackend, instance_noise, recorded, shared_backend, shortened
+from fakes.prefix_cache import PrefixCache
 from fakes.faults import Rule
 from fakes.server import FakeServer, Reply, Request, json_reply, not_found, refuses
 from specparity.model.constraints import Constraint
@@ -100,7 +101,7 @@ class SGLangServer(FakeServer):
         self.prefix_cache = prefix_cache
         self.prefix_hit_bug = prefix_hit_bug
         #: Prompts the radix cache holds, and the answers flipped on a whole-prompt hit.
-        self.cached_prompts: list[tuple[int, ...]] = []
+        self._prefix_cache = PrefixCache(1)
         self.prefix_flipped: list[str] = []
         self.instance_noise_nats = instance_noise_nats
         if version not in ("0.5.23", "0.5.19"):
@@ -134,22 +135,8 @@ class SGLangServer(FakeServer):
         then cached itself; (0, False) without ``prefix_cache``. The last prompt token is never cached."""
         if not self.prefix_cache:
             return 0, False
-        key = tuple(prompt)
-        best = 0
-        with self._batch_lock:
-            for seen in self.cached_prompts:
-                n = 0
-                for a, b in zip(seen, key):
-                    if a != b:
-                        break
-                    n += 1
-                best = max(best, n)
-            full = key in self.cached_prompts
-            if not full:
-                self.cached_prompts.append(key)
-        return min(best, len(key) - 1), full
+        return self._prefix_cache.lookup(prompt)
 
-    # ------------------------------------------------------------------ /server_info
     def _build_server_info(self) -> dict[str, Any]:
         # the deterministic body differs from the plain one only in the flag (and launch_command); on
         # a speculative server the speculative_* keys are written over it below

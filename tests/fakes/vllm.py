@@ -62,6 +62,7 @@ import uuid
 from typing import Any, Sequence
 
 from fakes.backend import DATA, DRAFT, TARGET, FixtureBackend, recorded, shared_backend, shortened
+from fakes.prefix_cache import PrefixCache
 from fakes.faults import Rule
 from fakes.server import FakeServer, Reply, Request, json_reply, not_found, refuses
 from specparity.model.constraints import Constraint
@@ -104,7 +105,7 @@ class VLLMServer(FakeServer):
         self.kv_cache_dtype = kv_cache_dtype
         self.fp8_bug = fp8_bug
         #: Prompts the prefix cache holds (generation requests only), and the answers flipped by an arm's bug.
-        self.cached_prompts: list[tuple[int, ...]] = []
+        self._prefix_cache = PrefixCache(PREFIX_BLOCK)
         self.arm_flipped: list[str] = []
         #: (prompt ids, kind, text) of every constrained request, for the test to check.
         self.constraints_seen: list[tuple[list[int], str, str]] = []
@@ -254,19 +255,7 @@ class VLLMServer(FakeServer):
         tokens only, and never the prompt's last token (vLLM recomputes it to get the first logits)."""
         if not self.prefix_cache:
             return 0, False
-        key = tuple(prompt)
-        best = 0
-        for seen in self.cached_prompts:
-            n = 0
-            for a, b in zip(seen, key):
-                if a != b:
-                    break
-                n += 1
-            best = max(best, n)
-        full = key in self.cached_prompts
-        if not full:
-            self.cached_prompts.append(key)
-        return min(best, len(key) - 1) // PREFIX_BLOCK * PREFIX_BLOCK, full
+        return self._prefix_cache.lookup(prompt)
 
     def completions(self, body: Any, fault: str | None = None) -> Reply:
         if not isinstance(body, dict):
