@@ -159,7 +159,9 @@ def test_compare_records_the_rule_and_its_checks_follow_the_class(case):
 def test_near_tie_checks_state_the_margin_against_the_measured_noise():
     v = CASES["near_tie"][0]().verdict
     margin = next(c for c in verdict_checks(v, noise=NOISE) if c.what == "baseline_margin")
-    assert margin.numbers == {"margin": 0.0625, "threshold": THRESHOLD, "flip_noise": NOISE.flip_noise}
+    assert margin.numbers == {"margin": 0.0625, "threshold": THRESHOLD, "flip_noise": NOISE.flip_noise,
+                              "ulps": round(v.divergence.margin_ulps), "ulp_nats": v.divergence.ulp_nats}
+    assert v.divergence.ulp_nats is not None and "ulp" in margin.text  # its rows are bf16-spaced: the ulps are said
     assert margin.text.endswith(f"reaches {NOISE.flip_noise:.3g} nats, so this margin is inside the measured noise itself")
     # the noise is the run's, passed in: without it the check says nothing about noise
     alone = next(c for c in verdict_checks(v) if c.what == "baseline_margin")
