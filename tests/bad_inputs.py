@@ -70,7 +70,8 @@ FIXTURE_TARGET = "fixtures/models/target"
 
 CASES: tuple[Case, ...] = (
     Case("engine-opt-typo", ("suites/lossless", "--engine", LOOPS, "--engine-opt", "bugs=short_crop"),
-         "--engine-opt bugs: unknown key for engine 'hf-loop' (it knows: attn_implementation, bug, kv_scales, stop_token_ids)"),
+         "--engine-opt bugs: unknown key for engine 'hf-loop' (it knows: attn_implementation, bug, kv_scales, stop_token_ids, "
+         "tie_rule)"),
     Case("engine-opt-bad-value", ("suites/lossless", "--engine", LOOPS, "--engine-opt", "bug=nosuch"),
          "--engine-opt bug='nosuch': expected one of accept_unverified"),
     Case("engine-opt-no-equals", ("suites/lossless", "--engine-opt", "attn_implementation"),

@@ -441,7 +441,9 @@ def test_near_tie_flip_is_explained_from_its_verdict():
     rec = by_class(run, "near_tie")
     v, d = rec.verdict, rec.verdict.divergence
     card = unescape(card_html(page, rec.prompt.id))
-    assert f"baseline margin {d.baseline_margin:.4g} nats ≤ near-tie threshold {v.threshold:.4g} nats" in card
+    n = None if d.margin_ulps is None else round(d.margin_ulps)
+    ulps = "" if n is None else f" ({n:g} ulp{'s' if n != 1 else ''} of {d.ulp_nats:g} at this row's resolution)"
+    assert f"baseline margin {d.baseline_margin:.4g} nats{ulps} ≤ near-tie threshold {v.threshold:.4g} nats" in card
     assert f"{math.exp(-d.baseline_margin):.3f}× the probability" in card
     assert d.baseline_margin <= run.threshold.flip_noise and "inside the measured noise itself" in card
     later = [t for t in v.tf_violations if t.position > d.position]
@@ -453,7 +455,7 @@ def test_near_tie_flip_is_explained_from_its_verdict():
     assert f"{run.config.policy.max_near_tie:.0%} of the prompts" in card
     assert f"{d.baseline_margin:.6g} ≤ threshold {v.threshold:.4g}" in card  # the margin table says it too
     details = md_details(md, rec.prompt.id)
-    assert f"✅ baseline margin {d.baseline_margin:.4g} nats ≤ near-tie threshold {v.threshold:.4g} nats" in details
+    assert f"✅ baseline margin {d.baseline_margin:.4g} nats{ulps} ≤ near-tie threshold {v.threshold:.4g} nats" in details
     assert "```text" in details
     assert f"⟦{d.baseline_token.text}⟧" in details and f"⟦{d.spec_token.text}⟧" in details
 
