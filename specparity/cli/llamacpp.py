@@ -31,7 +31,8 @@ def _build(args: argparse.Namespace, _parser: argparse.ArgumentParser) -> int:
     from specparity.engines.server.llamacpp_build import build_argv, run_build
 
     return run_build(build_argv(cache=args.cache, version=args.version, backend=args.backend, jobs=args.jobs,
-                                nice=args.nice, src_only=args.src_only, print_key=args.print_key))
+                                nice=args.nice, src_only=args.src_only, print_key=args.print_key,
+                                print_flags=args.print_flags))
 
 
 def _convert(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
@@ -63,6 +64,7 @@ def build_parser() -> OneLineParser:
     b.add_argument("--nice", type=int, metavar="N", help="niceness of the compiler (default 10)")
     b.add_argument("--src-only", action="store_true", help="only download and unpack the source; print its path")
     b.add_argument("--print-key", action="store_true", help="only print the cache key of this configuration")
+    b.add_argument("--print-flags", action="store_true", help="only print its cmake flags, one a line")
     b.set_defaults(func=_build, command_parser=b)
     c = sub.add_parser("convert", help="convert Hugging Face model dirs (or the checkout's fixtures) to GGUF",
                        description=convert_doc.split("\n\n")[0].replace("\n", " "))

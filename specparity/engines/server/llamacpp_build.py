@@ -22,7 +22,7 @@ BACKENDS = ("cpu", "cuda")
 
 def build_argv(*, cache: str | None = None, version: str | None = None, backend: str | None = None,
                jobs: int | None = None, nice: int | None = None, src_only: bool = False,
-               print_key: bool = False) -> list[str]:
+               print_key: bool = False, print_flags: bool = False) -> list[str]:
     """The script's arguments for these options (None: the script's default or its environment variable)."""
     argv: list[str] = []
     for flag, value in (("--cache", cache), ("--version", version), ("--backend", backend), ("--jobs", jobs),
@@ -33,6 +33,8 @@ def build_argv(*, cache: str | None = None, version: str | None = None, backend:
         argv.append("--src-only")
     if print_key:
         argv.append("--print-key")
+    if print_flags:
+        argv.append("--print-flags")
     return argv
 
 

@@ -4,6 +4,7 @@
 #
 #   specparity llamacpp build [--cache DIR] [--version V] [--backend cpu|cuda]
 #                                         [--jobs N] [--nice N] [--src-only] [--print-key]
+#                                         [--print-flags]
 #
 # Defaults: cache ${SPECPARITY_CACHE:-$HOME/.cache/specparity}, version 11434.0.0,
 # backend cpu, jobs $(nproc), nice 10.  Environment overrides: SPECPARITY_CACHE,
@@ -32,6 +33,7 @@ NICE="${LLAMACPP_NICE:-10}"
 PYPI="${SPECPARITY_PYPI_URL:-https://pypi.org}"
 SRC_ONLY=0
 PRINT_KEY=0
+PRINT_FLAGS=0
 
 die() { echo "build_llama_server: error: $*" >&2; exit 1; }
 log() { echo "build_llama_server: $*" >&2; }
@@ -45,7 +47,8 @@ while [ $# -gt 0 ]; do
     --nice) NICE="$2"; shift 2 ;;
     --src-only) SRC_ONLY=1; shift ;;
     --print-key) PRINT_KEY=1; shift ;;
-    -h|--help) sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --print-flags) PRINT_FLAGS=1; shift ;;
+    -h|--help) sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) die "unknown argument: $1 (see --help)" ;;
   esac
 done
@@ -108,6 +111,7 @@ fi
 HASH="$(printf '%s' "$KEY_TEXT" | sha256sum | cut -c1-10)"
 KEY="$VERSION-$BACKEND-$HASH"
 if [ "$PRINT_KEY" = 1 ]; then echo "$KEY"; exit 0; fi
+if [ "$PRINT_FLAGS" = 1 ]; then printf '%s\n' "${FLAGS[@]}"; exit 0; fi
 
 PREFIX="$CACHE/llama-server/$KEY"
 BIN="$PREFIX/bin/llama-server"
