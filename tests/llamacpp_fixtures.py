@@ -58,7 +58,7 @@ def binary_missing() -> str | None:
     binary = find_binary()
     if binary is None:
         return ("no llama-server binary (build one with `bash ci/llamacpp.sh` or "
-                "`tools/llamacpp/build_llama_server.sh`, or set $SPECPARITY_LLAMA_SERVER)")
+                "`specparity llamacpp build`, or set $SPECPARITY_LLAMA_SERVER)")
     if not binary.is_file() or not os.access(binary, os.X_OK):
         return f"llama-server {binary} is not an executable file"
     return None
@@ -73,7 +73,7 @@ def llamacpp_missing() -> str | None:
     missing = [name for name in REQUIRED_GGUFS if not (ggufs / name).is_file()]
     if missing:
         return (f"no fixture GGUF {', '.join(missing)} in {ggufs} "
-                "(convert the fixtures with `python tools/llamacpp/convert_gguf.py`)")
+                "(convert the fixtures with `specparity llamacpp convert`)")
     return None
 
 
@@ -100,6 +100,27 @@ def require_llama_server() -> Path:
     binary = find_binary()
     assert binary is not None
     return binary
+
+
+#: The precision of the quantized fixture target (``specparity llamacpp convert --outtype q8_0``).
+QUANTIZED = "q8_0"
+
+
+def quantized_gguf_dir() -> Path:
+    """Where ``specparity llamacpp convert --outtype q8_0`` writes the fixtures: the f16 directory's
+    key with the precision appended."""
+    ggufs = fixture_gguf_dir()
+    return ggufs.with_name(f"{ggufs.name}-{QUANTIZED}")
+
+
+def require_quantized_target() -> tuple[Path, Path]:
+    """(llama-server binary, the fixture target quantized to Q8_0); skip or fail as
+    :func:`require_llamacpp` when either is missing."""
+    binary = require_llama_server()
+    target = quantized_gguf_dir() / "target.gguf"
+    _skip_or_fail(None if target.is_file() else
+                  f"no {target} (make it with `specparity llamacpp convert --outtype {QUANTIZED} --only target`)")
+    return binary, target
 
 
 @pytest.fixture

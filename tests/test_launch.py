@@ -167,3 +167,32 @@ def test_launch_configs_apply_options_over_the_preset(tmp_path):
     assert (spec.spec_type, spec.draft_n_max, spec.draft) == ("draft-dflash", 7, str(tmp_path / "x.gguf"))
     with pytest.raises(ValueError, match="--draft .*nope.gguf: expected an existing .gguf file"):
         launch_configs(replace(opts, draft=str(tmp_path / "nope.gguf")))
+
+
+#: A stand-in for a llama-server built for another CPU: it dies of SIGILL before it listens, as the
+#: real one does on its first AMX instruction. The disposition is reset first: an inherited handler
+#: (faulthandler) would turn the signal into an ordinary exit.
+SIGILL_SERVER = """#!{python}
+import os, signal, sys
+print("loading model", flush=True)
+signal.signal(signal.SIGILL, signal.SIG_DFL)
+os.kill(os.getpid(), signal.SIGILL)
+"""
+
+
+def test_a_server_killed_by_a_signal_at_start_up_is_named_by_the_signal_and_its_cause(tmp_path):
+    import signal
+
+    fake = tmp_path / "llama-server"
+    fake.write_text(SIGILL_SERVER.format(python=sys.executable))
+    fake.chmod(0o755)
+    model = tmp_path / "target.gguf"
+    model.write_bytes(b"GGUF")
+    proc = LlamaServerLaunch(str(fake), str(model)).process("llama-server-base", log_dir=str(tmp_path))
+    with pytest.raises(LaunchError) as err:
+        proc.start()
+    message = str(err.value)
+    assert message.startswith(f"llama-server-base was killed by {signal.Signals.SIGILL.name} (illegal instruction: "
+                              "the binary uses CPU instructions this machine does not have"), message
+    assert "exited with code" not in message and "loading model" in message, message
+    assert not proc.alive()

@@ -6,6 +6,8 @@ get one; with ``SPECPARITY_REQUIRE_LLAMACPP=1`` (CI) they fail instead.
 
 * ``pytest suites/lossless --engine llamacpp`` passes on the default suite with drafting active,
   for a standalone draft, an n-gram mode and ``draft-dflash``, and at concurrency 2;
+* a target quantized to Q8_0 (the quantized CPU matmul kernels, where a build for another CPU
+  dies) loads and passes with n-gram drafting active;
 * a speculative server that serves another model is refused before anything is judged;
 * the same DFlash2 draft accepts alike under the reference ``dflash`` decoder and llama.cpp, and a
   different draft does not (``specparity.gate.parity``).
@@ -20,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from inprocess import run_pytest
-from llamacpp_fixtures import require_llamacpp
+from llamacpp_fixtures import require_llamacpp, require_quantized_target
 from specparity.gate import exitcodes
 from specparity.model.locations import REPO_ROOT
 from specparity.model.prompts import load_prompts
@@ -96,6 +98,30 @@ def test_other_spec_types_pass_with_drafting_active(llamacpp, tmp_path, preset):
     assert_all_exact(lines)
     proposed, accepted = spec_totals(lines)
     assert accepted > 0, (preset, proposed, accepted)
+
+
+def test_a_q8_0_target_loads_and_passes_with_drafting_active(tmp_path):
+    """The fixture target quantized to Q8_0 on both servers, n-gram drafting on the speculative one:
+    the server runs the quantized matmul kernels (the f16/f32 fixtures never reach them, and a
+    build that uses CPU instructions this machine lacks dies there), and the gate passes on them."""
+    _, target = require_quantized_target()
+    info = json.loads((target.parent / "convert-info.json").read_text())["models"]["target"]
+    assert "Q8_0" in info["gguf"]["tensor_types"], info["gguf"]["tensor_types"]
+    categories = ("repeat", "code", "zh_qa")
+    code, out, lines = gate("--preset", "llamacpp-ngram-simple", "--target", str(target),
+                            "--categories", ",".join(categories), "--max-new-tokens", "32", *SELECTED, report=tmp_path)
+    assert code == 0, out[-4000:]
+    judged = [x for x in lines if x["kind"] == "prompt"]
+    expected = [p.id for p in load_prompts(REPO_ROOT / "prompts" / "default.jsonl").prompts if p.category in categories]
+    assert sorted(x["verdict"]["prompt_id"] for x in judged) == sorted(expected)
+    classes = [x["verdict"]["class"] for x in judged]
+    assert set(classes) <= {"exact", "near_tie"}, [(x["verdict"]["prompt_id"], x["verdict"]["reason"]) for x in judged]
+    assert f"exact {classes.count('exact')}, near_tie {classes.count('near_tie')}, drifted 0, diverged 0, error 0" in out
+    proposed, accepted = spec_totals(lines)
+    assert accepted > 0, (proposed, accepted)
+    for side in ("baseline", "spec"):
+        log = (tmp_path / "servers" / f"llama-server-{side}.log").read_text()
+        assert f"loading model '{target}'" in log, f"llama-server-{side} did not load {target}"
 
 
 def test_concurrent_requests_on_two_slots(llamacpp, tmp_path):

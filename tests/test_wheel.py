@@ -183,3 +183,23 @@ def test_a_broken_loop_of_the_team_fails_the_gate(installed):
                                 "--target", TARGET, "--draft", HF_DRAFT, *FAST, "--report", "out-broken"),
                   exitcodes.GATE_FAILED)
     assert proc.stdout.startswith("specparity lossless gate: FAIL") and "speculation inactive" in proc.stdout
+
+
+def test_the_llamacpp_commands_ship_in_the_wheel(installed):
+    """`specparity llamacpp build|convert` run from the wheel alone: the packaged build script (the
+    same file the checkout's tools/llamacpp/build_llama_server.sh runs, hence the same key), the
+    converter's options, and bad options as one line with exit 4."""
+    proc = _check(installed.run(installed.python, "-c", "from specparity.engines.server.llamacpp_build import "
+                                "BUILD_SCRIPT; print(BUILD_SCRIPT)"))
+    script = Path(proc.stdout.strip())
+    assert script.is_relative_to(installed.venv) and script.is_file(), script
+    key = _check(installed.run("specparity", "llamacpp", "build", "--print-key")).stdout.strip()
+    checkout = subprocess.run(["bash", str(REPO_ROOT / "tools" / "llamacpp" / "build_llama_server.sh"), "--print-key"],
+                              capture_output=True, text=True, env=installed.env(), timeout=60)
+    assert checkout.returncode == 0 and key == checkout.stdout.strip(), (key, checkout.stdout, checkout.stderr)
+    assert "--print-key" in _check(installed.run("specparity", "llamacpp", "build", "--help")).stdout
+    assert "--outtype" in _check(installed.run("specparity", "llamacpp", "convert", "--help")).stdout
+    for argv, named in ((("build", "--no-such-option"), "--no-such-option"), (("build", "--backend", "rocm"), "rocm"),
+                        (("convert", "--outtype", "q3"), "q3"), (("convert",), "--model")):
+        proc = _check(installed.run("specparity", "llamacpp", *argv), exitcodes.BAD_INPUT)
+        assert proc.stdout == "" and proc.stderr.count("\n") == 1 and named in proc.stderr, (argv, proc.stderr)

@@ -436,6 +436,12 @@ def _golden_commands() -> tuple[Callable[[Any], None], ...]:
     return GOLDEN
 
 
+def _llamacpp_command(sub: Any) -> None:
+    from specparity.cli.llamacpp import add_llamacpp_command
+
+    add_llamacpp_command(sub)
+
+
 def _arms_command(sub: Any) -> None:
     from specparity.cli.arms import add_arms_command
 
@@ -443,7 +449,7 @@ def _arms_command(sub: Any) -> None:
 
 
 COMMANDS: tuple[Callable[[Any], None], ...] = (add_run_command, add_sweep_command, _arms_command, *_golden_commands(),
-                                                add_lossless_command, add_probe_command)
+                                                add_lossless_command, add_probe_command, _llamacpp_command)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -474,6 +480,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["lossless"]:
         return run_lossless(argv[1:])
+    if argv[:1] == ["llamacpp"]:  # its own parser: options shared with tools/llamacpp/, bad ones in one line
+        from specparity.cli.llamacpp import main as llamacpp_main
+
+        return llamacpp_main(argv[1:])
     parser = build_parser()
     try:
         args = parser.parse_args(argv)

@@ -37,7 +37,7 @@ from specparity.engines.base import (
 )
 from specparity.engines.common import load_tokenizer
 from specparity.engines.server.http import Endpoint, Fleet, ServerError, check_url
-from specparity.engines.server.launch import LaunchConfig, ServerProcess
+from specparity.engines.server.launch import LaunchConfig, ServerProcess, describe_exit
 from specparity.engines.server.presets import presets_for
 from specparity.model.prompts import encode_prompt
 from specparity.model.types import (
@@ -469,8 +469,8 @@ class ServerEngine:
             msg = f"{endpoint.base_url}: {msg}"
         for proc in session.processes:
             if proc.url == endpoint.base_url and not proc.alive():
-                code = proc.process.returncode if proc.process else "?"
-                msg += f"; the {session.role} server process exited ({code}); log {proc.log_path}"
+                code = proc.process.returncode if proc.process else None
+                msg += f"; {describe_exit(f'the {session.role} server process', code)}; log {proc.log_path}"
         return msg
 
     def score(self, prompt_ids: Sequence[int], continuation_ids: Sequence[int], top_k: int) -> TokenScores:

@@ -40,6 +40,32 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
+#: Why a server process usually dies of a signal, for the one-line message that names it: a bare
+#: "exited with code -4" sends the reader to a signal table before the real cause.
+SIGNAL_CAUSES: dict[int, str] = {
+    signal.SIGILL: ("illegal instruction: the binary uses CPU instructions this machine does not have, e.g. AMX or "
+                    "AVX-512 from a -march=native build on another CPU"),
+    signal.SIGKILL: "killed from outside, e.g. by the kernel's out-of-memory killer or a timeout",
+    signal.SIGSEGV: "segmentation fault: a crash inside the server",
+    signal.SIGABRT: "aborted: a failed assertion or an uncaught exception inside the server, see its log",
+    signal.SIGBUS: "bus error: a truncated or changed model file mapped into memory, or a crash",
+    signal.SIGFPE: "arithmetic fault inside the server",
+}
+
+
+def describe_exit(name: str, code: int | None) -> str:
+    """``"<name> exited with code N"``, or for a negative Popen return code (death by a signal)
+    ``"<name> was killed by SIGILL (<likely cause>)"``."""
+    if code is None or code >= 0:
+        return f"{name} exited with code {code}"
+    try:
+        sig = signal.Signals(-code)
+    except ValueError:
+        return f"{name} was killed by signal {-code}"
+    cause = SIGNAL_CAUSES.get(sig)
+    return f"{name} was killed by {sig.name}" + (f" ({cause})" if cause else "")
+
+
 class LaunchError(RuntimeError):
     """A server that did not come up; the message carries the tail of its log."""
 
@@ -111,7 +137,7 @@ class ServerProcess:
             while time.monotonic() < deadline:
                 code = self.process.poll() if self.process else -1
                 if code is not None:
-                    raise LaunchError(f"{self.name} exited with code {code} during start-up; log {self.log_path}:\n"
+                    raise LaunchError(f"{describe_exit(self.name, code)} during start-up; log {self.log_path}:\n"
                                       f"{self.log_tail()}")
                 try:
                     reason = check(endpoint) or ""

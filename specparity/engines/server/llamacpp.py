@@ -180,7 +180,7 @@ class LlamaServerLaunch(LaunchConfig):
 
 OPTIONS = {
     "binary": OptionSpec("llama-server binary (default: $SPECPARITY_LLAMA_SERVER, else the newest build in the cache, "
-                         "tools/llamacpp/build_llama_server.sh)"),
+                         "`specparity llamacpp build`)"),
     "tokenizer": OptionSpec("Hugging Face tokenizer directory used to encode prompts instead of the server's own "
                             "/tokenize and /apply-template (default: the server's)"),
     "parallel": OptionSpec("server slots per launch (--parallel): requests in flight per server", parse=parse_positive_int),
@@ -196,7 +196,7 @@ OPTIONS = {
 
 def _resolve_paths(options: EngineOptions, spec_type: str) -> tuple[str, str | None]:
     """(target GGUF, draft GGUF or None) from --target/--draft or the converted fixtures."""
-    hint = "convert the fixtures with `python tools/llamacpp/convert_gguf.py`"
+    hint = "convert the fixtures with `specparity llamacpp convert`"
     if not options.target and not in_checkout():
         raise ValueError("--target: not given, and the installed specparity package carries no fixture models; "
                          "give the target GGUF (--target PATH.gguf)")
@@ -238,7 +238,7 @@ def launch_configs(options: EngineOptions) -> tuple[LlamaServerLaunch, LlamaServ
     if binary is None or not binary.is_file() or not os.access(binary, os.X_OK):
         raise ValueError(
             f"--engine-opt binary={binary}: not an executable llama-server" if binary else
-            "no llama-server binary: build one with `tools/llamacpp/build_llama_server.sh` (cached in "
+            "no llama-server binary: build one with `specparity llamacpp build` (cached in "
             f"{user_cache_dir() / 'llama-server'}) or pass --engine-opt binary=PATH / $SPECPARITY_LLAMA_SERVER"
         )
     target, draft = _resolve_paths(options, spec_type)
