@@ -33,6 +33,7 @@ none. The keywords of vLLM's ``check_outputs_equal`` work as well::
 
 from __future__ import annotations
 
+import math
 from typing import Any, Callable, Iterable, Sequence, Union
 
 from specparity.engines.offline_outputs import OutputContext, to_result, unreported
@@ -157,8 +158,8 @@ def check_lossless(
         nats, how = 0.0, "none given"
     else:
         nats = float(threshold)
-        if not nats >= 0:
-            raise ValueError(f"check_lossless: threshold must be a non-negative number of nats, got {threshold}")
+        if not (math.isfinite(nats) and nats >= 0):  # inf would call any flip a near tie, NaN none
+            raise ValueError(f"check_lossless: threshold must be a finite non-negative number of nats, got {threshold}")
         how = f"{nats:.4g} nats"
     stops = tuple(int(t) for t in stop_token_ids)
     show = decode or (lambda ids: " ".join(str(int(t)) for t in ids))

@@ -236,3 +236,23 @@ def test_a_loop_accepting_drafts_several_ulps_from_the_argmax_fails(tie_target, 
                if r.verdict.klass == "diverged" and r.verdict.divergence is not None
                and r.verdict.divergence.baseline_margin is not None]
     assert any(m > threshold for m in margins) or any(r.verdict.own_row_rejected for r in run.records), margins
+
+
+# ------------------------------------------------------------------ non-finite thresholds are refused
+@pytest.mark.parametrize("threshold", [float("inf"), float("nan"), -0.1])
+def test_check_lossless_refuses_a_threshold_that_is_not_a_finite_number_of_nats(threshold):
+    from specparity.api import check_lossless
+
+    with pytest.raises(ValueError, match="finite non-negative number of nats"):
+        check_lossless([[1, 2]], [[1, 2]], threshold=threshold, max_new_tokens=2)
+
+
+@pytest.mark.parametrize("flag,value", [("--near-tie-nats", "nan"), ("--near-tie-nats", "inf"),
+                                        ("--near-tie-ceiling", "nan"), ("--near-tie-ceiling", "inf")])
+def test_compare_refuses_a_threshold_or_ceiling_that_is_not_finite(tmp_path, flag, value, capsys):
+    """One line naming the option, exit 4, before any journal is read (the paths need not exist)."""
+    from specparity.cli.commands import main
+
+    code = main(["compare", str(tmp_path / "old"), str(tmp_path / "new"), flag, value])
+    err = capsys.readouterr().err
+    assert code == 4 and f"{flag} {value}: expected a finite number" in err, err

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -215,6 +216,10 @@ def _run_compare(args: argparse.Namespace) -> int:
     from specparity.run.setup import BadInput
     from specparity.report.render import terminal_lines
 
+    for flag, value, low in (("--near-tie-nats", args.near_tie_nats, 0.0),
+                             ("--near-tie-ceiling", args.near_tie_ceiling, 1e-6)):
+        if value is not None and not (math.isfinite(value) and value >= low):
+            raise BadInput(f"{flag} {value:g}: expected a finite number >= {low:g}")
     if args.near_tie_nats is not None and args.near_tie_nats > args.near_tie_ceiling:
         raise BadInput(near_tie_above_ceiling(args.near_tie_nats, args.near_tie_ceiling))
     rules = _compare_rules(args)
