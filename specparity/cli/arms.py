@@ -8,7 +8,6 @@ launched with the arms' settings: the counters still decide whether each arm hap
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 from typing import Any, Sequence
@@ -35,11 +34,10 @@ def _run_arms(args: argparse.Namespace) -> int:
     from specparity.cli.option_table import gate_dests
     from specparity.cli.options import build_setup
     from specparity.model.arms import parse_arms
+    from specparity.engines.libraries import configure_libraries
     from specparity.run.arm_runs import engine_kind, plan_arms, run_arms, write_arms
 
-    for key, value in (("HF_HUB_OFFLINE", "1"), ("TRANSFORMERS_OFFLINE", "1"), ("TOKENIZERS_PARALLELISM", "false"),
-                       ("HF_HUB_DISABLE_PROGRESS_BARS", "1")):
-        os.environ.setdefault(key, value)
+    configure_libraries(args.verbose)
     raw = {dest: getattr(args, dest) for dest in gate_dests()}
     check_arms_options(raw)
     setup = build_setup(raw, check_report=True)
@@ -74,8 +72,7 @@ def _print(args: argparse.Namespace, result: Any, paths: Sequence[Path]) -> None
 
 
 def add_arms_command(sub: Any) -> None:
-    from specparity.cli.commands import EXIT_CODES_EPILOG
-    from specparity.cli.option_table import add_gate_options
+    from specparity.cli.commands import EXIT_CODES_EPILOG, add_outcome_options
     from specparity.model.arms import ARMS
 
     p = sub.add_parser(
@@ -97,12 +94,6 @@ def add_arms_command(sub: Any) -> None:
     p.add_argument("--prelaunched", action="store_true",
                    help="with --baseline-url/--spec-url: the servers were launched with the arms' settings (see "
                    "docs/ARMS.md); without it an arm that changes the launch is refused there")
-    add_gate_options(lambda name, description: p.add_argument_group(name, description).add_argument)
-    p.set_defaults(report=ARMS_REPORT)
-    for action in p._actions:  # the shared --report help names the gate's default, not this command's
-        if action.dest == "report":
-            action.help = f"report directory (default {ARMS_REPORT}): arms.md, arms.json and one directory per arm"
-    out = p.add_argument_group("output")
-    out.add_argument("--json", action="store_true", help="print arms.json on stdout instead of the table")
-    out.add_argument("-q", "--quiet", action="store_true", help="print only the verdict line and the failures")
+    add_outcome_options(p, ARMS_REPORT, "arms.md, arms.json and one directory per arm",
+                        "print arms.json on stdout instead of the table")
     p.set_defaults(func=_run_arms)

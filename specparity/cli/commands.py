@@ -349,6 +349,22 @@ def _run_sweep(args: argparse.Namespace) -> int:
     return sweep.exit_code
 
 
+def add_outcome_options(p: argparse.ArgumentParser, report: str, report_holds: str, json_help: str) -> None:
+    """A multi-run command's options (``sweep``, ``arms``): the gate's own, with ``--report`` defaulting
+    to ``report`` (which holds ``report_holds``), and its output group (--json, -q, -v)."""
+    from specparity.cli.option_table import add_gate_options
+
+    add_gate_options(lambda name, description: p.add_argument_group(name, description).add_argument)
+    p.set_defaults(report=report)
+    for action in p._actions:  # the shared --report help names the gate's default, not this command's
+        if action.dest == "report":
+            action.help = f"report directory (default {report}): {report_holds}"
+    out = p.add_argument_group("output")
+    out.add_argument("--json", action="store_true", help=json_help)
+    out.add_argument("-q", "--quiet", action="store_true", help="print only the verdict line and the failures")
+    out.add_argument("-v", "--verbose", action="store_true", help=VERBOSE_HELP)
+
+
 def print_outcome(args: argparse.Namespace, result: Any, lines: list[str], paths: Sequence[Path]) -> None:
     """A multi-run command's outcome (``sweep``, ``arms``): its JSON under ``--json``; else its terminal
     lines — under ``--quiet`` the verdict line and the failures only, otherwise with the report paths."""
@@ -369,8 +385,6 @@ def _print_sweep(args: argparse.Namespace, sweep: Any, paths: Sequence[Path]) ->
 
 
 def add_sweep_command(sub: Any) -> None:
-    from specparity.cli.option_table import add_gate_options
-
     p = sub.add_parser(
         "sweep",
         help="run the gate at several concurrency levels on the same servers and report batch-dependent flips",
@@ -384,15 +398,8 @@ def add_sweep_command(sub: Any) -> None:
     )
     p.add_argument("--levels", required=True, metavar="N,M,...",
                    help="requests in flight per phase at each level: two or more distinct positive integers, e.g. 1,4,16")
-    add_gate_options(lambda name, description: p.add_argument_group(name, description).add_argument)
-    p.set_defaults(report=SWEEP_REPORT)
-    for action in p._actions:  # the shared --report help names the gate's default, not the sweep's
-        if action.dest == "report":
-            action.help = f"report directory (default {SWEEP_REPORT}): sweep.md, sweep.json and one cN directory per level"
-    out = p.add_argument_group("output")
-    out.add_argument("--json", action="store_true", help="print sweep.json on stdout instead of the summary")
-    out.add_argument("-q", "--quiet", action="store_true", help="print only the verdict line and the failures")
-    out.add_argument("-v", "--verbose", action="store_true", help=VERBOSE_HELP)
+    add_outcome_options(p, SWEEP_REPORT, "sweep.md, sweep.json and one cN directory per level",
+                        "print sweep.json on stdout instead of the summary")
     p.set_defaults(func=_run_sweep)
 
 
