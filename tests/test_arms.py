@@ -35,8 +35,8 @@ from specparity.engines.server.arm_knobs import (
     preempt_tokens,
 )
 from specparity.gate import exitcodes
-from specparity.model.arms import ARMS, NOT_EXERCISED, parse_arms
-from specparity.run.arm_runs import ARM_JSON, ARMS_JSON, ARMS_MD
+from specparity.model.arms import ARMS, LONG_MIN_TOKENS, NOT_EXERCISED, parse_arms
+from specparity.run.arm_runs import ARM_JSON, ARMS_JSON, ARMS_MD, LONG_FIT_TOKENS
 
 #: Prompts per run: few, so every request of a phase is in flight at once under the preempt arm.
 PER_CATEGORY = {"math": 2, "code": 2}
@@ -374,6 +374,31 @@ def test_a_bug_only_under_fp8_kv_is_caught_by_the_fp8_arm_with_its_bias_line(cap
     assert row["status"] == "FAIL" and row["evidence"]["exercised"] is True, row
     assert row["bias"] and row["bias"].startswith("decode/prefill bias: mean signed Δmargin"), row
     assert f"arm fp8-kv: {row['bias']}" in out
+    assert code == exitcodes.GATE_FAILED, out + err
+
+
+def test_a_bug_only_beyond_16k_tokens_is_caught_only_by_the_long_arm(capsys, tmp_path, prompts):
+    """The long arm sends 32K-token prompts (the long fixture's 40960 positions allow them); a speculative
+    server that goes wrong only past 16K tokens passes the default arm and fails the long one. The
+    emulator's model does not see the first LONG_MIN_TOKENS - 512 tokens of a long prompt, so both arms
+    run on the CPU."""
+    prompt_file, _chosen = prompts
+    long_target = TARGET.parent / "long"
+    drop = LONG_MIN_TOKENS - 512
+    with VLLMServer(drop_leading=drop) as base, \
+            VLLMServer(speculative=True, drop_leading=drop, long_bug_tokens=16384) as spec:
+        args = url_args("vllm", base, spec, prompt_file, tmp_path)
+        args[args.index("--target") + 1] = str(long_target)
+        code, out, err = arms(capsys, *args, "--arms", "default,long", "--prelaunched")
+    got = rows(tmp_path)
+    assert got["default"]["status"] == "PASS", got["default"]
+    long_row = got["long"]
+    assert long_row["status"] == "FAIL" and long_row["evidence"]["exercised"] is True, long_row
+    assert long_row["counts"]["diverged"] + long_row["counts"]["drifted"] >= 1, long_row
+    assert spec.arm_flipped and all(len(p.split(",")) > 16384 for p in spec.arm_flipped)
+    # sized with the target's tokenizer: at least the arm's size, and within the context the arm launches
+    sizes = long_row["evidence"]["facts"]["prompt_tokens"].values()
+    assert sizes and all(LONG_MIN_TOKENS <= n <= LONG_MIN_TOKENS + LONG_FIT_TOKENS for n in sizes), sizes
     assert code == exitcodes.GATE_FAILED, out + err
 
 

@@ -304,6 +304,11 @@ LAUNCH_32K_DFLASH2 = ("python -m sglang.launch_server --model-path ./FP8 --conte
 LAUNCH_32K_MTP = ("python -m sglang.launch_server --model-path ./FP8 --context-length 32768 --max-running-requests 16 "
                 "--mamba-ssm-dtype bfloat16 --speculative-algorithm EAGLE --speculative-num-steps 3 "
                 "--speculative-eagle-topk 1 --speculative-num-draft-tokens 4")
+LAUNCH_FIXTURE_NGRAM = ("python -m sglang.launch_server --model-path /m/t --speculative-algorithm NGRAM "
+                        "--speculative-num-draft-tokens 4")
+LAUNCH_FIXTURE_STANDALONE = ("python -m sglang.launch_server --model-path /m/t --speculative-algorithm STANDALONE "
+                             "--speculative-draft-model-path /m/d --speculative-num-steps 3 --speculative-eagle-topk 1 "
+                             "--speculative-num-draft-tokens 4")
 SPEC_FLAGS = ("--speculative-algorithm", "--speculative-draft-model-path", "--speculative-num-draft-tokens",
               "--speculative-num-steps", "--speculative-eagle-topk", "--speculative-draft-model-quantization")
 
@@ -353,6 +358,11 @@ EXPECTED = {
     "sglang-mtp": ("./FP8", None, launch_pairs(LAUNCH_32K_MTP, drop_spec=True), launch_pairs(LAUNCH_32K_MTP)),
     "sglang-dflash2-fp8": ("./FP8", "./FP8/DFlash2-FP8", launch_pairs(LAUNCH_32K_DFLASH2, drop_spec=True),
                            launch_pairs(LAUNCH_32K_DFLASH2)),
+    # the generic presets: the server's defaults, as the fixture servers run them (host flags aside)
+    "sglang-ngram": ("/m/t", None, launch_pairs(LAUNCH_FIXTURE_NGRAM, drop_spec=True),
+                     launch_pairs(LAUNCH_FIXTURE_NGRAM)),
+    "sglang-standalone": ("/m/t", "/m/d", launch_pairs(LAUNCH_FIXTURE_STANDALONE, drop_spec=True),
+                          launch_pairs(LAUNCH_FIXTURE_STANDALONE)),
 }
 
 

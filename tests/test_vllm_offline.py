@@ -188,18 +188,21 @@ def test_emulator_bodies_match_the_recorded_ones():
 
 
 def test_every_vllm_preset_argv():
-    """vllm-mtp / vllm-ngram: `vllm serve MODEL --speculative-config JSON --gpu-memory-utilization F`
+    """Every vLLM preset: `vllm serve MODEL --speculative-config JSON --gpu-memory-utilization F`, the draft
+    path filled into the speculative config
     (flags read in 0.33.0: vllm/engine/arg_utils.py:1864; batch invariance is the env var
     VLLM_BATCH_INVARIANT only); F per launch so that both fit one GPU (vLLM's default 0.9 cannot
     start twice on one device: seen live with 0.26.0)."""
-    assert presets_for("vllm") == ["vllm-mtp", "vllm-ngram"]
+    assert presets_for("vllm") == ["vllm-draft-model", "vllm-eagle3", "vllm-mtp", "vllm-ngram"]
     want = {"vllm-mtp": {"method": "mtp", "num_speculative_tokens": 3},
+            "vllm-draft-model": {"method": "draft_model", "model": "/models/d", "num_speculative_tokens": 4},
+            "vllm-eagle3": {"method": "eagle3", "model": "/models/d", "num_speculative_tokens": 4},
             "vllm-ngram": {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4,
                            "prompt_lookup_min": 2}}
     share = ["--gpu-memory-utilization", str(VLLM_GPU_FRACTION)]  # two launches fit one GPU
     assert 2 * VLLM_GPU_FRACTION < 0.9
     for name in presets_for("vllm"):
-        base, spec = launch_configs(EngineOptions(preset=name, target="/models/int8"))
+        base, spec = launch_configs(EngineOptions(preset=name, target="/models/int8", draft="/models/d"))
         assert base.args() == ["/models/int8", *share]
         args = spec.args()
         assert args[:2] == ["/models/int8", "--speculative-config"] and json.loads(args[2]) == want[name]

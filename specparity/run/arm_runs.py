@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -92,6 +93,9 @@ class ArmResult:
     threshold_source: str
     evidence: Evidence
     bias: str | None = None
+    #: Wall seconds of the arm's parts: ``launch`` (its engine: both servers started), ``gate`` (the run),
+    #: ``total`` (launch, run, proof and shutdown) — what ``benchmarks/arms_wall.py`` reads.
+    wall_s: dict[str, float] = field(default_factory=dict)
 
     @property
     def status(self) -> str:
@@ -166,11 +170,39 @@ def _max_new(setup: GateSetup, prompts: Sequence[Prompt]) -> tuple[int, ...]:
     return tuple(setup.config.max_new_tokens or p.max_new_tokens or DEFAULT_MAX_NEW_TOKENS for p in prompts)
 
 
+#: How far above the long arm's size a prompt sized with the target's tokenizer may come out (tokens).
+LONG_FIT_TOKENS = 64
+
+
+def sized_long_prompt(size: int, seed: int, count: Callable[[Prompt], int]) -> Prompt:
+    """A needle-in-a-haystack prompt of ``size`` to ``size`` + :data:`LONG_FIT_TOKENS` tokens as
+    ``count`` (the target's tokenizer) measures it: the generator's characters-per-token guess is off by
+    2x between tokenizers (1.8 characters a token on the fixture's, 4 on large BPE vocabularies), so the
+    haystack is rescaled by what was measured until it fits (a prompt that still does not is refused by
+    the plan's context check, naming its length)."""
+    ask = size
+    prompt = long_context_prompt(ask, seed=seed)
+    for _ in range(4):
+        n = count(prompt)
+        if size <= n <= size + LONG_FIT_TOKENS:
+            break
+        ask = max(16, round(ask * (size + LONG_FIT_TOKENS / 2) / max(n, 1)))
+        prompt = long_context_prompt(ask, seed=seed)
+    return prompt
+
+
 def long_prompts(setup: GateSetup, engine: str) -> list[Prompt]:
-    """The long arm's prompts: :data:`LONG_PROMPTS` needle-in-a-haystack prompts of the size the target allows."""
-    size = LONG_MIN_TOKENS if engine == "llamacpp" else long_prompt_tokens(setup.engine_options.target)
-    return [dataclasses.replace(long_context_prompt(size, seed=seed), id=f"longctx-en-{size}-s{seed}")
-            for seed in range(LONG_PROMPTS)]
+    """The long arm's prompts: :data:`LONG_PROMPTS` needle-in-a-haystack prompts of the size the target
+    allows, sized with the tokenizer the gate sends (llama.cpp tokenizes on the server: its prompts are
+    sized by the generator's own estimate, and bounded by characters)."""
+    if engine == "llamacpp":
+        made = [long_context_prompt(LONG_MIN_TOKENS, seed=seed) for seed in range(LONG_PROMPTS)]
+        size = LONG_MIN_TOKENS
+    else:
+        size = long_prompt_tokens(setup.engine_options.target)
+        made = [sized_long_prompt(size, seed, lambda p: _prompt_tokens(setup, engine, [p])[0])
+                for seed in range(LONG_PROMPTS)]
+    return [dataclasses.replace(p, id=f"longctx-en-{size}-s{seed}") for seed, p in enumerate(made)]
 
 
 def plan_arms(setup: GateSetup, arms: Sequence[Arm], *, prelaunched: bool = False) -> list[ArmPlan]:
@@ -397,19 +429,24 @@ def run_arms(plans: Sequence[ArmPlan], engine_name: str, report_dir: str, *,
         s = plan.setup
         tell(f"arm {plan.arm.name}: {len(s.prompts)} prompt(s); launch: {plan.launch_text}; journal "
              f"{s.config.report_dir}")
+        t0 = time.perf_counter()
+        wall: dict[str, float] = {}
         try:
             engine = load_engine(s)
         except EngineLoadFailed as exc:
             arm = _not_run(plan, str(exc))
+            arm.wall_s = {"launch": time.perf_counter() - t0, "total": time.perf_counter() - t0}
             result.results.append(arm)
             write_arm(arm)
             write_arms(result)
             tell(arm_line(arm))
             continue
+        wall["launch"] = time.perf_counter() - t0
         try:
             if plan.arm.name == "prefix-warm":
                 engine = PrefixWarmEngine(engine)
             before = _before(plan, engine)
+            t_gate = time.perf_counter()
             try:
                 run = run_gate(engine, s.prompts, s.config, calibration=s.calibration, golden=s.golden)
             except GateInterrupted as stopped:
@@ -420,6 +457,7 @@ def run_arms(plans: Sequence[ArmPlan], engine_name: str, report_dir: str, *,
                 write_arms(result)
                 stopped.arms = result  # type: ignore[attr-defined] - for the face to show the partial table
                 raise
+            wall["gate"] = time.perf_counter() - t_gate
             decision = conclude(run)
             try:
                 evidence = collect_evidence(plan, engine, run, before)
@@ -428,6 +466,7 @@ def run_arms(plans: Sequence[ArmPlan], engine_name: str, report_dir: str, *,
             arm = _result(plan, run, decision, evidence)
         finally:
             engine.close()
+        arm.wall_s = {**wall, "total": time.perf_counter() - t0}
         result.results.append(arm)
         write_arm(arm)
         write_arms(result)

@@ -43,6 +43,13 @@ Configuration-arm knobs (``specparity arms``; each a bug that only its arm catch
 * ``batch_invariant=True`` with ``deterministic_bug=True``: a speculative server that flips its answers
   only in batch-invariant mode; ``kv_cache_dtype`` (dev-mode ``cache_config.cache_dtype``, default
   ``auto``) with ``fp8_bug=True``: flips only when it starts with ``fp8``.
+* ``drop_leading=S``: the model does not see the first S tokens of a longer prompt (the fixture target
+  has 4096 positions; a long-context prompt of 32K tokens is still counted, cached and answered in full:
+  ``usage.prompt_tokens``, ``prompt_logprobs`` with a null row for each position left out). The cut is
+  counted from the prompt's start, so a decode and the teacher-forced scoring of its tokens (the same
+  prompt with the answer appended) see the same context. With it,
+  ``long_bug_tokens=N`` (speculative): flips an answer whose prompt is longer than N tokens (a bug that
+  shows only at long context).
 
 The content faults, in vLLM's fields: ``no_timings`` answers ``metrics: null``;
 ``accepted_gt_drafted`` reports more accepted draft tokens than drafted (in ``metrics`` and in the
@@ -89,7 +96,8 @@ class VLLMServer(FakeServer):
                  grammar_rollback_bug: bool = False, preempt_budget_tokens: int | None = None,
                  preempt_bug: bool = False, batch_window_s: float = 0.3, prefix_cache: bool = False,
                  prompt_tokens_details: bool = False, prefix_hit_bug: bool = False, deterministic_bug: bool = False,
-                 kv_cache_dtype: str = "auto", fp8_bug: bool = False, max_num_seqs: int | None = None):
+                 kv_cache_dtype: str = "auto", fp8_bug: bool = False, max_num_seqs: int | None = None,
+                 drop_leading: int | None = None, long_bug_tokens: int | None = None):
         super().__init__(rules=rules, die_after=die_after, refuse=refuse, hang_s=hang_s, trickle_s=trickle_s)
         self.backend = backend or shared_backend()
         self.grammar_rollback_bug = grammar_rollback_bug
@@ -104,6 +112,8 @@ class VLLMServer(FakeServer):
         self.deterministic_bug = deterministic_bug
         self.kv_cache_dtype = kv_cache_dtype
         self.fp8_bug = fp8_bug
+        self.drop_leading = drop_leading
+        self.long_bug_tokens = long_bug_tokens
         #: Prompts the prefix cache holds (generation requests only), and the answers flipped by an arm's bug.
         self._prefix_cache = PrefixCache(PREFIX_BLOCK)
         self.arm_flipped: list[str] = []
@@ -319,6 +329,9 @@ class VLLMServer(FakeServer):
             in_flight = self.leave_batch(token) if decoding else 1
             preempted = decoding and in_flight * (len(prompt) + max_tokens) > self.preempt_budget_tokens
             cached, full_hit = self.prefix_lookup(prompt) if prompt_logprobs is None else (0, False)
+            full_prompt = prompt
+            if self.drop_leading is not None and len(prompt) > self.drop_leading:
+                prompt = prompt[self.drop_leading:]
             if constraint is not None:
                 self.constraints_seen.append((list(prompt), constraint.kind, constraint.text))
                 try:
@@ -339,13 +352,16 @@ class VLLMServer(FakeServer):
                 self.preempted.append(",".join(map(str, prompt)))
             bug = ((preempted and self.preempt_bug) or (full_hit and self.prefix_hit_bug)
                    or (self.speculative and self.batch_invariant and self.deterministic_bug)
-                   or (self.speculative and self.kv_cache_dtype.startswith("fp8") and self.fp8_bug))
+                   or (self.speculative and self.kv_cache_dtype.startswith("fp8") and self.fp8_bug)
+                   or (self.speculative and self.long_bug_tokens is not None
+                       and len(full_prompt) > self.long_bug_tokens))
             if bug and max_tokens >= 2:
                 flipped = self.backend.flip_closest_call(prompt, result, max_tokens, stops, k)
                 if flipped is not None:
                     result = flipped
-                    self.arm_flipped.append(",".join(map(str, prompt)))
+                    self.arm_flipped.append(",".join(map(str, full_prompt)))
             rows = self.backend.prompt_rows(prompt, prompt_logprobs) if prompt_logprobs is not None else None
+            left_out, prompt = len(full_prompt) - len(prompt), full_prompt
             if fault == "short_limit":
                 result = shortened(result)
             ids = list(result.output_ids)
@@ -397,8 +413,8 @@ class VLLMServer(FakeServer):
                      "tokens": tokens, "top_logprobs": tops}
         prompt_lp = None
         if rows is not None:
-            prompt_lp = [None]
-            for i, row in enumerate(rows[1:], start=1):
+            prompt_lp = [None] * (left_out + 1)
+            for i, row in enumerate(rows[1:], start=left_out + 1):
                 actual, rank, top = row
                 entry = {str(prompt[i]): {"logprob": max(actual, -9999.0), "rank": rank,
                                           "decoded_token": self.backend.token_text(prompt[i])}}

@@ -47,6 +47,9 @@ _SG_128K = {
 }
 #: A 32K-context SGLang launch of an FP8 target serving 16 requests at once.
 _SG_32K = {"model_path": "@target", "context_length": 32768, "max_running_requests": 16, "mamba_ssm_dtype": "bfloat16"}
+#: An SGLang launch with the server's defaults, for the generic presets (host-specific flags such as the
+#: attention backend or the memory fraction go in ``--engine-opt server_args``).
+_SG_PLAIN = {"model_path": "@target"}
 #: SGLang's DFlash2 speculation with the ``--draft`` model, block 8.
 _SG_DFLASH = {"speculative_algorithm": "DFLASH", "speculative_draft_model_path": "@draft",
               "speculative_num_draft_tokens": 8}
@@ -60,7 +63,7 @@ def llamacpp(name: str, description: str, **spec: Any) -> Preset:
     return Preset(name, "llamacpp", description, baseline=dict(_LLAMA_COMMON), spec={**_LLAMA_COMMON, **spec})
 
 
-def sglang(name: str, description: str, common: dict[str, Any], *, source: str, **spec: Any) -> Preset:
+def sglang(name: str, description: str, common: dict[str, Any], *, source: str = "", **spec: Any) -> Preset:
     """An SGLang preset: both launches ``common``, the speculative one adding ``spec`` (none: the
     same launch twice)."""
     return Preset(name, "sglang", description, baseline=dict(common), spec={**common, **spec}, source=source)
@@ -109,6 +112,12 @@ PRESETS: dict[str, Preset] = {
         sglang("sglang-dflash2-fp8", "DFlash2 with an FP8 draft (draft quantization fp8), 32K context",
                _SG_32K, **_SG_DFLASH, speculative_draft_model_quantization="fp8",
                source="the same deployment's DFlash2 SGLang launch command"),
+        sglang("sglang-ngram", "n-gram lookup (NGRAM), 4 draft tokens; the server's other defaults",
+               _SG_PLAIN, speculative_algorithm="NGRAM", speculative_num_draft_tokens=4),
+        sglang("sglang-standalone", "a standalone draft model (--draft), 3 steps, top-k 1, 4 draft tokens; the "
+               "server's other defaults",
+               _SG_PLAIN, speculative_algorithm="STANDALONE", speculative_draft_model_path="@draft",
+               speculative_num_steps=3, speculative_eagle_topk=1, speculative_num_draft_tokens=4),
         # ---------------------------------------------------------------- vLLM (GPU)
         # Both launches share one GPU unless --engine-opt baseline_gpus/spec_gpus part them: each takes
         # VLLM_GPU_FRACTION of it (vLLM's default 0.9 each cannot start twice on one device; measured
@@ -119,6 +128,10 @@ PRESETS: dict[str, Preset] = {
              source="the MTP deployment's vLLM runs (INT8/INT4 targets; no launch flags given, so inferred)"),
         vllm("vllm-ngram", "n-gram prompt lookup, 4 speculative tokens",
              {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2}),
+        vllm("vllm-draft-model", "a standalone draft model (--draft), 4 speculative tokens",
+             {"method": "draft_model", "model": "@draft", "num_speculative_tokens": 4}),
+        vllm("vllm-eagle3", "an EAGLE-3 head (--draft), 4 speculative tokens",
+             {"method": "eagle3", "model": "@draft", "num_speculative_tokens": 4}),
     )
 }
 
@@ -136,10 +149,13 @@ def get_preset(engine: str, name: str) -> Preset:
 
 
 def fill(values: dict[str, Any], *, target: str | None, draft: str | None) -> dict[str, Any]:
-    """Replace ``@target`` / ``@draft`` with the given paths; ValueError when one is needed but absent."""
+    """Replace ``@target`` / ``@draft`` with the given paths, in nested values too (vLLM's
+    ``speculative_config``); ValueError when one is needed but absent."""
     out = {}
     for key, value in values.items():
-        if value == "@target":
+        if isinstance(value, dict):
+            value = fill(value, target=target, draft=draft)
+        elif value == "@target":
             if not target:
                 raise ValueError(f"this preset needs --target (for {key})")
             value = target
