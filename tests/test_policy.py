@@ -53,6 +53,34 @@ def test_missing_paths_warn_or_fail():
     assert not d.passed and any("(cut_stop)" in f for f in d.failures)
 
 
+def test_require_all_paths_fails_on_answers_without_step_records():
+    """An engine that declares per-step counters and answers totals (or nothing) leaves its paths
+    unknown: under --require-all-paths that fails, naming the engine and what it returned, never a
+    warning with a pass."""
+    from specparity.model.types import ArtifactId, Fingerprint
+
+    run = _run(["exact"] * 3, steps=[StepRecord(4, 4, 5), StepRecord(4, 1, 2, "stop")])
+    run.fingerprint = Fingerprint("mine", "1", ArtifactId("t", "", ""), None, "float32", {})
+    totals = run.records[1].spec.spec
+    run.records[1].spec.spec = SpecStats(True, totals.proposed, totals.accepted, totals.verify_steps,
+                                         source="my server's /stats")
+    run.records[2].spec.spec = SpecStats.unavailable("counters off")
+    run.coverage = type(run.coverage)()
+    for r in run.records:
+        run.coverage.add(r.spec.spec)
+    assert decide(run).passed  # without the rule: reported, not judged
+    d = decide(run, GatePolicy(require_paths=1, allow_unknown_activity=True))
+    line = next(f for f in d.failures if f.startswith("--require-all-paths 1: "))
+    n = len(run.records)
+    assert (f"engine 'mine' declares per-verify-step counters but returned per-request totals without step records "
+            f"for 1 (first p-1: {totals.proposed} proposed, {totals.accepted} accepted over {totals.verify_steps} "
+            f"verify steps; source: my server's /stats) and no speculation counters for 1 (first p-2: counters off) "
+            f"of {n} speculative answer(s)") in line
+    # every answer with its steps: the rule judges the paths themselves
+    full = _run(["exact"] * 3, steps=[StepRecord(4, 4, 5), StepRecord(4, 1, 2, "stop")])
+    assert not any(f.startswith("--require-all-paths") for f in decide(full, GatePolicy(require_paths=1)).failures)
+
+
 @pytest.mark.parametrize(
     "proposed, emitted, budget, cut, accepted",
     [

@@ -209,6 +209,32 @@ def reject_share(run: GateRun) -> RejectShare | None:
     return RejectShare.counted(mode, run.coverage, run.activity()) if mode else None
 
 
+def unrecorded_steps(run: GateRun, require_paths: int) -> str | None:
+    """Under ``--require-all-paths``: the speculative answers that came without per-verify-step
+    records, in one line naming the engine and what it returned (None: every one had them).
+
+    An engine may declare ``counters="steps"`` (so the rule is not refused before it loads) and then
+    answer totals or nothing; its paths are then unknown, and an unknown path is never a pass."""
+    answered = [r for r in run.records if r.spec is not None and not r.spec.error]
+    totals = [r for r in answered if r.spec.spec.available and r.spec.spec.steps is None]
+    none = [r for r in answered if not r.spec.spec.available]
+    if not totals and not none:
+        return None
+    engine = run.fingerprint.engine if run.fingerprint is not None else "the engine"
+    what = []
+    if totals:
+        first = totals[0].spec.spec
+        what.append(f"per-request totals without step records for {len(totals)} (first {totals[0].prompt.id}: "
+                    f"{first.proposed} proposed, {first.accepted} accepted over {first.verify_steps} verify steps; "
+                    f"source: {first.source or 'not given'})")
+    if none:
+        what.append(f"no speculation counters for {len(none)} (first {none[0].prompt.id}: "
+                    f"{none[0].spec.spec.source or 'no reason given'})")
+    return (f"--require-all-paths {require_paths}: engine {engine!r} declares per-verify-step counters but returned "
+            f"{' and '.join(what)} of {len(answered)} speculative answer(s); the rule needs a record of each verify "
+            "step, so the paths those prompts took are unknown")
+
+
 def decide(run: GateRun, policy: GatePolicy | None = None) -> GateDecision:
     """Apply the policy (default: the run's own) to a finished (or partly finished) run."""
     policy = policy or run.config.policy
@@ -287,6 +313,9 @@ def decide(run: GateRun, policy: GatePolicy | None = None) -> GateDecision:
     if forced_problem:
         failures.append(f"{forced_problem} (a configuration error: the run's output was compared, but the reject "
                         "path was not exercised as asked)")
+    unrecorded = unrecorded_steps(run, policy.require_paths) if speculates and policy.require_paths else None
+    if unrecorded:
+        failures.append(unrecorded)
     for path in run.coverage.missing(max(1, policy.require_paths)) if speculates else []:
         if run.config.force_reject == "all" and path in FORCED_AWAY:
             continue  # every draft rejected on purpose: no accept path to take
