@@ -66,6 +66,21 @@ def test_report_judges_rejections_against_the_noise():
     assert status == "fail" and "beyond the target's noise" in why and rep.acceptance == 5 / 8
 
 
+def test_a_rejection_whose_margin_is_unknown_is_not_called_noise():
+    """The baseline reported no row at the rejected position (or the output had already left it):
+    nothing shows the rejection is arithmetic, and the status says the margin is unknown."""
+    base = _result(range(1, 9), [], margins=[5.0] * 8)
+    base.scores.logprobs[7] = np.nan  # the engine did not report that row
+    spec = _result(range(1, 9), [StepRecord(4, 4, 5), StepRecord(4, 1, 2)])
+    rep = self_draft_report([("p", base, spec, Verdict("p", "c", "exact", ""))], engine="e", dtype="float32",
+                            threshold=1e-4, drift_bound=3e-4)
+    assert [(r.position, r.against_noise, r.baseline_margin) for r in rep.rejections] == [(7, "unknown", None)]
+    status, why = rep.status()
+    assert status == "warn" and "within the target's noise" not in why, why
+    assert why == ("1 rejection(s), margin unknown at 1 (first: p position 7: the output had already left plain "
+                   "decode there, or the engine reported no row), so those are not shown to be arithmetic")
+
+
 def test_correct_self_draft_accepts_everything(self_options, prompts):
     engine = LoopEngine(self_options, None)
     try:

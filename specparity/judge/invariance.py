@@ -29,7 +29,8 @@ from specparity.judge.compare import first_mismatch
 from specparity.model.verdicts import Verdict
 from specparity.model.types import GenerationResult
 
-#: A self-draft run's status: every draft accepted / rejections within the noise / beyond it.
+#: A self-draft run's status: every draft accepted / rejections within the noise or at a margin
+#: unknown / beyond it.
 STATUSES = ("ok", "warn", "fail")
 
 
@@ -120,6 +121,14 @@ class SelfDraftReport:
                             f"{r.baseline_margin:.4g}): verify and decode disagree beyond the target's noise")
         if bad:
             return "fail", f"outputs not lossless against plain decode: {bad}"
+        unknown = [r for r in self.rejections if r.against_noise == "unknown"]
+        if unknown:
+            r = unknown[0]
+            known = len(self.rejections) - len(unknown)
+            return "warn", (f"{len(self.rejections)} rejection(s), margin unknown at {len(unknown)} (first: "
+                            f"{r.prompt_id} position {r.position}: the output had already left plain decode there, or "
+                            f"the engine reported no row), so those are not shown to be arithmetic"
+                            + (f"; the other {known} at a margin within the target's noise" if known else ""))
         if self.rejections:
             return "warn", (f"{len(self.rejections)} rejection(s), each at a margin within the target's noise: "
                             f"verify and decode round differently there (arithmetic, not a bug)")
