@@ -48,10 +48,14 @@ FIXTURES = REPO_ROOT / "fixtures" / "models"
 
 ENTRY_POINTS = ("pytest suites/lossless", "specparity run", "specparity lossless", "specparity compare",
                 "specparity report", "specparity probe", "ci/gate.sh", "api.check_lossless")
-CODES = (exitcodes.PASS, exitcodes.GATE_FAILED, exitcodes.INTERRUPTED, exitcodes.ENGINE_ERROR, exitcodes.BAD_INPUT)
+CODES = (exitcodes.PASS, exitcodes.GATE_FAILED, exitcodes.INTERRUPTED, exitcodes.ENGINE_ERROR, exitcodes.BAD_INPUT,
+         exitcodes.PROBE_UNKNOWN)
 
 #: Codes an entry point cannot end with, and why (docs/ERRORS.md says the same).
 IMPOSSIBLE = {
+    **{(entry, exitcodes.PROBE_UNKNOWN): "only `specparity probe` answers a question it could not check; a gate's "
+                                         "unknown (activity, a skipped check) is a failure or, allowed, a warning"
+       for entry in ENTRY_POINTS if entry != "specparity probe"},
     ("api.check_lossless", exitcodes.INTERRUPTED): "a function, not a process: Ctrl-C is the caller's KeyboardInterrupt",
     ("api.check_lossless", exitcodes.ENGINE_ERROR): "it runs no engine: the caller built the outputs it compares",
 }
@@ -305,6 +309,16 @@ def _probe_unknown_not_allowed(tmp_path, capsys, one_prompt, journals, monkeypat
     return (code, text), "unknown, and the policy"
 
 
+def _probe_unknown(tmp_path, capsys, one_prompt, journals, monkeypatch):
+    """llama.cpp's lm-head and fp8-scale probes answer unknown for a standalone draft, none fails:
+    without a policy that is the probe's own code, never a pass."""
+    code, text = main(capsys, "probe", "--target", str(FIXTURES / "target"), "--draft", str(FIXTURES / "draft"),
+                      "--engine", "llamacpp==11434", "--format", "json")
+    statuses = {v["probe"]: v["status"] for v in json.loads(text[:text.rindex("]") + 1])}
+    assert "unknown" in statuses.values() and "fail" not in statuses.values(), statuses
+    return (code, text), '"status": "unknown"'
+
+
 def _probe_interrupted(tmp_path, capsys, one_prompt, journals, monkeypatch):
     import specparity.probes.inputs
 
@@ -395,6 +409,7 @@ CASES: dict[tuple[str, int], list[Callable]] = {
     ("specparity probe", 2): [_probe_interrupted],
     ("specparity probe", 3): [_probe_live_engine_fails],
     ("specparity probe", 4): [_probe_bad_input],
+    ("specparity probe", 6): [_probe_unknown],
     ("ci/gate.sh", 2): [_gate_interrupted],
     ("ci/gate.sh", 3): [_gate_engine_error],
     ("api.check_lossless", 0): [_api(0)],

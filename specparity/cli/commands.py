@@ -34,7 +34,6 @@ def _run_probe(args: argparse.Namespace) -> int:
     from specparity.probes import live
     from specparity.probes.table import print_report
     from specparity.probes.inputs import ProbeInputs, prepare, run_static
-    from specparity.probes.finding import Status
 
     allowed: tuple[str, ...] | None = None
     if args.policy:  # read first: a bad policy is bad input before any probe runs
@@ -68,7 +67,21 @@ def _run_probe(args: argparse.Namespace) -> int:
 
         verdicts = [judge_unknown(v, allowed, args.policy) for v in verdicts]
     print_report(verdicts, sys.stdout, args.format)
-    return exitcodes.GATE_FAILED if any(v.status is Status.FAIL for v in verdicts) else exitcodes.PASS
+    return probe_exit_code([v.status for v in verdicts], under_policy=allowed is not None)
+
+
+def probe_exit_code(statuses: Sequence[Any], *, under_policy: bool) -> int:
+    """1 for a predicted failure; else, without a policy, :data:`~specparity.gate.exitcodes.PROBE_UNKNOWN`
+    for a probe that answered ``unknown`` (an unchecked question is not a pass); else 0. Under a
+    policy every unknown was already judged (:func:`~specparity.gate.policy_file.judge_unknown`): a
+    failure, or allowed by name."""
+    from specparity.probes.finding import Status
+
+    if any(s is Status.FAIL for s in statuses):
+        return exitcodes.GATE_FAILED
+    if not under_policy and any(s is Status.UNKNOWN for s in statuses):
+        return exitcodes.PROBE_UNKNOWN
+    return exitcodes.PASS
 
 
 def add_probe_command(sub: Any) -> None:
@@ -79,9 +92,9 @@ def add_probe_command(sub: Any) -> None:
         "probe",
         help="predict engine-side failures of a target/draft pair before deploying",
         description="Static probes (checkpoint headers, configs, engine source) and, with --live-engine, "
-        "live probes against a running engine. Exit 1 on a predicted failure, 0 when every probe is "
-        "ok, warn or unknown (with --policy: unknown only where its allow_unknown names the probe), "
-        "3 when a live engine cannot run, 4 on bad input.",
+        "live probes against a running engine. Exit 1 on a predicted failure, 6 when none fails but a "
+        "probe answered unknown (with --policy: unknown fails, 1, unless its allow_unknown names the probe), "
+        "0 when every probe is ok or warn, 3 when a live engine cannot run, 4 on bad input.",
     )
     p.add_argument("--target", required=True, help="target checkpoint directory")
     p.add_argument("--draft", help="draft checkpoint directory")
@@ -106,8 +119,8 @@ def add_probe_command(sub: Any) -> None:
 #: The exit codes of every command, for ``specparity --help`` (README "Exit codes").
 EXIT_CODES_EPILOG = """\
 exit codes (every command, and `pytest suites/lossless`; ci/gate.sh exits with the worst of its suites):
-  0  pass: the gate passed (probe: every probe ok, warn or unknown; with --policy, unknown only where
-     the policy's allow_unknown names the probe)
+  0  pass: the gate passed (probe: every probe ok or warn; with --policy, unknown only where the
+     policy's allow_unknown names the probe)
   1  gate failure: a prompt diverged, drifted or failed in the engine, a run-level rule failed
      (speculation inactive, near-tie budget, a path not taken under --require-all-paths), or
      nothing was judged (a selection or comparison left no prompt); probe: a predicted failure
@@ -116,6 +129,7 @@ exit codes (every command, and `pytest suites/lossless`; ci/gate.sh exits with t
      (calibration refused, no noise measured), or the reports could not be written; no verdict
   4  bad input: an option, path, engine, prompt or policy file, named in one line before any model
      loads, or a policy the engine's counters cannot check
+  6  specparity probe only, without --policy: no probe predicts a failure, but one answered unknown
 (docs/ERRORS.md: every entry point, every refusal and how to fix it)
 """
 

@@ -8,7 +8,7 @@ gate failure (1). docs/ERRORS.md has the table per entry point and every refusal
 code  name                meaning
 ====  ==================  =========================================================================
 0     ``PASS``            the gate passed (probes: every probe ok or warn; unknown only where the
-                          policy's ``allow_unknown`` names it, or with no policy given)
+                          policy's ``allow_unknown`` names it)
 1     ``GATE_FAILED``     the gate failed: a prompt diverged or errored, a run-level rule failed
                           (speculation inactive, near-tie budget, a path never taken under
                           ``--require-all-paths``), nothing was judged (an empty selection, nothing
@@ -20,7 +20,13 @@ code  name                meaning
 4     ``BAD_INPUT``       bad input: an option, path, engine, prompt or policy file, named in one
                           line and checked before any model loads; a policy the engine's counters
                           cannot check
+6     ``PROBE_UNKNOWN``   ``specparity probe`` only, without ``--policy``: no probe predicts a
+                          failure, but at least one answered ``unknown`` (it could not check its
+                          question): not a pass, and not a predicted failure either
 ====  ==================  =========================================================================
+
+6 is outside pytest's codes (0–5) on purpose: no gate entry point returns it, and a CI script that
+runs ``specparity probe`` tells an unchecked question from a pass and from a predicted failure.
 """
 
 PASS = 0
@@ -28,3 +34,4 @@ GATE_FAILED = 1
 INTERRUPTED = 2
 ENGINE_ERROR = 3
 BAD_INPUT = 4
+PROBE_UNKNOWN = 6
