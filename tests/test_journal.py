@@ -71,3 +71,26 @@ def test_a_corrupted_line_names_file_and_line(broken_run, tmp_path):
     bad.write_text("\n".join(lines[:2] + ['{"kind": "telemetry"}'] + lines[2:]) + "\n")
     with pytest.raises(JournalError, match=r"results.jsonl:3: kind 'telemetry': expected one of"):
         read_journal(bad)
+
+
+@pytest.mark.parametrize("field, flag, before, after", [
+    ("scorer_model", "--scorer-model", "/models/a", "/models/b"),
+    ("near_tie_ceiling", "--near-tie-ceiling", 2.0, 5.0),
+    ("near_tie_nats", "--near-tie-nats", None, 0.5),
+])
+def test_resume_refuses_a_scorer_or_threshold_setting_that_changed(tmp_path, field, flag, before, after):
+    """The scorer's weights and the ceiling decide what the finished prompts were judged by: a resumed
+    run under others would mix two judgements in one journal."""
+    from dataclasses import replace
+
+    from specparity.run.journal import Journal
+    from specparity.run.setup import BadInput
+    from specparity.cli.options import check_resumable
+
+    old = replace(GateConfig(), **{field: before})
+    journal = Journal(tmp_path / "results.jsonl", {"config": old.to_json()})
+    check_resumable(journal, replace(GateConfig(), **{field: before}))  # the same: resumable
+    with pytest.raises(BadInput) as exc:
+        check_resumable(journal, replace(GateConfig(), **{field: after}))
+    assert str(exc.value) == (f"--resume: {flag} differs from the interrupted run's ({before!r} there, {after!r} now); "
+                              "resume with the same options or start a new run")

@@ -400,7 +400,8 @@ def _resume(raw: Mapping[str, Any], report: str | None) -> Journal | None:
 #: answer other requests or another threshold), with the flag that sets each.
 RESUME_FIELDS = {"prompts": "--prompts", "max_new_tokens": "--max-new-tokens", "top_k": "--top-k",
                  "near_tie_nats": "--near-tie-nats", "calibration": "--calibration", "golden": "--golden",
-                 "golden_mode": "--golden-mode", "scorer": "--scorer", "force_reject": "--force-reject"}
+                 "golden_mode": "--golden-mode", "scorer": "--scorer", "scorer_model": "--scorer-model",
+                 "near_tie_ceiling": "--near-tie-ceiling", "force_reject": "--force-reject"}
 
 
 def check_resumable(journal: Journal, config: GateConfig) -> None:

@@ -300,6 +300,13 @@ class Fingerprint:
             "extra": self.extra,
         }
 
+    def unknown_spec_config(self) -> list[str]:
+        """The speculative settings this fingerprint could not read, as ``key: value`` (a server the
+        gate did not launch and that does not show its configuration says ``unknown …``). Two equal
+        fingerprints with an unknown part prove nothing about what the servers speculate with."""
+        return [f"{key}: {value}" for key, value in sorted(self.spec_config.items())
+                if isinstance(value, str) and value.startswith("unknown")]
+
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> "Fingerprint":
         draft = data.get("draft")

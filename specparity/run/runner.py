@@ -379,6 +379,11 @@ def _restore(run: GateRun, journal: Journal) -> str | None:
                     f"{theirs.draft} → {run.fingerprint.draft}")
         return (f"--resume: {journal.path} was written by another engine configuration ({diff}); "
                 f"start a new run without --resume")
+    unknown = run.fingerprint.unknown_spec_config()
+    if unknown:
+        return (f"--resume: {journal.path}: the speculative configuration is unknown ({'; '.join(unknown)}), so "
+                f"nothing shows that the servers speculate as they did for the interrupted run; start a new run "
+                f"without --resume, or gate servers that show their configuration")
     by_id = {r.prompt.id: r for r in run.records + run.calibration_records}
     for pid, line in {**journal.calibration, **journal.baselines}.items():
         rec = by_id.get(pid)
