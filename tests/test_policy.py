@@ -173,6 +173,38 @@ def test_bit_exact_flag_and_partial_declaration():
                                     f"since a declaration counts only when it covers both sides: {partial}")
 
 
+def test_a_declaration_unknown_on_some_servers_is_strict_under_a_policy():
+    """Declared on one server, unknown on the other: reported without a policy; under a policy an
+    unknown is not lenient, so a near tie fails (and --allow-near-tie still allows it)."""
+    unknown = ("sglang /server_info enable_deterministic_inference=true on spec http://s; unknown on baseline "
+               "http://b (unknown (/server_info unreadable or without the key))")
+    run = _declared(["exact"] * 3 + ["near_tie"], deterministic=None, partial="sglang … but not on every server")
+    run.deterministic_unknown = unknown
+    assert not bit_exact(run) and decide(run).passed
+    assert near_tie_policy(run).endswith(f"; not bit-exact without a policy, since the declaration is unknown on "
+                                         f"some servers: {unknown}")
+    strict = GatePolicy(max_near_tie=0.5, unknown_fails=True)
+    assert bit_exact(run, strict)
+    d = decide(run, strict)
+    assert not d.passed and d.failures == [
+        f"determinism declaration unknown on some servers ({unknown}): under a policy an unknown is not lenient, so "
+        "the run is bit-exact and 1 near-tie flip(s) fail (make every server show its setting, or pass "
+        "--allow-near-tie to allow): p-3"]
+    assert near_tie_policy(run, strict).startswith("bit-exact: the engine's determinism declaration is unknown")
+    assert decide(run, GatePolicy(max_near_tie=0.5, unknown_fails=True, bit_exact=False)).passed
+    run.deterministic_unknown = None  # a partial declaration that is known: never strict
+    assert decide(run, strict).passed
+
+
+def test_skipped_checks_warn_and_fail_under_a_policy():
+    run = _run(["exact"] * 2)
+    run.skipped_checks = ["tokenizer check skipped: http://b/tokenize failed (HTTP 404)"]
+    d = decide(run)
+    assert d.passed and run.skipped_checks[0] in d.warnings
+    d = decide(run, GatePolicy(unknown_fails=True))
+    assert not d.passed and d.failures == [f"{run.skipped_checks[0]}; under a policy a check that could not be made fails"]
+
+
 def test_drifted_keeps_its_own_policy_under_a_declaration():
     run = _declared(["exact", "drifted"], bit_exact=False)
     assert not decide(run).passed

@@ -92,7 +92,9 @@ class Capabilities:
     (:func:`specparity.gate.decision.bit_exact`). ``deterministic_partial``: a declaration that covers only
     part of them (say, the speculative server alone), in the same words: the report shows it, the
     policy ignores it (a near tie between a deterministic and a non-deterministic server breaks no
-    promise).
+    promise). ``deterministic_unknown``: some servers declare it and none says it is off, but the
+    others could not be asked (no route, an unreadable answer): without a policy it is reported like
+    a partial declaration; under a policy file an unknown is not lenient, and the run is bit-exact.
     """
 
     scoring: bool = True
@@ -102,6 +104,7 @@ class Capabilities:
     default_concurrency: int | None = None
     deterministic: str | None = None
     deterministic_partial: str | None = None
+    deterministic_unknown: str | None = None
 
 
 DEFAULT_CAPABILITIES = Capabilities()

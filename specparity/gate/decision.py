@@ -108,7 +108,15 @@ def bit_exact(run: GateRun, policy: GatePolicy | None = None) -> bool:
     else whether the engine declares deterministic inference for both sides. The one rule that
     :func:`decide` and the per-prompt tests (``suites/lossless``) both apply."""
     policy = policy or run.config.policy
-    return policy.bit_exact if policy.bit_exact is not None else bool(run.deterministic)
+    if policy.bit_exact is not None:
+        return policy.bit_exact
+    return bool(run.deterministic) or unknown_strict(run, policy)
+
+
+def unknown_strict(run: GateRun, policy: GatePolicy) -> bool:
+    """Whether a determinism declaration unknown on some servers makes the run bit-exact: under a
+    policy (``unknown_fails``), an unknown is not lenient; ``--allow-near-tie`` still allows."""
+    return policy.bit_exact is None and policy.unknown_fails and bool(run.deterministic_unknown)
 
 
 def near_tie_policy(run: GateRun, policy: GatePolicy | None = None) -> str:
@@ -126,10 +134,16 @@ def near_tie_policy(run: GateRun, policy: GatePolicy | None = None) -> str:
         return f"bit-exact: --bit-exact{also}"
     if policy.bit_exact is None and run.deterministic:
         return f"bit-exact: declared by the engine ({run.deterministic})"
+    if unknown_strict(run, policy):
+        return (f"bit-exact: the engine's determinism declaration is unknown on some servers, and under a policy an "
+                f"unknown is not lenient ({run.deterministic_unknown})")
     if policy.bit_exact is False and run.deterministic:
         return f"{budget}: --allow-near-tie despite the declaration ({run.deterministic})"
     line = f"{budget} (--max-near-tie)" if policy.max_near_tie is not None else budget
-    if run.deterministic_partial:
+    if run.deterministic_unknown:
+        line += (f"; not bit-exact without a policy, since the declaration is unknown on some servers: "
+                 f"{run.deterministic_unknown}")
+    elif run.deterministic_partial:
         line += (f"; not bit-exact, since a declaration counts only when it covers both sides: "
                  f"{run.deterministic_partial}")
     return line
@@ -267,6 +281,11 @@ def decide(run: GateRun, policy: GatePolicy | None = None) -> GateDecision:
         if policy.bit_exact:
             failures.append(f"--bit-exact: {counts['near_tie']} near-tie flip(s) where bit-exactness is required: "
                             f"{_ids(run, 'near_tie')}")
+        elif unknown_strict(run, policy) and not run.deterministic:
+            failures.append(
+                f"determinism declaration unknown on some servers ({run.deterministic_unknown}): under a policy an "
+                f"unknown is not lenient, so the run is bit-exact and {counts['near_tie']} near-tie flip(s) fail (make "
+                f"every server show its setting, or pass --allow-near-tie to allow): {_ids(run, 'near_tie')}")
         elif bit_exact(run, policy):
             failures.append(
                 f"engine declares deterministic inference ({run.deterministic}): {counts['near_tie']} near-tie "
@@ -331,6 +350,11 @@ def decide(run: GateRun, policy: GatePolicy | None = None) -> GateDecision:
         if rec.baseline is None or rec.baseline.error or rec.tf_error:
             cause = rec.baseline.error if rec.baseline is not None and rec.baseline.error else rec.tf_error or "not run"
             warnings.append(f"calibration prompt {rec.prompt.id} could not be measured: {cause}")
+    for skipped in run.skipped_checks:
+        if policy.unknown_fails:
+            failures.append(f"{skipped}; under a policy a check that could not be made fails")
+        else:
+            warnings.append(skipped)
     if run.coverage.requests_with_steps == 0 and activity.reported_requests:
         warnings.append("path coverage unknown: the engine reports totals only, no per-step records")
     if run.interrupted:

@@ -39,6 +39,9 @@ class GatePolicy:
     never taken is a warning). ``drift``: what a ``drifted`` prompt does (``fail`` or ``warn``).
     ``min_accept_length``: the acceptance floor — a run whose mean accept length is below it fails
     (speculation collapsed: lossless but slower than promised); None: no floor.
+    ``unknown_fails``: what the engine could not say is not lenient — a determinism declaration
+    unknown on some servers makes the run bit-exact, a check the engine had to skip fails the run;
+    set when a policy file is given (``--policy``: a CI gate), else those are reported as warnings.
     A policy file (``--policy``, :mod:`specparity.gate.policy_file`) sets the same fields.
     """
 
@@ -48,6 +51,7 @@ class GatePolicy:
     allow_unknown_activity: bool = False
     drift: str = "fail"
     min_accept_length: float | None = None
+    unknown_fails: bool = False
 
     def __post_init__(self) -> None:
         if self.max_near_tie is not None and not 0.0 <= self.max_near_tie <= 1.0:
@@ -206,6 +210,12 @@ class GateRun:
     deterministic: str | None = None
     #: A declaration that does not cover both sides (one server only): reported, never strict.
     deterministic_partial: str | None = None
+    #: Declared on some servers and unknown on the others (``Capabilities.deterministic_unknown``):
+    #: strict under a policy (``GatePolicy.unknown_fails``), reported otherwise.
+    deterministic_unknown: str | None = None
+    #: Checks the engine had to skip (a server that could not answer one), in words: warnings, or
+    #: failures under a policy (``GatePolicy.unknown_fails``).
+    skipped_checks: list[str] = field(default_factory=list)
     #: Whether the noise is measured on a calibration set given apart from the selection (else on
     #: the selected prompts themselves), and which selected prompts belong to that set (their
     #: baselines are reused; the set's other prompts are ``calibration_records``).

@@ -181,6 +181,7 @@ def load_run(path: str | Path) -> GateRun:
     caps = head.get("capabilities") or {}
     run.deterministic = caps.get("deterministic")
     run.deterministic_partial = caps.get("deterministic_partial")
+    run.deterministic_unknown = caps.get("deterministic_unknown")
     run.attachments = [tuple(a) for a in head.get("attachments", [])]
     run.calibrated_apart = bool(head.get("calibrated_apart", False))
     run.calibration_reused = list(head.get("calibration_reused", []))
@@ -215,4 +216,5 @@ def load_run(path: str | Path) -> GateRun:
     run.resumed_baselines = int(head.get("resumed_baselines", 0))
     run.resumed_verdicts = int(head.get("resumed_verdicts", 0))
     run.wire = dict(head.get("wire") or {})
+    run.skipped_checks = list(head.get("skipped_checks") or [])
     return run

@@ -254,17 +254,21 @@ def _content(p: Prompt) -> tuple[Any, ...]:
 def _run_phases(engine: Engine, run: GateRun, writer: ResultsWriter, say: Callable[[str], None],
                 golden: Golden | None, resume: Journal | None, baselines_only: bool = False) -> None:
     config = run.config
-    caps = capabilities_of(engine)
-    run.concurrency = max(1, min(config.concurrency or caps.default_concurrency or caps.max_concurrency,
-                                 caps.max_concurrency) if caps.max_concurrency > 1 else 1)
     health = getattr(engine, "health", None)
     if callable(health):
         health()
+    # read once the servers are ready: what a server still starting cannot say would read as "unknown"
+    caps = capabilities_of(engine)
+    run.concurrency = max(1, min(config.concurrency or caps.default_concurrency or caps.max_concurrency,
+                                 caps.max_concurrency) if caps.max_concurrency > 1 else 1)
     run.fingerprint = engine.fingerprint()
     logs = getattr(engine, "server_logs", None)
     run.attachments = list(logs()) if callable(logs) else []
     run.deterministic = caps.deterministic
     run.deterministic_partial = caps.deterministic_partial
+    run.deterministic_unknown = caps.deterministic_unknown
+    skipped = getattr(engine, "skipped_checks", None)
+    run.skipped_checks = list(skipped()) if callable(skipped) else []
     wire = getattr(engine, "wire_record", None)
     run.wire = wire() if callable(wire) else {}
     if resume is not None:
@@ -282,7 +286,7 @@ def _run_phases(engine: Engine, run: GateRun, writer: ResultsWriter, say: Callab
                   "stop_token_ids": [int(t) for t in engine.stop_token_ids()],
                   "calibrated_apart": run.calibrated_apart, "calibration_reused": run.calibration_reused,
                   "resumed_baselines": run.resumed_baselines, "resumed_verdicts": run.resumed_verdicts,
-                  "wire": run.wire})
+                  "wire": run.wire, "skipped_checks": run.skipped_checks})
     try:
         if config.golden and not _use_golden(run, golden, writer, say):
             return

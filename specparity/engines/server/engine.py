@@ -300,6 +300,19 @@ def declared_on_every_server(said: Sequence[tuple[str, str, str]], what: str,
         return f"{what} ({where}{where_note})", None
     return None, f"{what}, but not on every server of both sides ({where})"
 
+def declaration_unknown(said: Sequence[tuple[str, str, str]], what: str) -> str | None:
+    """``Capabilities.deterministic_unknown``: some servers declare the setting (``"true"``) and none
+    says it is off, but the others could not say (their answer starts with ``"unknown"``: no route,
+    an unreadable body). Such a run is not shown deterministic, nor shown not to be; a policy then
+    makes it strict (:func:`specparity.gate.decision.bit_exact`). None otherwise."""
+    on = [(role, url) for role, url, answer in said if answer == "true"]
+    unknown = [(role, url, answer) for role, url, answer in said if answer.startswith("unknown")]
+    if not on or not unknown or len(on) + len(unknown) != len(said):
+        return None
+    return (f"{what} on {', '.join(f'{role} {url}' for role, url in on)}; unknown on "
+            f"{', '.join(f'{role} {url} ({answer})' for role, url, answer in unknown)}")
+
+
 class ServerEngine:
     """The engine protocol over a baseline session and a speculative session.
 
@@ -486,6 +499,11 @@ class ServerEngine:
                     raise ServerError(f"{session.role} endpoint unhealthy: {self._explain(session, endpoint, exc)}",
                                       transport=exc.transport) from None
         self.check_same_target()
+
+    def skipped_checks(self) -> list[str]:
+        """Checks :meth:`health` had to skip because a server could not answer them, in words (the
+        gate reports each, and fails on it under a policy); none by default."""
+        return []
 
     def fingerprint(self) -> Fingerprint:
         if self._fingerprint is None:

@@ -500,6 +500,9 @@ class LlamaCppEngine(ServerEngine):
         self.slots = slots
         self.vocab = vocab
         self._digests: dict[str, str] = {}
+        #: endpoint URL -> why its ``/tokenize`` probe failed (kept apart from the identity: an error
+        #: names its own endpoint, and identities are compared across endpoints)
+        self._tokenize_failed: dict[str, str] = {}
         # the served model's own byte pieces (its GGUF vocabulary; else the tokenizer the user named)
         pieces = gguf_byte_pieces(vocab) if vocab is not None else byte_piece_tokens(self.tokenizer)
         self._ban = [[i, False] for i in pieces]
@@ -605,8 +608,9 @@ class LlamaCppEngine(ServerEngine):
                 pass
             try:
                 ident["tokenize_probe"] = server_tokenize(endpoint, TOKENIZE_PROBE)
-            except (ServerError, KeyError, TypeError, ValueError):
+            except (ServerError, KeyError, TypeError, ValueError) as exc:
                 ident["tokenize_probe"] = None
+                self._tokenize_failed[endpoint.base_url] = f"{type(exc).__name__}: {exc}"
             return ident
         return self.cached(endpoint, "identity", read)
 
@@ -638,6 +642,19 @@ class LlamaCppEngine(ServerEngine):
                 raise ServerError(f"the tokenizer {self.tokenizer.path} does not tokenize like {first.base_url}/tokenize "
                                   f"({ours[:8]}... vs {served['tokenize_probe'][:8]}...): it is not the served model's "
                                   "tokenizer (--engine-opt tokenizer)")
+
+    def skipped_checks(self) -> list[str]:
+        """The checks of :meth:`health` that could not be made, in words (empty: none): a named
+        tokenizer is compared with the server's ``/tokenize``, and without an answer nothing shows
+        that it encodes prompts as the server does. The gate reports it, or fails under a policy."""
+        if isinstance(self.tokenizer, LlamaServerTokenizer):
+            return []  # the server encodes the prompts itself: nothing to compare
+        first = self.baseline.fleet.endpoints[0]
+        if self.endpoint_identity(first).get("tokenize_probe") is not None:
+            return []
+        why = self._tokenize_failed.get(first.base_url, "no token list in the answer")
+        return [f"tokenizer check skipped: {first.base_url}/tokenize failed ({why}), so nothing shows that the "
+                f"tokenizer {self.tokenizer.path} encodes prompts as the server does"]
 
     def capabilities(self) -> Capabilities:
         return Capabilities(scoring=True, top_k=None, counters="request",

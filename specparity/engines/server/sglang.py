@@ -75,6 +75,7 @@ from specparity.engines.server.engine import (
     check_server_flags,
     concurrency,
     declared_on_every_server,
+    declaration_unknown,
     named_errors,
     resolve_tokenizer_dir,
     server_options,
@@ -510,10 +511,13 @@ class SGLangEngine(ServerEngine):
         said = []
         for role, endpoint in self.every_server():
             on = (self.raw_server_info(endpoint) or {}).get("enable_deterministic_inference")
-            said.append((role, endpoint.base_url, "unknown" if on is None else str(bool(on)).lower()))
-        deterministic, partial = declared_on_every_server(said, "sglang /server_info enable_deterministic_inference=true")
+            said.append((role, endpoint.base_url, "unknown (/server_info unreadable or without the key)" if on is None
+                         else str(bool(on)).lower()))
+        what = "sglang /server_info enable_deterministic_inference=true"
+        deterministic, partial = declared_on_every_server(said, what)
         return Capabilities(scoring=True, top_k=None, counters="request", max_concurrency=self.max_concurrency,
-                            deterministic=deterministic, deterministic_partial=partial)
+                            deterministic=deterministic, deterministic_partial=partial,
+                            deterministic_unknown=declaration_unknown(said, what))
 
     # ------------------------------------------------------------------ requests
     def complete(self, endpoint: Endpoint, req: GenerationRequest, speculative: bool) -> GenerationResult:

@@ -83,6 +83,7 @@ from specparity.engines.server.engine import (
     check_server_flags,
     concurrency,
     declared_on_every_server,
+    declaration_unknown,
     named_errors,
     resolve_tokenizer_dir,
     server_options,
@@ -670,13 +671,14 @@ class VLLMEngine(ServerEngine):
                 "summary": summary, "identity": {"model_root": card.get("root"), "dtype": dtype}}
 
     def capabilities(self) -> Capabilities:
-        deterministic, partial = self._deterministic()
+        deterministic, partial, unknown = self._deterministic()
         return Capabilities(scoring=True, top_k=self.max_logprobs, counters="aggregate",
                             max_concurrency=self.max_concurrency, default_concurrency=self.default_concurrency,
-                            deterministic=deterministic, deterministic_partial=partial)
+                            deterministic=deterministic, deterministic_partial=partial, deterministic_unknown=unknown)
 
-    def _deterministic(self) -> tuple[str | None, str | None]:
-        """(declared for both sides, declared for only some servers). Launched servers: both get
+    def _deterministic(self) -> tuple[str | None, str | None, str | None]:
+        """(declared for both sides, declared for only some servers, declared by some and unknown for
+        the rest: :func:`~specparity.engines.server.engine.declaration_unknown`). Launched servers: both get
         ``VLLM_BATCH_INVARIANT=1`` from ``batch_invariant`` (both by construction; a preset that set it
         on one launch only is partial). Running servers: every baseline and speculative server must
         show it on its dev-mode ``/server_info`` (``vllm_env``); a server without that route is
@@ -684,11 +686,12 @@ class VLLMEngine(ServerEngine):
         launches = [(role, launch) for role, launch in zip(("baseline", "spec"), self.launches) if launch is not None]
         if launches:
             if all(launch.batch_invariant for _, launch in launches):
-                return "vllm: VLLM_BATCH_INVARIANT=1 set in the environment of both launched servers (env only)", None
+                return ("vllm: VLLM_BATCH_INVARIANT=1 set in the environment of both launched servers (env only)", None,
+                        None)
             on = [role for role, launch in launches if launch.batch_invariant]
             if on:
-                return None, f"vllm: VLLM_BATCH_INVARIANT=1 set for the {' and '.join(on)} launch only"
-            return None, None
+                return None, f"vllm: VLLM_BATCH_INVARIANT=1 set for the {' and '.join(on)} launch only", None
+            return None, None, None
         said = []
         for role, endpoint in self.every_server():
             info = self.dev_server_info(endpoint)
@@ -697,8 +700,9 @@ class VLLMEngine(ServerEngine):
             on = "unknown (no dev-mode /server_info)" if info is None else (
                 "true" if str(value).lower() in ("1", "true") else json.dumps(value))
             said.append((role, endpoint.base_url, on))
-        return declared_on_every_server(said, "vllm /server_info vllm_env.VLLM_BATCH_INVARIANT=true",
-                                        "; VLLM_SERVER_DEV_MODE=1 servers")
+        what = "vllm /server_info vllm_env.VLLM_BATCH_INVARIANT=true"
+        return (*declared_on_every_server(said, what, "; VLLM_SERVER_DEV_MODE=1 servers"),
+                declaration_unknown(said, what))
 
     def complete(self, endpoint: Endpoint, req: GenerationRequest, speculative: bool) -> GenerationResult:
         if req.top_k > self.max_logprobs:
