@@ -68,6 +68,8 @@ class GateDecision:
     near_tie_budget: Check | None = None
     #: The flips the baseline's own numerics predict, against the run's (None: no flip rate measured).
     flip_expectation: FlipExpectation | None = None
+    #: Why the near ties fail the policy (one of ``failures``; None: they fit it).
+    near_tie_failure: str | None = None
 
     @property
     def status(self) -> str:
@@ -249,6 +251,35 @@ def unrecorded_steps(run: GateRun, require_paths: int) -> str | None:
             "step, so the paths those prompts took are unknown")
 
 
+def near_tie_failure(run: GateRun, counts: Mapping[str, int], policy: GatePolicy,
+                     expectation: FlipExpectation | None) -> str:
+    """Why the run's near ties fail its policy, in one line (called when :func:`near_tie_budget`
+    fails): ``--bit-exact``, a declaration (made, or unknown under a policy), the fixed share, or
+    more flips than the baseline's own numerics explain."""
+    total = sum(counts.values())
+    n = counts.get("near_tie", 0)
+    if policy.bit_exact:
+        return f"--bit-exact: {n} near-tie flip(s) where bit-exactness is required: {_ids(run, 'near_tie')}"
+    if unknown_strict(run, policy) and not run.deterministic:
+        return (f"determinism declaration unknown on some servers ({run.deterministic_unknown}): under a policy an "
+                f"unknown is not lenient, so the run is bit-exact and {n} near-tie flip(s) fail (make every server "
+                f"show its setting, or pass --allow-near-tie to allow): {_ids(run, 'near_tie')}")
+    if bit_exact(run, policy):
+        return (f"engine declares deterministic inference ({run.deterministic}): {n} near-tie flip(s) are a failure — "
+                f"the engine promised bit-exact output (pass --allow-near-tie to allow): {_ids(run, 'near_tie')}")
+    if policy.max_near_tie is not None or expectation is None:
+        allowed = policy.max_near_tie if policy.max_near_tie is not None else DEFAULT_MAX_NEAR_TIE
+        why = "--max-near-tie" if policy.max_near_tie is not None else "the fixed budget: no flip rate was measured"
+        return (f"{n}/{total} near-tie prompts ({n / total:.0%}) exceed --max-near-tie {allowed:.0%}"
+                + ("" if policy.max_near_tie is not None else f" ({why})"))
+    flipped = ", ".join(r.prompt.id for r in run.records if r.verdict and r.verdict.klass == "near_tie"
+                        and not (r.verdict.divergence is not None and r.verdict.divergence.tie))
+    return (f"{expectation.observed} near-tie flip(s) that are not exact ties, more than the {expectation.limit} the "
+            f"baseline's own numerics explain (expected {expectation.expected:.1f}, 95 % interval "
+            f"{expectation.low}–{expectation.high}): the verify numerics flip tokens the target's own two computations "
+            f"do not: {flipped}")
+
+
 def decide(run: GateRun, policy: GatePolicy | None = None) -> GateDecision:
     """Apply the policy (default: the run's own) to a finished (or partly finished) run."""
     policy = policy or run.config.policy
@@ -276,35 +307,9 @@ def decide(run: GateRun, policy: GatePolicy | None = None) -> GateDecision:
         failures.append(f"{counts['error']} prompt(s) failed in the engine: {_ids(run, 'error')}")
     expectation = flip_expectation(run)
     budget = near_tie_budget(run, counts, policy, expectation)
-    if budget.state == "fail":
-        frac = counts["near_tie"] / total
-        if policy.bit_exact:
-            failures.append(f"--bit-exact: {counts['near_tie']} near-tie flip(s) where bit-exactness is required: "
-                            f"{_ids(run, 'near_tie')}")
-        elif unknown_strict(run, policy) and not run.deterministic:
-            failures.append(
-                f"determinism declaration unknown on some servers ({run.deterministic_unknown}): under a policy an "
-                f"unknown is not lenient, so the run is bit-exact and {counts['near_tie']} near-tie flip(s) fail (make "
-                f"every server show its setting, or pass --allow-near-tie to allow): {_ids(run, 'near_tie')}")
-        elif bit_exact(run, policy):
-            failures.append(
-                f"engine declares deterministic inference ({run.deterministic}): {counts['near_tie']} near-tie "
-                f"flip(s) are a failure — the engine promised bit-exact output (pass --allow-near-tie to allow): "
-                f"{_ids(run, 'near_tie')}"
-            )
-        elif policy.max_near_tie is not None or expectation is None:
-            allowed = policy.max_near_tie if policy.max_near_tie is not None else DEFAULT_MAX_NEAR_TIE
-            why = "--max-near-tie" if policy.max_near_tie is not None else "the fixed budget: no flip rate was measured"
-            failures.append(f"{counts['near_tie']}/{total} near-tie prompts ({frac:.0%}) exceed --max-near-tie "
-                            f"{allowed:.0%}" + ("" if policy.max_near_tie is not None else f" ({why})"))
-        else:
-            flipped = ", ".join(r.prompt.id for r in run.records if r.verdict and r.verdict.klass == "near_tie"
-                                and not (r.verdict.divergence is not None and r.verdict.divergence.tie))
-            failures.append(
-                f"{expectation.observed} near-tie flip(s) that are not exact ties, more than the {expectation.limit} the "
-                f"baseline's own numerics explain (expected {expectation.expected:.1f}, 95 % interval "
-                f"{expectation.low}–{expectation.high}): the verify numerics flip tokens the target's own two "
-                f"computations do not: {flipped}")
+    tie_failure = near_tie_failure(run, counts, policy, expectation) if budget.state == "fail" else None
+    if tie_failure:
+        failures.append(tie_failure)
     activity = run.activity()
     speculates = not (run.config.golden and run.config.golden_mode == "baseline")
     nothing_judged = not any(r.verdict is not None and r.verdict.klass != "error" for r in run.records)
@@ -372,7 +377,8 @@ def decide(run: GateRun, policy: GatePolicy | None = None) -> GateDecision:
     if forced_problem and not (counts["diverged"] or counts["error"] or counts["drifted"]):
         engine_error = True
     return GateDecision(not failures, failures, warnings, counts_out, interrupted=run.interrupted,
-                        engine_error=engine_error, near_tie_budget=budget, flip_expectation=expectation)
+                        engine_error=engine_error, near_tie_budget=budget, flip_expectation=expectation,
+                        near_tie_failure=tie_failure)
 
 
 def judge_acceptance(comparison: Any, *, max_drop: float | None = None, tolerance: float | None = None) -> Any:
