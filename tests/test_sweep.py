@@ -5,7 +5,9 @@
 * SGLang fakes whose kernels flip answers decoded in a batch (``batch_flip_above``, both servers): a
   single gate run at the high concurrency passes (both sides flip alike), the sweep catches the flip
   as ``batch_flip`` and fails; with a threshold that covers the flip's margin it is a
-  ``batch_flip_near_tie`` and the sweep passes;
+  ``batch_flip_near_tie``, held to the gate's near-tie policy: a fixed share passes it, the budget
+  from the data is stated and decides, ``--bit-exact`` and a declaration of deterministic inference
+  fail it;
 * a level that fails after an earlier one passed keeps the earlier level's journal and results;
 * a real llama-server with two slots (live; skips without the build) sweeps 1 and 2 requests in flight.
 """
@@ -154,19 +156,75 @@ def test_a_batch_dependent_flip_is_caught_by_the_sweep_and_not_by_one_level(caps
         assert (tmp_path / "sw" / LEVEL_DIR.format(level=level) / "summary.md").is_file()
 
 
-def test_a_batch_flip_within_the_threshold_is_a_near_tie_and_passes(capsys, tmp_path, prompts):
+#: The fixture target is confident (closest calls of 5-18 nats): a threshold that covers them.
+WIDE = ("--near-tie-ceiling", "40", "--near-tie-nats", "39")
+
+
+def test_a_batch_flip_within_the_threshold_is_a_near_tie_and_passes_a_fixed_share(capsys, tmp_path, prompts):
+    """Every flip within the threshold is a near tie, and --max-near-tie 1 allows every prompt to be
+    one: the sweep passes, and says by which policy."""
     prompt_file, chosen = prompts
     high = len(chosen)
     base, spec = _servers(batch_flip_above=1)
     with base, spec:
-        # the fixture target is confident (closest calls of 5-18 nats): a threshold that covers them
-        code, out, err = sweep(capsys, "--levels", f"1,{high}", *_gate_args(base, spec, prompt_file, tmp_path),
-                               "--near-tie-ceiling", "40", "--near-tie-nats", "39")
+        code, out, err = sweep(capsys, "--levels", f"1,{high}", *_gate_args(base, spec, prompt_file, tmp_path), *WIDE,
+                               "--max-near-tie", "1")
     assert code == exitcodes.PASS, out + err
     top = load_sweep(tmp_path)["results"][1]
     assert top["flips"] and all(f["klass"] == "batch_flip_near_tie" for f in top["flips"]), top
     assert top["flip_counts"]["batch_flip"] == 0
     assert f"batch_flip_near_tie {len(top['flips'])}" in out
+    assert top["flip_budget_failure"] is None
+    assert top["flip_budget"].startswith("near ties are allowed up to 100% of the prompts (--max-near-tie)")
+    assert f"- level {high}: ok — {top['flip_budget']}" in (tmp_path / SWEEP_MD).read_text()
+
+
+def test_batch_flips_within_the_threshold_meet_the_budget_from_the_data(capsys, tmp_path, prompts):
+    """Without --max-near-tie the flips within the threshold are held to the gate's budget from the
+    data: what the levels' recorded baselines predict (their decode against teacher-forced scoring),
+    stated per level, and the sweep fails exactly when the flips exceed it."""
+    prompt_file, chosen = prompts
+    high = len(chosen)
+    base, spec = _servers(batch_flip_above=1)
+    with base, spec:
+        code, out, err = sweep(capsys, "--levels", f"1,{high}", *_gate_args(base, spec, prompt_file, tmp_path), *WIDE)
+    doc = load_sweep(tmp_path)
+    top = doc["results"][1]
+    ties = top["flip_counts"]["batch_flip_near_tie"]
+    assert ties and top["flip_counts"]["batch_flip"] == 0, top
+    assert f"{ties} near-tie flip(s) that are not exact ties, against " in top["flip_budget"], top["flip_budget"]
+    assert "expected from the baseline's own numerics" in top["flip_budget"]
+    failed = top["flip_budget_failure"] is not None
+    assert code == (exitcodes.GATE_FAILED if failed else exitcodes.PASS), out + err
+    assert any("fail the near-tie policy" in f for f in doc["failures"]) == failed
+
+
+@pytest.mark.parametrize("policy", ["bit-exact", "declared"])
+def test_batch_flips_within_the_threshold_fail_a_bit_exact_sweep(capsys, tmp_path, prompts, policy):
+    """The same near-tie flips where the run must be bit-exact: under --bit-exact, or on servers that
+    declare deterministic inference. The sweep fails with the gate's reason, where each level's own
+    gate passes (both sides of a level flip alike)."""
+    prompt_file, chosen = prompts
+    high = len(chosen)
+    base, spec = _servers(batch_flip_above=1, declares_deterministic=policy == "declared")
+    extra = ("--bit-exact",) if policy == "bit-exact" else ()
+    with base, spec:
+        code, out, err = sweep(capsys, "--levels", f"1,{high}", *_gate_args(base, spec, prompt_file, tmp_path), *WIDE,
+                               "--max-near-tie", "1", *extra)
+    doc = load_sweep(tmp_path)
+    low, top = doc["results"]
+    assert low["status"] == top["status"] == "PASS", doc
+    ties = [f["prompt_id"] for f in top["flips"] if f["klass"] == "batch_flip_near_tie"]
+    assert ties and top["flip_counts"]["batch_flip"] == 0, top
+    assert code == exitcodes.GATE_FAILED, out + err
+    reason = top["flip_budget_failure"]
+    expected = {"bit-exact": f"--bit-exact: {len(ties)} near-tie flip(s) where bit-exactness is required: ",
+                "declared": "engine declares deterministic inference (sglang /server_info "
+                            "enable_deterministic_inference=true"}[policy]
+    assert reason.startswith(expected) and all(pid in reason for pid in ties), reason
+    line = f"level {high}: {len(ties)} batch_flip_near_tie against level 1 fail the near-tie policy: {reason}"
+    assert line in doc["failures"] and f"FAIL: {line}" in out
+    assert f"- level {high}: FAIL — " in (tmp_path / SWEEP_MD).read_text()
 
 
 def test_a_later_level_that_fails_keeps_the_earlier_levels_results(tmp_path, prompts):

@@ -250,13 +250,17 @@ def _run_compare(args: argparse.Namespace) -> int:
 def judge_sides(old: Side, new: Side, old_path: str, *, near_tie_nats: float | None = None,
                 near_tie_ceiling: float = DEFAULT_CEILING_NATS, max_near_tie: float | None = None,
                 drift_policy: str = "fail", only_common: bool = False, report_dir: str | None = None,
-                bit_exact: bool | None = None) -> tuple[Any, Any]:
+                bit_exact: bool | None = None, deterministic: str | None = None,
+                deterministic_unknown: str | None = None, unknown_fails: bool = False) -> tuple[Any, Any]:
     """NEW's streams judged against OLD's with the gate's classes: (the run, its decision).
 
     The one comparison of two recorded runs, for ``specparity compare`` and for the concurrency sweep
     (:mod:`specparity.cli.sweep`: each level's speculative output against the lowest level's). The
     threshold comes from both sides' measured noise; ``report_dir`` only goes into the run's config
-    (the caller writes the reports)."""
+    (the caller writes the reports). The near-tie policy is the gate's (:class:`GatePolicy`: the
+    budget from the data unless ``max_near_tie``; ``bit_exact``); ``deterministic`` /
+    ``deterministic_unknown`` are the engine's declarations when both sides ran on one engine (the
+    sweep's levels), which make the comparison bit-exact as they make a gate run."""
     from specparity.judge.calibration import calibrate
     from specparity.judge.compare import compare
     from specparity.model.verdicts import Verdict
@@ -270,8 +274,9 @@ def judge_sides(old: Side, new: Side, old_path: str, *, near_tie_nats: float | N
     config = GateConfig(report_dir=report_dir, golden=old_path, golden_mode=mode,
                         near_tie_nats=near_tie_nats,
                         policy=GatePolicy(max_near_tie=max_near_tie, drift=drift_policy, bit_exact=bit_exact,
-                                          allow_unknown_activity=not counted))
-    run = GateRun(fingerprint=new.fingerprint, config=config, records=[], scorer=f"recorded: {old.label}")
+                                          allow_unknown_activity=not counted, unknown_fails=unknown_fails))
+    run = GateRun(fingerprint=new.fingerprint, config=config, records=[], scorer=f"recorded: {old.label}",
+                  deterministic=deterministic, deterministic_unknown=deterministic_unknown)
     run.aggregate = new.aggregate
     run.golden_notes.append(f"{new.label} judged against {old.label}")
     # the noise of both engines: a new engine's own decode-vs-scoring noise widens what is a near tie

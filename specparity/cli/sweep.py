@@ -11,7 +11,10 @@ level's speculative output against the lowest level's with the comparison of ``s
 both levels' measured noise). A prompt whose output differs between two levels of one configuration
 is a **batch flip**: ``batch_flip_near_tie`` when the comparison calls it a near tie (within the noise),
 ``batch_flip`` otherwise (a failure); identical tokens whose rows moved beyond the drift bound are a
-``batch_drift`` (a failure under the default ``--drift-policy fail``).
+``batch_drift`` (a failure under the default ``--drift-policy fail``). The near ties are held to the
+gate's own near-tie policy through the comparison's decision: the budget from the data (or
+``--max-near-tie``), and bit-exact under ``--bit-exact`` or the engine's declaration of deterministic
+inference, as in a gate run.
 
 In-process engines decode one request at a time (``Capabilities.max_concurrency`` 1; their
 ``generate_batch`` is plain decode only, for the batching invariance check), so every level would run
@@ -127,6 +130,11 @@ class LevelResult:
     flip_threshold: float | None = None
     flips: list[BatchFlip] = field(default_factory=list)
     flip_error: str | None = None
+    #: The gate's near-tie policy applied to the ``batch_flip_near_tie`` prompts (the budget from the
+    #: data, ``--max-near-tie``, ``--bit-exact`` or the engine's declaration), in words, and why they
+    #: fail it (None: they fit it).
+    flip_budget: str | None = None
+    flip_budget_failure: str | None = None
 
     def flip_counts(self) -> dict[str, int]:
         out = {k: 0 for k in dict.fromkeys(FLIP_CLASSES.values())}
@@ -167,6 +175,10 @@ class SweepResult:
                 if hit:
                     shown = "; ".join(f"{f.prompt_id} ({f.reason})" for f in hit[:3]) + ("; …" if len(hit) > 3 else "")
                     out.append(f"level {r.level}: {len(hit)} prompt(s) {what.format(lo=lowest)} ({klass}): {shown}")
+            if r.flip_budget_failure:
+                n = r.flip_counts()["batch_flip_near_tie"]
+                out.append(f"level {r.level}: {n} batch_flip_near_tie against level {lowest} fail the near-tie "
+                           f"policy: {r.flip_budget_failure}")
             if r.flip_error:
                 out.append(f"level {r.level}: not compared with level {lowest}: {r.flip_error}")
         return out
@@ -207,9 +219,14 @@ def _level_result(level: int, run: Any, decision: Any, out: Path) -> LevelResult
                        threshold=run.threshold.nats if run.threshold is not None else None)
 
 
-def batch_flips(lowest: int, low_dir: Path, result: LevelResult, setup: GateSetup) -> None:
+def batch_flips(lowest: int, low_dir: Path, result: LevelResult, setup: GateSetup, level_run: Any = None) -> None:
     """``result``'s speculative output judged against the lowest level's (``specparity compare
-    --old-side spec``), its flips recorded on ``result``."""
+    --old-side spec``), its flips and the comparison's near-tie verdict recorded on ``result``.
+
+    The flips within the noise are judged as a gate run's near ties are (:func:`specparity.gate.decision.decide`
+    on the comparison): the budget from the data (or ``--max-near-tie``), bit-exact under
+    ``--bit-exact`` or where the engine declares deterministic inference (``level_run``'s
+    declaration: every level runs on the one engine)."""
     from specparity.cli.golden_commands import _load_side, judge_sides
 
     config = setup.config
@@ -222,13 +239,20 @@ def batch_flips(lowest: int, low_dir: Path, result: LevelResult, setup: GateSetu
     if not old.streams:
         result.flip_error = f"level {lowest} has no speculative output to compare with"
         return
-    run, _decision = judge_sides(old, new, str(low_dir), near_tie_nats=config.near_tie_nats,
-                                 near_tie_ceiling=config.near_tie_ceiling, max_near_tie=config.policy.max_near_tie,
-                                 drift_policy=config.policy.drift)
+    policy = config.policy
+    run, decision = judge_sides(old, new, str(low_dir), near_tie_nats=config.near_tie_nats,
+                                near_tie_ceiling=config.near_tie_ceiling, max_near_tie=policy.max_near_tie,
+                                drift_policy=policy.drift, bit_exact=policy.bit_exact,
+                                deterministic=getattr(level_run, "deterministic", None),
+                                deterministic_unknown=getattr(level_run, "deterministic_unknown", None),
+                                unknown_fails=policy.unknown_fails)
     if run.threshold is None:
         result.flip_error = f"no threshold for the comparison: {run.calibration_error}"
         return
     result.flip_threshold = run.threshold.nats
+    if decision.near_tie_budget is not None:
+        result.flip_budget = decision.near_tie_budget.text
+    result.flip_budget_failure = decision.near_tie_failure
     for rec in run.records:
         v = rec.verdict
         if v is None or v.klass == "exact":
@@ -271,7 +295,7 @@ def run_sweep(setup: GateSetup, levels: Sequence[int], *, say: Callable[[str], N
                 raise
             result = _level_result(level, run, _conclude(run, out), out)
             if level != sweep.levels[0]:
-                batch_flips(sweep.levels[0], level_dir(root, sweep.levels[0]), result, setup)
+                batch_flips(sweep.levels[0], level_dir(root, sweep.levels[0]), result, setup, run)
             sweep.results.append(result)
             if result.exit_code == exitcodes.ENGINE_ERROR and level != sweep.levels[-1]:
                 rest = ", ".join(str(n) for n in sweep.levels if n > level)
@@ -416,6 +440,13 @@ def sweep_markdown(sweep: SweepResult) -> str:
                 "|---|---|---|---|---|"]
         out += [f"| `{f.prompt_id}` | {f.level} | {f.klass} | {'-' if f.position is None else f.position} | "
                 f"{f.reason.replace('|', '/')} |" for f in flips]
+    budgets = [r for r in sweep.results if r.flip_budget]
+    if budgets:
+        out += ["", f"## Near-tie policy of the flips against level {lowest}", "",
+                "The gate's near-tie policy applied to each level's `batch_flip_near_tie` prompts (the budget from "
+                "the data, `--max-near-tie`, `--bit-exact` or the engine's declaration of deterministic inference):",
+                ""]
+        out += [f"- level {r.level}: {'FAIL' if r.flip_budget_failure else 'ok'} — {r.flip_budget}" for r in budgets]
     fails = [f"level {r.level}: {f}" for r in sweep.results for f in r.failures] + sweep.failures()
     if fails:
         out += ["", "## Failures", ""] + [f"- {f}" for f in fails]
