@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import sys
+import threading
 
 import numpy as np
 import pytest
@@ -35,6 +36,7 @@ from fakes.backend import DATA, TARGET
 from fakes.gate import run_lossless
 from specparity.engines import load_engine
 from specparity.engines.base import EngineOptions
+from specparity.engines.server.engine import HFTokenizer
 from specparity.engines.server.http import Endpoint, ServerError
 from specparity.engines.server.presets import VLLM_GPU_FRACTION, presets_for
 from specparity.engines.server.vllm import (
@@ -54,6 +56,8 @@ from specparity.engines.server.vllm import (
     stable_spec_config,
     top_k_disabled,
 )
+from specparity.gate import exitcodes
+from specparity.gate.decision import decide
 from specparity.model.types import GenerationRequest
 
 pytestmark = pytest.mark.offline
@@ -129,11 +133,15 @@ def test_metrics_expositions():
     labels; the delta is the request of completions_greedy_spec_request_metrics.json."""
     before = parse_metrics((VL / "metrics_before.txt").read_text())
     after = parse_metrics((VL / "metrics_after.txt").read_text())
-    assert before == {"proposed": 0, "accepted": 0, "verify_steps": 0, "spec_families": True}
-    assert after == {"proposed": 21, "accepted": 6, "verify_steps": 3, "spec_families": True}
+    assert before == {"proposed": 0, "accepted": 0, "verify_steps": 0, "finished": 0, "generated": 0,
+                      "spec_families": True}
+    # the one request: finished (summed over finished_reason), with its 10 generated tokens
+    assert after == {"proposed": 21, "accepted": 6, "verify_steps": 3, "finished": 1, "generated": 10,
+                     "spec_families": True}
     plain = "# HELP vllm:num_requests_running x\n# TYPE vllm:num_requests_running gauge\n" \
             'vllm:num_requests_running{engine="0",model_name="m"} 0.0\n'
     assert parse_metrics(plain)["spec_families"] is False
+    assert parse_metrics(plain)["finished"] is None and parse_metrics(plain)["generated"] is None  # not exposed
     two_engines = (VL / "metrics_after.txt").read_text().replace('engine="0"', 'engine="1"')
     summed = parse_metrics((VL / "metrics_after.txt").read_text() + "\n".join(
         line for line in two_engines.splitlines() if line.startswith("vllm:spec_decode_num_draft")) + "\n")
@@ -349,6 +357,72 @@ def test_gate_end_to_end_speculation_disabled_for_logprobs(servers, tmp_path, de
     assert "speculation inactive" in proc.stdout
 
 
+class SharedServer(VLLMServer):
+    """A speculative vLLM server that another client uses as well: when the gate's first speculative
+    decode arrives, it waits for that client's request to be answered first (so the other traffic
+    falls inside the speculative phase on every run, however the threads are scheduled)."""
+
+    def __init__(self, other_prompt: list[int], **kw):
+        super().__init__(**kw)
+        self.other_prompt = other_prompt
+        self.other_answered = threading.Event()
+        self.other_tokens = 0
+        self._started = threading.Lock()
+
+    def completions(self, body, fault=None):
+        gate_decode = isinstance(body, dict) and body.get("logprobs") is not None and (body.get("max_tokens") or 0) > 1
+        if gate_decode and self._started.acquire(blocking=False):
+            threading.Thread(target=self._other_client, daemon=True).start()
+            assert self.other_answered.wait(60), "the other client got no answer"
+        return super().completions(body, fault)
+
+    def _other_client(self) -> None:
+        """Another client's plain completion: no logprobs, so this server drafts for it."""
+        body = {"model": self.served, "prompt": self.other_prompt, "max_tokens": 16, "temperature": 0.0, "top_p": 1.0,
+                "top_k": 0, "min_p": 0.0, "repetition_penalty": 1.0, "presence_penalty": 0.0,
+                "frequency_penalty": 0.0}
+        answer = Endpoint(self.url).post_json("/v1/completions", body)
+        self.other_tokens = answer["usage"]["completion_tokens"]
+        self.other_answered.set()
+
+
+def test_another_clients_drafts_are_never_this_runs_activity(servers, tmp_path, default_prompts):
+    """The server skips drafting for the gate's logprob requests (vLLM 0.11–0.13), and another client
+    sends it a plain request during the speculative phase: the server-wide draft counters move, for the
+    other client. The gate compares what the server finished and generated with what it sent and got
+    back, and says "activity unknown: other traffic on the server" — never "speculation active"."""
+    base, _ = servers
+    tokenizer = HFTokenizer(str(TARGET))
+    other = tokenizer.encode_prompt(None, [{"role": "user", "content": "Count from one to ten."}])
+    with SharedServer(other, speculative=True, spec_disabled_for_logprobs=True) as shared:
+        proc, records = run_lossless("vllm", base.url, shared.url, tmp_path / "report", "--target", str(TARGET),
+                                     in_process=True)
+    assert shared.other_answered.is_set() and shared.other_tokens > 0
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == exitcodes.GATE_FAILED, out[-3000:]
+    prompts = [r for r in records if r["kind"] == "prompt"]
+    assert len(prompts) == sum(p.category == "math" for p in default_prompts)
+    assert all(r["verdict"]["class"] == "exact" for r in prompts)
+    agg = next(r for r in records if r["kind"] == "aggregate_counters")
+    assert agg["accepted"] > 0, agg  # the other client's drafts: what the gate used to call "active"
+    mine = sum(len(r["spec"]["output_ids"]) for r in prompts)
+    reason = agg["unattributed"]
+    assert reason.startswith("activity unknown: other traffic on the server: during the speculative phase the "
+                             f"speculative servers finished {len(prompts) + 1} request(s) and generated "
+                             f"{mine + shared.other_tokens} token(s), this run sent them {len(prompts)} and got "
+                             f"{mine} back (vllm:request_success_total, vllm:generation_tokens_total at "
+                             f"{shared.url})"), reason
+    verdict = records[-1]
+    assert verdict["status"] == "FAIL" and f"speculation {reason}" in verdict["failures"]
+    assert not any(f.startswith("speculation inactive") or "speculation active" in f for f in verdict["failures"])
+    assert f"FAIL: speculation {reason}" in proc.stdout
+    # the journal alone decides the same (`specparity report`)
+    from specparity.run.journal import load_run
+
+    rebuilt = decide(load_run(tmp_path / "report"))
+    assert f"speculation {reason}" in rebuilt.failures and rebuilt.exit_code == exitcodes.GATE_FAILED
+
+
 # ---------------------------------------------------------------------------------------------- batch invariance
 
 
@@ -519,6 +593,10 @@ def test_recorded_026_metrics_deltas():
                   if line.startswith("vllm:spec_decode_num_accepted_tokens_per_pos_total{"))
     assert per_pos == after["accepted"]
     assert parse_metrics((V026 / "metrics-baseline-after.txt").read_text())["spec_families"] is False
+    # what the server served moved by exactly the greedy requests and the tokens their answers carried
+    greedy = [e for e in recorded_026("ngram") if e["label"] == "greedy"]
+    assert after["finished"] - before["finished"] == len(greedy)
+    assert after["generated"] - before["generated"] == sum(e["response"]["usage"]["completion_tokens"] for e in greedy)
 
 
 def test_stable_spec_config_from_recorded_server_info():

@@ -20,9 +20,14 @@ Policy (README "What each class means"), from :class:`~specparity.model.gate_run
   included;
 * a run in which speculation never accepted a single draft token fails as "speculation inactive":
   an exact match proves nothing if the draft never ran. An engine that reports no counters at all
-  fails too unless ``allow_unknown_activity`` is set;
+  fails too unless ``allow_unknown_activity`` is set, and so does one whose run-wide counters may
+  hold another client's drafts (``GateRun.aggregate_unattributed``: other traffic on the server);
 * a path never taken (reject, partial accept, full accept, block cut by the limit or by a stop
-  token) is a warning; with ``require_paths`` N, a path taken on fewer than N prompts fails;
+  token) is a warning; with ``require_paths`` N, a path taken on fewer than N prompts fails, and so
+  does a speculative answer without per-step records (its paths are unknown: :func:`unrecorded_steps`);
+* what the engine could not say is not lenient under a policy (``unknown_fails``): a determinism
+  declaration unknown on some servers makes the run bit-exact, a check it had to skip
+  (``GateRun.skipped_checks``) fails; without a policy both are warnings;
 * under ``--force-reject`` (:mod:`specparity.model.force_reject`) nothing accepted is the point: the
   inactivity rule does not apply to ``all``; instead, fewer than ``MIN_REJECT_SHARE`` of the verify
   steps rejecting every draft (engines with totals only: any accepted draft) fails as a
@@ -315,6 +320,8 @@ def decide(run: GateRun, policy: GatePolicy | None = None) -> GateDecision:
     nothing_judged = not any(r.verdict is not None and r.verdict.klass != "error" for r in run.records)
     if not speculates or not run.records or (nothing_judged and (run.calibration_error or run.golden_error)):
         pass  # nothing speculated: no activity, coverage or floor to check
+    elif activity.reported_requests == 0 and run.aggregate_unattributed:
+        (warnings if policy.allow_unknown_activity else failures).append(f"speculation {run.aggregate_unattributed}")
     elif activity.reported_requests == 0:
         msg = "speculation activity unknown: the engine reported no draft counters for any request"
         if run.counters_error:

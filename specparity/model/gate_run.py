@@ -205,6 +205,10 @@ class GateRun:
     aggregate: SpecStats | None = None
     #: Why the aggregate counters could not be read (the run's activity is then unknown).
     counters_error: str | None = None
+    #: Why the aggregate counters, read, are not this run's alone (other traffic on the servers, or
+    #: nothing to rule it out: :func:`specparity.judge.traffic.unattributed`); ``aggregate`` is then
+    #: left unset and the run's activity is unknown.
+    aggregate_unattributed: str | None = None
     #: Deterministic / batch-invariant inference the engine declares for both sides, with where it
     #: was read; set, it makes the run bit-exact unless ``--allow-near-tie`` (``gate.bit_exact``).
     deterministic: str | None = None

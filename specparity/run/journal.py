@@ -203,6 +203,8 @@ def load_run(path: str | Path) -> GateRun:
     if agg is not None:
         if agg.get("error"):
             run.counters_error = agg["error"]
+        elif agg.get("unattributed"):
+            run.aggregate_unattributed = agg["unattributed"]
         else:
             run.aggregate = SpecStats.from_json(agg)
     run.timings.update(journal.timings)

@@ -46,6 +46,8 @@ from specparity.report.render import DERIVED_FILES, write_reports
 from specparity.report.reproducers import REPRODUCERS
 from specparity.run.scoring import Scorer, choose_scorer
 from specparity.judge.structured import hide_forced_rows, judge_constraint, unconstrained_baselines
+from specparity.judge.traffic import unattributed
+from specparity.model.traffic import Traffic
 from specparity.model.types import GenerationRequest, GenerationResult, SpecStats, TokenScores
 
 T = TypeVar("T")
@@ -304,11 +306,22 @@ def _run_phases(engine: Engine, run: GateRun, writer: ResultsWriter, say: Callab
             _record_golden(run, golden, writer, say, acceptance=True)
         if counters_before is not None:
             try:
-                run.aggregate = _aggregate_delta(counters_before, _aggregate_counters(engine, caps.counters))
-                writer.write({"kind": "aggregate_counters", **run.aggregate.to_json()})
+                counters_after = _aggregate_counters(engine, caps.counters)
+                delta = _aggregate_delta(counters_before, counters_after)
             except Exception as exc:  # noqa: BLE001 - the verdicts are written; only the activity is unknown
                 run.counters_error = f"{type(exc).__name__}: {exc}"
                 writer.write({"kind": "aggregate_counters", "error": run.counters_error})
+            else:
+                # server-wide counters count every client's drafts: this run's only when the servers
+                # served this run's requests alone
+                problem = unattributed(Traffic.from_json(counters_before.get("traffic")),
+                                       Traffic.from_json(counters_after.get("traffic")))
+                writer.write({"kind": "aggregate_counters", **delta.to_json(), "unattributed": problem,
+                              "traffic": [counters_before.get("traffic"), counters_after.get("traffic")]})
+                if problem:
+                    run.aggregate_unattributed = problem
+                else:
+                    run.aggregate = delta
     finally:
         scorer.close()
 
@@ -677,13 +690,13 @@ def _judge(run: GateRun, stop_ids: tuple[int, ...], decode: Callable[[Sequence[i
     say(f"{p.id}: {rec.verdict.klass}")
 
 
-def _aggregate_counters(engine: Engine, kind: str) -> dict[str, int] | None:
+def _aggregate_counters(engine: Engine, kind: str) -> dict[str, Any] | None:
     """Run-wide draft counters (engines that report only aggregates, e.g. vLLM's /metrics)."""
     read = getattr(engine, "activity_counters", None)
     return read() if kind == "aggregate" and callable(read) else None
 
 
-def _aggregate_delta(before: dict[str, int], after: dict[str, int]) -> SpecStats:
+def _aggregate_delta(before: dict[str, Any], after: dict[str, Any]) -> SpecStats:
     delta = {k: int(after.get(k, 0)) - int(before.get(k, 0)) for k in ("proposed", "accepted", "verify_steps")}
     return SpecStats(available=True, **delta, source=f"aggregate counters read before and after the speculative "
                                                         f"phase ({after.get('source', 'engine')})")

@@ -72,6 +72,7 @@ from specparity.engines.base import (
     parse_positive_int,
 )
 from specparity.engines.server.http import Endpoint, ServerError
+from specparity.engines.server.traffic import TrafficTally
 from specparity.engines.server.wire import WireFormat
 from specparity.engines.server.launch import GPU_STARTUP_TIMEOUT_S, LaunchConfig
 from specparity.engines.server.presets import fill, preset_launch_values
@@ -91,6 +92,7 @@ from specparity.engines.server.engine import (
 )
 from specparity.model.packages import installed_package_dir
 from specparity.model.constraints import CONSTRAINT_FIELDS, Constraint
+from specparity.model.traffic import Traffic
 from specparity.model.types import ArtifactId, GenerationRequest, GenerationResult, SpecStats, TokenScores
 
 #: ``--max-logprobs`` default (``vllm/config/model.py:286``).
@@ -100,6 +102,12 @@ SPEC_COUNTERS = {
     "proposed": "vllm:spec_decode_num_draft_tokens_total",
     "accepted": "vllm:spec_decode_num_accepted_tokens_total",
     "verify_steps": "vllm:spec_decode_num_drafts_total",
+}
+#: What the servers served, read with the draft counters (``tests/data/vllm/metrics_after.txt``, and the
+#: live 0.26.0 bodies): our name -> exposed sample name, summed over labels (``finished_reason`` too).
+TRAFFIC_COUNTERS = {
+    "finished": "vllm:request_success_total",
+    "generated": "vllm:generation_tokens_total",
 }
 SPEC_FAMILY_PREFIX = "vllm:spec_decode_"
 PER_REQUEST_METRICS = ("none", "summary", "detailed")
@@ -524,12 +532,15 @@ def request_spec_stats(body: dict[str, Any]) -> SpecStats | None:
 
 
 def parse_metrics(text: str) -> dict[str, Any]:
-    """A ``/metrics`` exposition → ``{"proposed", "accepted", "verify_steps"}`` summed over labels, and
-    ``"spec_families"``: whether any ``vllm:spec_decode_*`` family exists (only with a speculative config)."""
+    """A ``/metrics`` exposition → ``{"proposed", "accepted", "verify_steps"}`` summed over labels,
+    ``{"finished", "generated"}`` (:data:`TRAFFIC_COUNTERS`; None when the exposition has no such
+    sample), and ``"spec_families"``: whether any ``vllm:spec_decode_*`` family exists (only with a
+    speculative config)."""
     from prometheus_client.parser import text_string_to_metric_families
 
     out: dict[str, Any] = {key: 0 for key in SPEC_COUNTERS}
-    wanted = {sample: key for key, sample in SPEC_COUNTERS.items()}
+    out.update({key: None for key in TRAFFIC_COUNTERS})
+    wanted = {sample: key for key, sample in {**SPEC_COUNTERS, **TRAFFIC_COUNTERS}.items()}
     families = False
     for family in text_string_to_metric_families(text):
         if family.name.startswith(SPEC_FAMILY_PREFIX):
@@ -537,9 +548,17 @@ def parse_metrics(text: str) -> dict[str, Any]:
         for sample in family.samples:
             key = wanted.get(sample.name)
             if key is not None:
-                out[key] += int(round(sample.value))
+                out[key] = (out[key] or 0) + int(round(sample.value))
     out["spec_families"] = families
     return out
+
+
+def answer_tokens(answer: Any) -> int:
+    """The tokens an answer carries (``choices[0].token_ids``), for a tally when ``usage`` is missing."""
+    choices = answer.get("choices") if isinstance(answer, dict) else None
+    first = choices[0] if isinstance(choices, list) and choices and isinstance(choices[0], dict) else {}
+    ids = first.get("token_ids")
+    return len(ids) if isinstance(ids, list) else 0
 
 
 # ---------------------------------------------------------------------------------------------- engine
@@ -571,6 +590,9 @@ class VLLMEngine(ServerEngine):
         #: Requests in flight without --concurrency, when ``max_concurrency`` is what the servers can
         #: take (their max_num_seqs) rather than that default (:func:`create`).
         self.default_concurrency: int | None = None
+        #: This engine's answered requests on the speculative servers, against which the servers' own
+        #: counts show other traffic (:meth:`activity_counters`).
+        self.traffic = TrafficTally()
 
     # ------------------------------------------------------------------ server facts (cached)
     def _fact(self, endpoint: Endpoint, what: str, read: Callable[[], Any]) -> Any:
@@ -716,6 +738,8 @@ class VLLMEngine(ServerEngine):
             raise ServerError("the baseline server exposes vllm:spec_decode_* counters on /metrics: it was launched "
                               "with --speculative-config; the baseline must run without speculation")
         answer = endpoint.post_json(WIRE.path, WIRE.body(req, self.request_facts(endpoint)))
+        if speculative:
+            self.traffic.add(answer, answer_tokens(answer))
         ids, finish, scores, _ = parse_completion(answer, req.top_k)
         self.note_request(req.request_id, speculative, **usage_facts(answer))
         if speculative:
@@ -742,30 +766,40 @@ class VLLMEngine(ServerEngine):
             body = completion_body(self.model_name(endpoint), ids, 1, (), logprobs=None,
                                    top_k=top_k_disabled(self.version(endpoint)), prompt_logprobs=top_k)
             answer = endpoint.post_json("/v1/completions", body)
+            if self.is_speculative(endpoint):  # the cross-instance scoring: traffic on a speculative server
+                self.traffic.add(answer, 1)
             if not isinstance(answer, dict) or not answer.get("choices"):
                 raise ServerError("/v1/completions (scoring) answered without 'choices'")
             return parse_prompt_logprobs(answer["choices"][0].get("prompt_logprobs"), prompt_ids, continuation_ids,
                                          top_k)
 
     def activity_counters(self) -> dict[str, Any]:
-        """Run-wide draft counters of the speculative servers, summed, once they stopped moving."""
+        """Run-wide draft counters of the speculative servers, summed, once they stopped moving; with
+        them (``"traffic"``, :class:`~specparity.model.traffic.Traffic`) the servers' finished requests
+        and generated tokens and this engine's own count of both, so the gate can tell whether the
+        counters moved for this run alone."""
+        keys = (*SPEC_COUNTERS, *TRAFFIC_COUNTERS)
         previous: dict[str, Any] | None = None
         for _ in range(SETTLE_READS):
-            totals: dict[str, Any] = {key: 0 for key in SPEC_COUNTERS}
+            totals: dict[str, Any] = {key: 0 for key in keys}
             families = []
             for endpoint in self.spec.fleet.endpoints:
                 got = self.read_metrics(endpoint)
                 families.append(got["spec_families"])
-                for key in SPEC_COUNTERS:
-                    totals[key] += got[key]
-            if previous is not None and all(previous[k] == totals[k] for k in SPEC_COUNTERS):
+                for key in keys:
+                    totals[key] = None if totals[key] is None or got[key] is None else totals[key] + got[key]
+            if previous is not None and all(previous[k] == totals[k] for k in keys):
                 break
             previous = totals
             time.sleep(SETTLE_INTERVAL_S)
         names = ", ".join(SPEC_COUNTERS.values())
         where = ", ".join(self.spec.fleet.urls)
         absent = "" if all(families) else "; the vllm:spec_decode_* families are absent (no --speculative-config)"
+        own_finished, own_generated = self.traffic.snapshot()
+        traffic = Traffic(totals.pop("finished"), totals.pop("generated"), own_finished, own_generated,
+                          f"{', '.join(TRAFFIC_COUNTERS.values())} at {where}")
         totals["source"] = f"vLLM /metrics {names}, summed over labels at {where}{absent}"
+        totals["traffic"] = traffic.to_json()
         return totals
 
 
