@@ -192,6 +192,51 @@ def test_the_golden_keeps_acceptance_and_an_old_golden_says_not_recorded(runs, c
     code, out = main(capsys, "compare", str(old), str(runs["dir"] / "worse"))
     assert code == exitcodes.PASS, out[-3000:]
     assert "acceptance: acceptance not recorded" in out
+    # a policy that names max_accept_drop asks for the check: a comparison that cannot make it fails
+    policy = tmp_path / "policy.toml"
+    policy.write_text("[gate]\nmax_accept_drop = 0.25\n", encoding="utf-8")
+    code, out = main(capsys, "compare", str(old), str(runs["dir"] / "worse"), "--policy", str(policy), "--json")
+    data = json.loads(out)
+    assert code == exitcodes.GATE_FAILED, data["failures"]
+    assert data["counts"]["exact"] == len(data["prompts"])  # the streams pass: only the unchecked rule fails
+    assert data["failures"] == [
+        f"acceptance not recorded — golden {old}: the golden has no acceptance (recorded before it was kept, or by "
+        f"specparity record --baselines-only, which does not speculate): the policy {policy}:2 names "
+        "max_accept_drop 0.25, and a comparison that cannot check it fails (record the golden with `specparity "
+        "record`, which keeps the speculative run's acceptance, or compare journals of speculative runs whose "
+        "engine counts per request)"]
+    code, out = main(capsys, "compare", str(old), str(runs["dir"] / "worse"), "--max-accept-drop", "1")
+    assert code == exitcodes.GATE_FAILED and "--max-accept-drop names max_accept_drop 1, and a comparison" in out
+
+
+def test_the_documented_flow_record_then_compare_fails_on_an_acceptance_drop(runs, capsys, tmp_path):
+    """README's CI flow: `specparity record --golden G` once, a later run, `specparity compare G RUN`.
+    The recorded golden keeps the speculative run's acceptance, so a lossless but much worse draft
+    fails the comparison on acceptance alone."""
+    from specparity.run.golden import load_golden
+
+    golden = tmp_path / "recorded.jsonl"
+    code, out = main(capsys, "record", "--engine", "hf", "--prompts", str(runs["prompts"]), "--calibration",
+                     "selected", *TOKENS, "--golden", str(golden), "--report", "", "--json")
+    doc = json.loads(out)
+    assert code == exitcodes.PASS, doc
+    entries = load_golden(golden).entries
+    assert doc["acceptance"] == f"recorded for {len(entries)} of {len(entries)} prompt(s) (the speculative run's " \
+                                "per-request counters)"
+    assert all(e.spec is not None and e.spec.available for e in entries.values())
+    code, out = main(capsys, "compare", str(golden), str(runs["dir"] / "worse"), "--json")
+    data = json.loads(out)
+    assert code == exitcodes.GATE_FAILED, data["failures"]
+    assert data["counts"]["exact"] == len(data["prompts"])  # lossless: acceptance alone fails it
+    assert any(f.startswith("acceptance all:") for f in data["failures"]), data["failures"]
+    # the same flow recorded without acceptance says so, and cannot fail on it
+    bare = tmp_path / "bare.jsonl"
+    code, out = main(capsys, "record", "--engine", "hf", "--prompts", str(runs["prompts"]), "--calibration",
+                     "selected", *TOKENS, "--golden", str(bare), "--report", "", "--baselines-only")
+    assert code == exitcodes.PASS and "acceptance: not recorded (--baselines-only)" in out
+    assert all(e.spec is None for e in load_golden(bare).entries.values())
+    code, out = main(capsys, "compare", str(bare), str(runs["dir"] / "worse"))
+    assert code == exitcodes.PASS and "acceptance: acceptance not recorded" in out
 
 
 def test_policy_file_and_flag_set_the_allowed_drop(runs, capsys, tmp_path):

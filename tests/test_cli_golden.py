@@ -159,10 +159,12 @@ def test_compare_keeps_news_errored_prompts_as_errors(capsys, tmp_path, journal,
     assert verdicts[ids[1]]["class"] == "exact"
 
 
-def test_compare_applies_the_activity_rule_when_new_carries_counters(capsys, tmp_path, journal):
+def test_compare_applies_the_activity_rule_to_news_speculative_output(capsys, tmp_path, journal):
     """NEW's journal holds only run-wide aggregate counters (as a vLLM run's does), and they show no draft
-    accepted: speculation inactive, a failure. The same journal without any counters is not judged on
-    activity (nothing says whether it speculated)."""
+    accepted: speculation inactive, a failure. The same journal without any counters is "activity
+    unknown", a failure as in the gate: nothing shows it speculated; allowed only by the policy's
+    allow_unknown_activity or by NEW's own run having allowed it. Counters that other traffic on
+    the server may have moved are unknown too."""
     def aggregate_only(accepted):
         def edit(line):
             if line["kind"] == "prompt":
@@ -183,8 +185,33 @@ def test_compare_applies_the_activity_rule_when_new_carries_counters(capsys, tmp
 
     silent = _rewrite(journal, tmp_path / "silent.jsonl", aggregate_only(None))
     code, doc = _compare(capsys, str(journal), str(silent))
-    assert code == exitcodes.PASS, doc
-    assert any("activity unknown" in w for w in doc["warnings"])
+    assert code == exitcodes.GATE_FAILED, doc
+    assert doc["failures"] == ["speculation activity unknown: the engine reported no draft counters for any request"]
+    policy = tmp_path / "allow.toml"
+    policy.write_text("[gate]\nallow_unknown_activity = true\n")
+    code, doc = _compare(capsys, str(journal), str(silent), "--policy", str(policy))
+    assert code == exitcodes.PASS and any("activity unknown" in w for w in doc["warnings"]), doc
+
+    def allowed_run(line):
+        if line["kind"] == "run":
+            line["config"]["policy"]["allow_unknown_activity"] = True
+        return [line]
+
+    allowed = _rewrite(silent, tmp_path / "allowed.jsonl", allowed_run)
+    code, doc = _compare(capsys, str(journal), str(allowed))
+    assert code == exitcodes.PASS and any("activity unknown" in w for w in doc["warnings"]), doc
+
+    def shared(line):
+        out = aggregate_only(30)(line)
+        for x in out:
+            if x["kind"] == "aggregate_counters":
+                x["unattributed"] = "activity unknown: other traffic on the server: 6 finished, 5 sent"
+        return out
+
+    crowded = _rewrite(journal, tmp_path / "crowded.jsonl", shared)
+    code, doc = _compare(capsys, str(journal), str(crowded))
+    assert code == exitcodes.GATE_FAILED, doc
+    assert doc["failures"] == ["speculation activity unknown: other traffic on the server: 6 finished, 5 sent"]
 
 
 def test_compare_only_common_with_nothing_in_common_fails(capsys, tmp_path, journal):

@@ -1,7 +1,10 @@
 """``specparity record``, ``compare`` and ``report``: goldens and journals from the command line.
 
-* ``record``: run the baselines only (no speculation) and write the golden named by ``--golden``;
-  the slow part of a gate run on a big server, done once.
+* ``record``: run the baselines and write the golden named by ``--golden`` (the slow part of a gate
+  run on a big server, done once), then the speculative decodes, whose acceptance per prompt the
+  golden keeps: ``compare GOLDEN NEW`` can then fail on an acceptance drop. ``--baselines-only``
+  records no acceptance (``compare`` then says so, and fails under a policy naming
+  ``max_accept_drop``).
 * ``compare OLD NEW``: judge two recorded runs against each other with the gate's classes, no
   engine needed — each side a golden or a journal (``results.jsonl`` or its directory). OLD gives
   the reference stream (a golden's baseline, a journal's baseline), NEW the stream judged (a
@@ -53,13 +56,18 @@ def _run_record(args: argparse.Namespace) -> int:
     if not raw.get("golden"):
         raise BadInput("--golden: specparity record needs --golden FILE (where to write the golden)")
     raw["update_golden"] = raw.get("update_golden") or "update"
-    setup = build_setup(raw, check_report=bool(raw.get("report")), speculates=False)
+    setup = build_setup(raw, check_report=bool(raw.get("report")), speculates=not args.baselines_only)
     engine = load_engine(setup)
     try:
+        if setup.counters_pending and not args.baselines_only:
+            from specparity.run.gate_command import _check_counters
+
+            _check_counters(setup, engine)
         run = run_gate(engine, setup.prompts, setup.config, calibration=setup.calibration, golden=setup.golden,
-                       baselines_only=True, progress=None if args.json else _say)
+                       baselines_only=args.baselines_only, progress=None if args.json else _say)
     finally:
         engine.close()
+    accepted = _recorded_acceptance(run, args.baselines_only)
     failed = [r.prompt.id for r in run.records + run.calibration_records
               if r.baseline is None or r.baseline.error or r.tf_error]
     if run.golden_error:
@@ -73,12 +81,29 @@ def _run_record(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"status": "PASS" if code == 0 else "FAIL", "exit_code": code, "message": status,
                           "golden": setup.config.golden, "threshold": run.threshold.to_json() if run.threshold else None,
-                          "failed": failed}, indent=2))
+                          "failed": failed, "acceptance": accepted}, indent=2))
     else:
         print(f"specparity record: {'PASS' if code == 0 else 'FAIL'} — {status}")
         if run.threshold:
             print(f"near-tie threshold it supports: {run.threshold.describe()}")
+        print(f"acceptance: {accepted}")
     return code
+
+
+def _recorded_acceptance(run: Any, baselines_only: bool) -> str:
+    """What the golden holds of the speculative run's acceptance, in one line: what ``specparity
+    compare`` can judge an acceptance drop against."""
+    if baselines_only:
+        return ("not recorded (--baselines-only): `specparity compare` against this golden cannot check an acceptance "
+                "drop, and fails under a policy naming max_accept_drop")
+    judged = [r for r in run.records if r.spec is not None and not r.spec.error]
+    counted = sum(1 for r in judged if r.spec.spec.available)
+    if counted:
+        return f"recorded for {counted} of {len(run.records)} prompt(s) (the speculative run's per-request counters)"
+    why = ("the engine reports no per-request counters (run-wide ones say nothing per prompt)" if judged
+           else "no speculative decode finished")
+    return (f"not recorded: {why}; `specparity compare` against this golden cannot check an acceptance drop, and "
+            "fails under a policy naming max_accept_drop")
 
 
 def _say(msg: str) -> None:
@@ -88,11 +113,17 @@ def _say(msg: str) -> None:
 def add_record_command(sub: Any) -> None:
     from specparity.cli.option_table import add_gate_options
 
-    p = sub.add_parser("record", help="run the baselines only and write the golden (--golden FILE)",
-                       description="Record a golden: every prompt greedily without speculation, scored "
-                       "teacher-forced, written to --golden FILE (golden/README.md). A golden recorded under "
-                       "another engine fingerprint is replaced only with --update-golden=force.")
+    p = sub.add_parser("record", help="run the baselines and write the golden (--golden FILE), with the speculative "
+                       "run's acceptance", description="Record a golden: every prompt greedily without speculation, "
+                       "scored teacher-forced, written to --golden FILE (golden/README.md); then every prompt with "
+                       "speculation, whose acceptance per prompt the golden keeps, so `specparity compare GOLDEN "
+                       "NEW` can fail on an acceptance drop. A golden recorded under another engine fingerprint is "
+                       "replaced only with --update-golden=force.")
     add_gate_options(lambda name, desc: p.add_argument_group(name, desc).add_argument)
+    p.add_argument("--baselines-only", action="store_true",
+                   help="record the baselines only, no speculative decode: the golden then holds no acceptance, so "
+                   "`specparity compare` against it cannot check an acceptance drop (and fails under a policy naming "
+                   "max_accept_drop)")
     p.add_argument("--json", action="store_true", help="print the outcome as JSON")
     p.set_defaults(func=_run_record)
 
@@ -118,6 +149,10 @@ class Side:
     #: The speculative run's acceptance per prompt (:class:`specparity.judge.acceptance.AcceptanceSet`),
     #: whatever stream is judged: a golden's recorded ``acceptance``, a journal's speculative run.
     acceptance: Any = None
+    #: Why the journal's run-wide counters are not that run's alone (other traffic on the server).
+    aggregate_unattributed: str | None = None
+    #: The journal's run allowed unknown activity (``--allow-unknown-activity``): its comparison does too.
+    unknown_activity_allowed: bool = False
 
 
 def _load_side(path: str, which: str, side: str) -> Side:
@@ -145,7 +180,7 @@ def _load_side(path: str, which: str, side: str) -> Side:
             accepted = _acceptance(f"golden {journal}", [(e.prompt, e.spec, e.prompt_ids, e.baseline.output_ids)
                                                           for e in g.entries.values() if e.spec is not None],
                                    "the golden has no acceptance (recorded before it was kept, or by specparity "
-                                   "record, which does not speculate)")
+                                   "record --baselines-only, which does not speculate)")
             return Side(f"golden {journal}", Fingerprint.from_json(g.header["fingerprint"]), streams, samples, False,
                         tuple(g.header.get("stop_token_ids", ())), acceptance=accepted)
         run = load_run(journal)
@@ -173,7 +208,8 @@ def _load_side(path: str, which: str, side: str) -> Side:
            + (" (run-wide counters only: no per-prompt spread to compare)" if run.aggregate is not None else "")
            if spec_runs else "the journal holds no speculative run (baselines only)")
     return Side(f"journal {journal} ({side})", run.fingerprint, streams, samples, side == "spec", tuple(stops),
-                errors, run.aggregate if side == "spec" else None, _acceptance(f"journal {journal}", spec_runs, why))
+                errors, run.aggregate if side == "spec" else None, _acceptance(f"journal {journal}", spec_runs, why),
+                run.aggregate_unattributed if side == "spec" else None, run.config.policy.allow_unknown_activity)
 
 
 def _acceptance(label: str, spec_runs: list[tuple[Any, Any, Any, Any]], why: str) -> Any:
@@ -232,8 +268,10 @@ def _run_compare(args: argparse.Namespace) -> int:
     run, decision = judge_sides(old, new, args.old, near_tie_nats=args.near_tie_nats,
                                 near_tie_ceiling=args.near_tie_ceiling, max_near_tie=rules["max_near_tie"],
                                 drift_policy=rules["drift_policy"], only_common=args.only_common,
-                                report_dir=args.report or None, bit_exact=rules.get("bit_exact"))
-    accept = _acceptance_verdict(old, new, decision, max_drop=rules["max_accept_drop"])
+                                report_dir=args.report or None, bit_exact=rules.get("bit_exact"),
+                                allow_unknown_activity=bool(rules.get("allow_unknown_activity")))
+    accept = _acceptance_verdict(old, new, decision, max_drop=rules["max_accept_drop"],
+                                 named_by=rules["max_accept_drop_named_by"])
     if args.report:
         _write_reports(run, decision, args.report)
         _write_acceptance(accept, args.report)
@@ -251,7 +289,8 @@ def judge_sides(old: Side, new: Side, old_path: str, *, near_tie_nats: float | N
                 near_tie_ceiling: float = DEFAULT_CEILING_NATS, max_near_tie: float | None = None,
                 drift_policy: str = "fail", only_common: bool = False, report_dir: str | None = None,
                 bit_exact: bool | None = None, deterministic: str | None = None,
-                deterministic_unknown: str | None = None, unknown_fails: bool = False) -> tuple[Any, Any]:
+                deterministic_unknown: str | None = None, unknown_fails: bool = False,
+                allow_unknown_activity: bool = False) -> tuple[Any, Any]:
     """NEW's streams judged against OLD's with the gate's classes: (the run, its decision).
 
     The one comparison of two recorded runs, for ``specparity compare`` and for the concurrency sweep
@@ -260,7 +299,10 @@ def judge_sides(old: Side, new: Side, old_path: str, *, near_tie_nats: float | N
     (the caller writes the reports). The near-tie policy is the gate's (:class:`GatePolicy`: the
     budget from the data unless ``max_near_tie``; ``bit_exact``); ``deterministic`` /
     ``deterministic_unknown`` are the engine's declarations when both sides ran on one engine (the
-    sweep's levels), which make the comparison bit-exact as they make a gate run."""
+    sweep's levels), which make the comparison bit-exact as they make a gate run. When NEW is a
+    journal's speculative output, the activity rule applies as in the gate: its counters (per
+    request or run-wide) must show speculation, and none at all is "activity unknown", a failure
+    unless ``allow_unknown_activity`` or NEW's own run allowed it."""
     from specparity.judge.calibration import calibrate
     from specparity.judge.compare import compare
     from specparity.model.verdicts import Verdict
@@ -268,16 +310,17 @@ def judge_sides(old: Side, new: Side, old_path: str, *, near_tie_nats: float | N
     from specparity.judge.noise import CalibrationError
     from specparity.model.gate_run import GateConfig, GatePolicy, GateRun, PromptRecord
 
+    # a golden, or a journal's baseline side, speculated nothing: the activity rule does not apply
     mode = "spec" if new.speculative else "baseline"
-    # the activity rule applies when NEW's journal carries speculation counters (per request or run-wide)
-    counted = new.aggregate is not None or any(s[1].spec.available for s in new.streams.values())
     config = GateConfig(report_dir=report_dir, golden=old_path, golden_mode=mode,
                         near_tie_nats=near_tie_nats,
                         policy=GatePolicy(max_near_tie=max_near_tie, drift=drift_policy, bit_exact=bit_exact,
-                                          allow_unknown_activity=not counted, unknown_fails=unknown_fails))
+                                          allow_unknown_activity=allow_unknown_activity or new.unknown_activity_allowed,
+                                          unknown_fails=unknown_fails))
     run = GateRun(fingerprint=new.fingerprint, config=config, records=[], scorer=f"recorded: {old.label}",
                   deterministic=deterministic, deterministic_unknown=deterministic_unknown)
     run.aggregate = new.aggregate
+    run.aggregate_unattributed = new.aggregate_unattributed
     run.golden_notes.append(f"{new.label} judged against {old.label}")
     # the noise of both engines: a new engine's own decode-vs-scoring noise widens what is a near tie
     samples = old.samples + new.samples
@@ -327,17 +370,23 @@ def _compare_rules(args: argparse.Namespace) -> dict[str, Any]:
     defaults (``max_near_tie``, ``fail_on`` and ``max_accept_drop`` apply; bad values exit 4)."""
     from specparity.judge.acceptance import DEFAULT_MAX_ACCEPT_DROP
     from specparity.run.setup import BadInput
-    from specparity.gate.policy_file import PolicyError, load_policy, merge
+    from specparity.gate.policy_file import PolicyError, load_policy, merge, where
 
     drop = args.max_accept_drop
     if drop is not None:
         drop = _number("--max-accept-drop", drop, 0.0, sys.float_info.max, "a number >= 0 (tokens per verify step)")
     raw = {"max_near_tie": args.max_near_tie, "drift_policy": args.drift_policy, "max_accept_drop": drop}
+    named_by = "--max-accept-drop" if drop is not None else None
     if args.policy:
         try:
-            raw = merge(raw, load_policy(args.policy))
+            policy = load_policy(args.policy)
         except PolicyError as exc:
             raise BadInput(str(exc)) from None
+        raw = merge(raw, policy)
+        if named_by is None and "max_accept_drop" in policy:
+            named_by = f"the policy {where(args.policy, 'max_accept_drop')}"
+    # a rule named on purpose is one the comparison must be able to check
+    raw["max_accept_drop_named_by"] = named_by
     if raw["max_accept_drop"] is None:
         raw["max_accept_drop"] = DEFAULT_MAX_ACCEPT_DROP
     raw["drift_policy"] = raw["drift_policy"] or "fail"
@@ -359,12 +408,21 @@ def _number(flag: str, value: str, low: float, high: float, expected: str) -> fl
     return x
 
 
-def _acceptance_verdict(old: Side, new: Side, decision: Any, *, max_drop: float) -> Any:
-    """Compare both sides' acceptance and fold a regression into ``decision`` (a failure: exit 1)."""
+def _acceptance_verdict(old: Side, new: Side, decision: Any, *, max_drop: float, named_by: str | None = None) -> Any:
+    """Compare both sides' acceptance and fold a regression into ``decision`` (a failure: exit 1).
+
+    A side without acceptance fails nothing by default (the output says it was not recorded); when
+    ``named_by`` (``--max-accept-drop``, or a policy file's ``max_accept_drop``) asked for the rule,
+    a comparison that cannot check it is a failure that says why."""
     from specparity.judge.acceptance import compare_runs
     from specparity.gate.decision import judge_acceptance
 
     accept = judge_acceptance(compare_runs(old.acceptance, new.acceptance), max_drop=max_drop)
+    if accept.not_recorded and named_by:
+        accept.failures.append(
+            f"{accept.not_recorded}: {named_by} names max_accept_drop {max_drop:g}, and a comparison that cannot "
+            "check it fails (record the golden with `specparity record`, which keeps the speculative run's "
+            "acceptance, or compare journals of speculative runs whose engine counts per request)")
     if accept.failures:
         decision.failures.extend(accept.failures)
         decision.passed = False
