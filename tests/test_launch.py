@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from specparity.engines.base import EngineOptions
-from specparity.engines.server.launch import LaunchError, ServerProcess
+from specparity.engines.server.launch import LaunchError, ServerProcess, health_ok
 from specparity.engines.server.llamacpp import LlamaServerLaunch, launch_configs
 from specparity.engines.server.presets import PRESETS, fill, get_preset
 
@@ -100,6 +100,36 @@ def test_process_not_ready_in_time(tmp_path):
     with pytest.raises(LaunchError, match=r"not ready after 1 s \(GET /health: HTTP 503"):
         proc.start()
     assert not proc.alive()
+
+
+def test_parallel_start_spawns_both_servers_before_waiting_for_either(tmp_path):
+    """--engine-opt parallel_start: the speculative server is already running while the baseline is still
+    answering 503; a failing start stops both."""
+    from specparity.engines.base import EngineOptions
+    from specparity.engines.server.engine import open_sessions
+
+    (tmp_path / "b").mkdir(), (tmp_path / "s").mkdir()
+    base, spec = toy(tmp_path / "b", delay=1.0), toy(tmp_path / "s", delay=0.2)
+    seen = []
+
+    def base_ready(endpoint):
+        seen.append(spec.alive())
+        return health_ok(endpoint)
+
+    base.ready = base_ready
+    sessions = open_sessions(EngineOptions(extra={"parallel_start": True}), (base, spec))
+    try:
+        assert seen and seen[0] is True, "the speculative server was not spawned before the baseline was waited for"
+        assert base.alive() and spec.alive()
+    finally:
+        for session in sessions:
+            session.close()
+    assert not base.alive() and not spec.alive()
+    (tmp_path / "b2").mkdir(), (tmp_path / "s2").mkdir()
+    base, spec = toy(tmp_path / "b2", delay=0.2), toy(tmp_path / "s2", fail=True, timeout=60)
+    with pytest.raises(LaunchError, match="exited with code 3"):
+        open_sessions(EngineOptions(extra={"parallel_start": True}), (base, spec))
+    assert not base.alive() and not spec.alive()
 
 
 # ------------------------------------------------------------------------------ llama.cpp argv

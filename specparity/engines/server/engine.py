@@ -32,6 +32,7 @@ from specparity.engines.base import (
     Capabilities,
     EngineOptions,
     OptionSpec,
+    parse_bool,
     parse_positive_float,
     parse_positive_int,
 )
@@ -132,13 +133,17 @@ def open_sessions(options: EngineOptions,
                   processes: tuple[ServerProcess, ServerProcess] | None = None) -> tuple[Session, Session]:
     """The baseline and speculative sessions: the running servers of ``--baseline-url`` /
     ``--spec-url``, or ``processes`` (baseline, speculative) started here — the baseline stopped
-    again when the speculative one fails to come up."""
+    again when the speculative one fails to come up. With ``--engine-opt parallel_start`` both are
+    spawned before either is waited for (each GPU server's start-up is mostly its own imports and
+    weights loading: side by side they take about one start's time instead of two)."""
     timeout = options.request_timeout
     if options.baseline_urls:
         return (open_session("baseline", options.baseline_urls, [], read_timeout_s=timeout),
                 open_session("spec", options.spec_urls, [], read_timeout_s=timeout))
     if processes is None:
         raise ValueError("no server to connect to or launch")
+    if options.extra.get("parallel_start"):
+        return open_together(processes, read_timeout_s=timeout)
     baseline = open_session("baseline", [], [processes[0]], read_timeout_s=timeout)
     try:
         spec = open_session("spec", [], [processes[1]], read_timeout_s=timeout)
@@ -146,6 +151,23 @@ def open_sessions(options: EngineOptions,
         baseline.close()
         raise
     return baseline, spec
+
+
+def open_together(processes: tuple[ServerProcess, ServerProcess], *, read_timeout_s: float) -> tuple[Session, Session]:
+    """Both processes spawned at once, then each waited for (baseline first); any failure stops both."""
+    spawned: list[ServerProcess] = []
+    try:
+        for proc in processes:
+            proc.spawn()
+            spawned.append(proc)
+        for proc in processes:
+            proc.wait_ready()
+    except BaseException:
+        for proc in spawned:
+            proc.stop()
+        raise
+    return tuple(Session(role, Fleet(role, [Endpoint(p.url, read_timeout_s=read_timeout_s)]), [p])  # type: ignore[return-value]
+                 for role, p in zip(ROLES, processes))
 
 
 def gpu_env(options: EngineOptions, role: str) -> dict[str, str]:
@@ -195,6 +217,10 @@ def server_options(engine: str, server: str, *, startup_timeout_s: float, concur
         "baseline_gpus": OptionSpec(f"launches: CUDA_VISIBLE_DEVICES of the baseline server (both servers run at "
                                     f"once{gpus_note})"),
         "spec_gpus": OptionSpec("launches: CUDA_VISIBLE_DEVICES of the speculative server"),
+        "parallel_start": OptionSpec("launches: start both servers side by side instead of one after the other "
+                                     "(true/false, default false: two engines profiling one GPU's memory at once "
+                                     "may each size their KV cache from what the other has not yet taken)",
+                                     parse=parse_bool),
     }
 
 
