@@ -305,7 +305,7 @@ def decide(run: GateRun, policy: GatePolicy | None = None) -> GateDecision:
     if run.coverage.requests_with_steps == 0 and activity.reported_requests:
         warnings.append("path coverage unknown: the engine reports totals only, no per-step records")
     if run.interrupted:
-        failures.append("the run was interrupted (Ctrl-C); the verdicts below are of the prompts that finished")
+        failures.append("the run was interrupted (Ctrl-C or SIGTERM); the verdicts below are of the prompts that finished")
     if run.fatal:
         failures.append(f"the run stopped early: {run.fatal.splitlines()[0]}")
     not_run = [r.prompt.id for r in run.records if r.verdict is None]
