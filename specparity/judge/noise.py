@@ -74,6 +74,15 @@ class CalibrationError(ValueError):
     """The measurement cannot be trusted to judge near ties (one line, naming the evidence)."""
 
 
+#: Why nothing could be measured, and what setting the threshold by hand costs.
+NO_NOISE = ("cannot measure the near-tie threshold: no baseline position was scored both ways (every baseline "
+            "failed or produced no tokens, or its decode rows and the scorer's rows share no alternative); fix the "
+            "baseline's decode or its teacher-forced scoring. --near-tie-nats would set "
+            "the threshold without a measurement, but the latent-drift check is then off (identical tokens whose "
+            "speculative rows moved are not judged) and the near-tie budget has no flip rate: a warning in the "
+            "summary, a failure under --bit-exact or calibration_findings = \"fail\"")
+
+
 def near_tie_above_ceiling(override: float, ceiling: float) -> str:
     """Why ``--near-tie-nats`` above the ceiling is refused: the ceiling bounds every threshold, set or
     measured, so going above it is a decision the user states with ``--near-tie-ceiling``."""
@@ -182,10 +191,7 @@ def derive_threshold(
             raise CalibrationError(near_tie_above_ceiling(override, ceiling))
         return NearTieThreshold(float(override), "override", noise, multiplier, ceiling, calibration, cross, cross_note)
     if noise is None or noise.pairs == 0:
-        raise ValueError(
-            "cannot measure the near-tie threshold: no baseline positions were scored "
-            "(every baseline failed or produced no tokens); pass --near-tie-nats to set it"
-        )
+        raise ValueError(NO_NOISE)
     measured = NearTieThreshold(0.0, "measured", noise, multiplier, ceiling, calibration, cross, cross_note)
     worst = measured.flip_noise or 0.0
     nats = max(FLOOR_NATS, multiplier * worst)
