@@ -263,6 +263,7 @@ def build_setup(raw: Mapping[str, Any], *, check_report: bool = False, speculate
             allow_unknown_activity=bool(raw.get("allow_unknown_activity")),
             drift=drift,
             min_accept_length=_float(raw, "min_accept_length", "min_accept_length", 0.0),
+            calibration_findings=raw.get("calibration_findings") or "warn",
         ),
         golden=raw.get("golden") or None,
         golden_mode=golden_mode,

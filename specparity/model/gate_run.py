@@ -21,6 +21,8 @@ DEFAULT_MAX_NEW_TOKENS = 48
 #: budget followed the data, a threshold set by hand with nothing measured).
 DEFAULT_MAX_NEAR_TIE = 0.25
 DRIFT_POLICIES = ("fail", "warn")
+#: What a finding about the gate's own measurement does (:mod:`specparity.gate.calibration_findings`).
+FINDING_POLICIES = ("warn", "fail")
 
 
 @dataclass
@@ -39,6 +41,10 @@ class GatePolicy:
     never taken is a warning). ``drift``: what a ``drifted`` prompt does (``fail`` or ``warn``).
     ``min_accept_length``: the acceptance floor — a run whose mean accept length is below it fails
     (speculation collapsed: lossless but slower than promised); None: no floor.
+    ``calibration_findings``: what a finding about the gate's own measurement does — the speculative
+    server's target computing differently, a threshold set with no noise measured, a scorer check with
+    nothing to check (:mod:`specparity.gate.calibration_findings`): ``warn`` (the default) or ``fail``;
+    ``bit_exact`` True fails them too.
     A policy file (``--policy``, :mod:`specparity.gate.policy_file`) sets the same fields.
     """
 
@@ -48,6 +54,7 @@ class GatePolicy:
     allow_unknown_activity: bool = False
     drift: str = "fail"
     min_accept_length: float | None = None
+    calibration_findings: str = "warn"
 
     def __post_init__(self) -> None:
         if self.max_near_tie is not None and not 0.0 <= self.max_near_tie <= 1.0:
@@ -58,6 +65,9 @@ class GatePolicy:
             raise ValueError(f"--require-all-paths: expected a count >= 1, got {self.require_paths}")
         if self.min_accept_length is not None and not self.min_accept_length >= 0:
             raise ValueError(f"min_accept_length: expected a number >= 0, got {self.min_accept_length}")
+        if self.calibration_findings not in FINDING_POLICIES:
+            raise ValueError(f"calibration_findings: expected one of {', '.join(FINDING_POLICIES)}, "
+                             f"got {self.calibration_findings!r}")
 
     def to_json(self) -> dict[str, Any]:
         return vars(self).copy()

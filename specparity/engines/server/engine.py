@@ -420,28 +420,34 @@ class ServerEngine:
         """What the server says about itself (version, speculative config), for the fingerprint.
 
         An ``"identity"`` entry (a dict: model path, size, vocabulary size, architecture — whatever
-        names the served target) is compared across every endpoint of both fleets before anything
-        is judged (:meth:`check_same_target`)."""
+        names the served target) and a ``"numerics"`` entry (a dict: dtype, quantization, KV cache dtype,
+        attention backend, tensor-parallel size — whatever the server reports of what decides how the
+        target computes) are compared across every endpoint of both fleets before anything is judged
+        (:meth:`check_same_target`)."""
         return {}
 
     def endpoint_identity(self, endpoint: Endpoint) -> dict[str, Any]:
         """The identity of the target ``endpoint`` serves (``server_info(...)["identity"]``)."""
         return dict(self.server_info(endpoint).get("identity") or {})
 
+    def endpoint_numerics(self, endpoint: Endpoint) -> dict[str, Any]:
+        """What decides how ``endpoint`` computes its target (``server_info(...)["numerics"]``)."""
+        return dict(self.server_info(endpoint).get("numerics") or {})
+
     def check_same_target(self) -> None:
-        """Every endpoint of both fleets serves the same target: a field that differs between two
-        endpoints (both reporting it) is a :class:`ServerError` naming both and the difference."""
+        """Every endpoint of both fleets serves the same target and computes it the same way: a field that
+        differs between two endpoints (both reporting it) is a :class:`ServerError` naming both and the
+        difference. A speculative server whose target computes differently (another KV cache dtype, a
+        quantization) would otherwise widen the noise it is judged against, or be judged against a
+        baseline it was never meant to match."""
         if self._same_target_checked:
             return
-        identities = [(role, e, self.endpoint_identity(e)) for role, e in self.every_server()]
-        for role, e, ident in identities[1:]:
-            ref_role, ref, ref_ident = identities[0]
-            diff = sorted(k for k in set(ident) & set(ref_ident)
-                          if ident[k] not in (None, "") and ref_ident[k] not in (None, "") and ident[k] != ref_ident[k])
-            if diff:
-                what = "; ".join(f"{k} {ref_ident[k]!r} vs {ident[k]!r}" for k in diff)
-                raise ServerError(f"the {ref_role} server {ref.base_url} and the {role} server {e.base_url} do not "
-                                  f"serve the same target: {what}")
+        servers = self.every_server()
+        _refuse_differences([(role, e, self.endpoint_identity(e)) for role, e in servers], "serve the same target", "")
+        _refuse_differences([(role, e, self.endpoint_numerics(e)) for role, e in servers],
+                            "compute the target the same way",
+                            "; launch every server with the same dtype, quantization, KV cache dtype, attention "
+                            "backend and tensor-parallel size")
         self._same_target_checked = True
 
     def capabilities(self) -> Capabilities:
@@ -550,3 +556,17 @@ class ServerEngine:
         view = copy.copy(self)
         view.baseline = self.spec
         return view
+
+
+def _refuse_differences(facts: list[tuple[str, Endpoint, dict[str, Any]]], what: str, advice: str) -> None:
+    """Raise :class:`ServerError` when a field both endpoints report differs from the first endpoint's."""
+    if not facts:
+        return
+    ref_role, ref, ref_facts = facts[0]
+    for role, e, seen in facts[1:]:
+        diff = sorted(k for k in set(seen) & set(ref_facts)
+                      if seen[k] not in (None, "") and ref_facts[k] not in (None, "") and seen[k] != ref_facts[k])
+        if diff:
+            differences = "; ".join(f"{k} {ref_facts[k]!r} vs {seen[k]!r}" for k in diff)
+            raise ServerError(f"the {ref_role} server {ref.base_url} and the {role} server {e.base_url} do not "
+                              f"{what}: {differences}{advice}")
