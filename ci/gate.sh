@@ -142,7 +142,7 @@ suite_command() {  # fills CMD for suite $1; returns 4 (with a line on stderr) w
     CMD=()
     case "$suite" in
         lossless)
-            CMD=("$PYTHON" -c 'import sys; from specparity.cli.commands import main; sys.exit(main())' lossless
+            CMD=("$PYTHON" -c 'import sys; from specparity.cli.commands import console_main; sys.exit(console_main())' lossless
                  "${ENGINE_ARGS[@]}")
             [[ -n "$DRAFT" ]] && CMD+=(--draft "$DRAFT")
             [[ -n "$POLICY" ]] && CMD+=(--policy "$POLICY")
@@ -168,7 +168,7 @@ suite_command() {  # fills CMD for suite $1; returns 4 (with a line on stderr) w
                 CMD+=(--junitxml "$JUNIT/probes.xml" "${PROBES_FLAGS[@]}")
             else  # installed package only: the probe command, its JSON turned into JUnit below
                 PROBES_VIA_CLI=1
-                CMD=("$PYTHON" -c 'import sys; from specparity.cli.commands import main; sys.exit(main())' probe
+                CMD=("$PYTHON" -c 'import sys; from specparity.cli.commands import console_main; sys.exit(console_main())' probe
                      --target "$TARGET" --engine "$PROBE_ENGINE" --policy "$PROBE_POLICY")
                 [[ -n "$DRAFT" ]] && CMD+=(--draft "$DRAFT")
                 CMD+=(--format json)

@@ -85,7 +85,8 @@ def measure_threshold(
     except ValueError:
         raise ValueError(
             "measure_threshold: no baseline position was scored both ways (no pairs, empty outputs, or rows "
-            "without shared alternatives); pass check_lossless(threshold=...) instead"
+            "without shared alternatives); check_lossless(threshold=NATS) judges near ties by a number given by "
+            "hand instead, but then checks no latent drift (no measured noise bounds it)"
         ) from None
 
 

@@ -97,9 +97,12 @@ def test_ceiling_and_drift_bound():
     with pytest.raises(CalibrationError, match="exceeds the ceiling 2 nats"):
         derive_threshold(noise)
     assert derive_threshold(noise, ceiling=4.0).nats == pytest.approx(3.0)
-    # an explicit threshold is on purpose; the drift bound still comes from the noise
+    # an explicit threshold is on purpose; the drift bound still comes from the noise, and never above
+    # the ceiling: 4 × 2.0 would be 8 nats, a move that large is not numeric noise
     t = derive_threshold(noise, override=0.5)
-    assert t.nats == 0.5 and t.drift_nats == pytest.approx(8.0)
+    assert t.nats == 0.5 and t.drift_nats == pytest.approx(2.0) and t.drift_held
+    raised = derive_threshold(noise, override=0.5, ceiling=10.0)
+    assert raised.drift_nats == pytest.approx(4 * noise.max_abs_delta) and not raised.drift_held
     # ... but never above the ceiling unless the ceiling is raised too, which the summary logs
     with pytest.raises(CalibrationError, match=r"--near-tie-nats 5: above the near-tie ceiling 2 nats"):
         derive_threshold(noise, override=5.0)

@@ -122,7 +122,7 @@ def test_ctrl_c_exits_2_after_showing_the_partial_run(two_prompts, tmp_path):
                           preexec_fn=default_sigint)
     assert proc.returncode == exitcodes.INTERRUPTED, proc.stdout + proc.stderr
     assert proc.stdout.startswith("specparity lossless gate: INTERRUPTED"), proc.stdout
-    assert proc.stderr.strip().splitlines()[-1] == "specparity: interrupted (Ctrl-C)"
+    assert proc.stderr.strip().splitlines()[-1] == "specparity: interrupted (Ctrl-C or SIGTERM)"
     assert (tmp_path / "r" / "summary.md").read_text().startswith("# specparity lossless gate: INTERRUPTED")
 
 

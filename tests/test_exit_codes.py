@@ -263,7 +263,7 @@ def _compare_interrupted(tmp_path, capsys, one_prompt, journals, monkeypatch):
         raise KeyboardInterrupt
 
     monkeypatch.setattr(specparity.cli.golden_commands, "_load_side", ctrl_c)
-    return main(capsys, "compare", str(GOLDEN), str(GOLDEN)), "interrupted (Ctrl-C)"
+    return main(capsys, "compare", str(GOLDEN), str(GOLDEN)), "interrupted (Ctrl-C or SIGTERM)"
 
 
 def _compare_report_write_fails(tmp_path, capsys, one_prompt, journals, monkeypatch):
@@ -326,7 +326,7 @@ def _probe_interrupted(tmp_path, capsys, one_prompt, journals, monkeypatch):
         raise KeyboardInterrupt
 
     monkeypatch.setattr(specparity.probes.inputs, "prepare", ctrl_c)
-    return main(capsys, *PROBE, "--engine", "sglang==0.5.23"), "interrupted (Ctrl-C)"
+    return main(capsys, *PROBE, "--engine", "sglang==0.5.23"), "interrupted (Ctrl-C or SIGTERM)"
 
 
 def _probe_live_engine_fails(tmp_path, capsys, one_prompt, journals, monkeypatch):

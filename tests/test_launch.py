@@ -8,6 +8,8 @@ at once with its log, and ``stop()`` kills the whole process group (a grandchild
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
 import sys
 import time
 from dataclasses import replace
@@ -16,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from specparity.engines.base import EngineOptions
-from specparity.engines.server.launch import LaunchError, ServerProcess
+from specparity.engines.server.launch import LaunchError, ServerProcess, health_ok
 from specparity.engines.server.llamacpp import LlamaServerLaunch, launch_configs
 from specparity.engines.server.presets import PRESETS, fill, get_preset
 
@@ -100,6 +102,80 @@ def test_process_not_ready_in_time(tmp_path):
     with pytest.raises(LaunchError, match=r"not ready after 1 s \(GET /health: HTTP 503"):
         proc.start()
     assert not proc.alive()
+
+
+def test_parallel_start_spawns_both_servers_before_waiting_for_either(tmp_path):
+    """--engine-opt parallel_start: the speculative server is already running while the baseline is still
+    answering 503; a failing start stops both."""
+    from specparity.engines.base import EngineOptions
+    from specparity.engines.server.engine import open_sessions
+
+    (tmp_path / "b").mkdir(), (tmp_path / "s").mkdir()
+    base, spec = toy(tmp_path / "b", delay=1.0), toy(tmp_path / "s", delay=0.2)
+    seen = []
+
+    def base_ready(endpoint):
+        seen.append(spec.alive())
+        return health_ok(endpoint)
+
+    base.ready = base_ready
+    sessions = open_sessions(EngineOptions(extra={"parallel_start": True}), (base, spec))
+    try:
+        assert seen and seen[0] is True, "the speculative server was not spawned before the baseline was waited for"
+        assert base.alive() and spec.alive()
+    finally:
+        for session in sessions:
+            session.close()
+    assert not base.alive() and not spec.alive()
+    (tmp_path / "b2").mkdir(), (tmp_path / "s2").mkdir()
+    base, spec = toy(tmp_path / "b2", delay=0.2), toy(tmp_path / "s2", fail=True, timeout=60)
+    with pytest.raises(LaunchError, match="exited with code 3"):
+        open_sessions(EngineOptions(extra={"parallel_start": True}), (base, spec))
+    assert not base.alive() and not spec.alive()
+
+
+SUPERVISED = """
+import signal, sys, time
+signal.signal(signal.SIGTERM, signal.SIG_DFL)  # whatever the test runner left: the default, as under a CI runner
+from specparity.engines.server.launch import ServerProcess
+from specparity.run import signals
+if sys.argv[1] == "handled":
+    signals.install()
+proc = ServerProcess("toy", [sys.executable, sys.argv[2]], ["0.1", "ok"], log_dir=sys.argv[3],
+                     env={"CHILD_PID_FILE": sys.argv[4]})
+proc.start()
+print(proc.process.pid, flush=True)
+time.sleep(120)
+"""
+
+
+@pytest.mark.parametrize("mode", ["handled", "default"])
+def test_sigterm_stops_the_servers_a_run_launched(tmp_path, mode):
+    """SIGTERM (a CI timeout, kill) ends a run as Ctrl-C does: the launched server's whole process group
+    is stopped. With SIGTERM's default disposition (the control case) the server outlives the run."""
+    toy(tmp_path)  # writes toy.py
+    driver = tmp_path / "supervised.py"
+    driver.write_text(SUPERVISED)
+    child_file = tmp_path / "child.pid"
+    run = subprocess.Popen([sys.executable, str(driver), mode, str(tmp_path / "toy.py"), str(tmp_path),
+                            str(child_file)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    server = int(run.stdout.readline().strip() or 0)
+    assert server, run.stderr.read()
+    grandchild = int(child_file.read_text())
+    run.send_signal(signal.SIGTERM)
+    run.wait(timeout=30)
+    deadline = time.monotonic() + 10
+    while (_alive(server) or _alive(grandchild)) and time.monotonic() < deadline and mode == "handled":
+        time.sleep(0.05)
+    try:
+        if mode == "handled":
+            assert not _alive(server) and not _alive(grandchild), "SIGTERM left the launched server running"
+        else:
+            assert _alive(server), "the control case no longer shows the leak: nothing is tested"
+    finally:
+        for pid in (server, grandchild):
+            if _alive(pid):
+                os.killpg(os.getpgid(pid), signal.SIGKILL) if pid == server else os.kill(pid, signal.SIGKILL)
 
 
 # ------------------------------------------------------------------------------ llama.cpp argv

@@ -40,6 +40,7 @@ from specparity.engines.server.launch import health_ok
 from specparity.engines.server.presets import PRESETS, presets_for
 from specparity.engines.server.engine import Session
 from specparity.engines.server.sglang import (
+    NUMERICS_KEYS,
     SAMPLING_KEYS_0_5_19,
     SAMPLING_KEYS_0_5_23,
     SENT_SAMPLING_KEYS,
@@ -233,6 +234,48 @@ def test_server_info_bodies():
     # a baseline whose /server_info cannot be read does not count as deterministic either
     caps = engine_over(FakeEndpoint("http://b", {}), FakeEndpoint("http://s", {"/server_info": det})).capabilities()
     assert caps.deterministic is None and "baseline http://b: unknown" in caps.deterministic_partial
+
+
+@pytest.mark.parametrize("field, value", [("kv_cache_dtype", "fp8_e4m3"), ("quantization", "fp8"),
+                                          ("attention_backend", "triton"), ("tp_size", 2), ("dtype", "bfloat16")])
+def test_servers_that_compute_the_target_differently_are_refused(field, value):
+    """The recorded plain and DFLASH /server_info bodies agree on what decides the target's numerics; a
+    speculative server launched with another value of one of those fields (as its launch flag sets it)
+    is refused before anything is judged, naming the field and both values; the model path is the
+    target's identity, refused in its own words."""
+    plain, dflash = body_of("server_info_plain.json"), body_of("server_info_dflash.json")
+    assert all(plain[k] == dflash[k] for k in NUMERICS_KEYS) and NUMERICS_KEYS[0] in plain
+    engine_over(FakeEndpoint("http://b", {"/server_info": plain}),
+                FakeEndpoint("http://s", {"/server_info": dflash})).check_same_target()
+    changed = {**dflash, field: value}
+    before = "none" if plain[field] is None else plain[field]  # a null quantization: unquantized weights
+    assert before != value
+    with pytest.raises(ServerError) as refused:
+        engine_over(FakeEndpoint("http://b", {"/server_info": plain}),
+                    FakeEndpoint("http://s", {"/server_info": changed})).check_same_target()
+    assert str(refused.value) == (
+        f"the baseline server http://b and the spec server http://s do not compute the target the same way: "
+        f"{field} {before!r} vs {value!r}; launch every server with the same dtype, quantization, KV cache "
+        f"dtype, attention backend and tensor-parallel size")
+    other = {**dflash, "model_path": "org/another-model"}
+    with pytest.raises(ServerError, match=r"do not serve the same target: model_path 'org/toy-2k' vs "
+                                          r"'org/another-model'$"):
+        engine_over(FakeEndpoint("http://b", {"/server_info": plain}),
+                    FakeEndpoint("http://s", {"/server_info": other})).check_same_target()
+
+
+def test_gate_refuses_a_speculative_server_with_another_kv_cache_dtype(tmp_path):
+    """End to end: the speculative emulator reports kv_cache_dtype fp8_e4m3 (the baseline auto): nothing is
+    judged, exit 3, the one line names both servers and the field."""
+    with SGLangServer() as base, SGLangServer(speculative=True, server_args={"kv_cache_dtype": "fp8_e4m3"}) as spec:
+        proc, records = run_lossless("sglang", base.url, spec.url, tmp_path / "report", "--target", str(TARGET),
+                                     in_process=True)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 3, out[-3000:]
+    line = (f"the baseline server {base.url} and the spec server {spec.url} do not compute the target the same way: "
+            f"kv_cache_dtype 'auto' vs 'fp8_e4m3'")
+    assert line in out
+    assert not [r for r in records if r["kind"] == "prompt" and r["verdict"]["class"] != "error"]
 
 
 def test_preferred_sampling_params_and_stop_strings():

@@ -213,7 +213,9 @@ def test_batch_flips_within_the_threshold_fail_a_bit_exact_sweep(capsys, tmp_pat
                                "--max-near-tie", "1", *extra)
     doc = load_sweep(tmp_path)
     low, top = doc["results"]
-    assert low["status"] == top["status"] == "PASS", doc
+    # each level's own gate judges every prompt exact (both sides of a level flip alike); under
+    # --bit-exact its hand-set threshold above every margin is a finding of its own, not a prompt's failure
+    assert all(level["counts"].get("exact") == len(chosen) for level in (low, top)), doc
     ties = [f["prompt_id"] for f in top["flips"] if f["klass"] == "batch_flip_near_tie"]
     assert ties and top["flip_counts"]["batch_flip"] == 0, top
     assert code == exitcodes.GATE_FAILED, out + err

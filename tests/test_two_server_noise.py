@@ -21,6 +21,8 @@ from fakes import SGLangServer
 from fakes.backend import TARGET, shared_backend
 from fakes.gate import run_lossless
 from specparity.gate.decision import decide
+from specparity.model.cross_instance import CROSS_INSTANCE_NATS, cross_instance_cap
+from specparity.model.gate_run import GatePolicy
 from specparity.run.journal import load_run
 from specparity.model.threshold import NoiseStats
 from specparity.report.render import render_summary_md
@@ -39,8 +41,12 @@ def _prompts(records: list[dict]) -> list[dict]:
 
 
 def _gate(base: SGLangServer, spec: SGLangServer, report: Path):
+    return _gate_with(base, spec, report)
+
+
+def _gate_with(base: SGLangServer, spec: SGLangServer, report: Path, *extra: str):
     return run_lossless("sglang", base.url, spec.url, report, "--target", str(TARGET), "--calibration", "selected",
-                        in_process=True)
+                        *extra, in_process=True)
 
 
 def test_two_instances_a_few_bf16_steps_apart_are_not_drift(tmp_path):
@@ -76,14 +82,16 @@ def test_two_instances_a_few_bf16_steps_apart_are_not_drift(tmp_path):
 
 def test_identical_instances_stay_exact_and_measure_zero(tmp_path):
     """Two instances that agree bit for bit (eager mode): the cross figure is measured and adds nothing
-    (the speculative server's scoring rows equal the baseline server's, so against the baseline's decode
-    rows they differ exactly as the baseline's own do), and the threshold stays the within-instance one."""
+    (prefill against prefill, the speculative server's scoring rows equal the baseline server's), and
+    the threshold stays the within-instance one."""
     with SGLangServer() as base, SGLangServer(speculative=True) as spec:
         proc, records = _gate(base, spec, tmp_path / "report")
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
     assert all(r["verdict"]["class"] == "exact" for r in _prompts(records))
     th = _threshold(records)
-    assert th["cross_instance"]["max_abs_delta"] == th["noise"]["max_abs_delta"]
+    cross = th["cross_instance"]
+    assert cross["pairs"] > 0 and cross["max_abs_delta"] == 0.0 and cross["moved_pairs"] == 0
+    assert th["noise"]["max_abs_delta"] > 0 and th["cross_instance_finding"] is None
     assert th["nats"] == pytest.approx(max(1e-5, 1.5 * NoiseStats(**th["noise"]).flip_noise), rel=1e-6)
 
 
@@ -122,3 +130,67 @@ def test_verify_rows_beyond_the_cross_instance_noise_are_still_drift(tmp_path):
     drifted = [r for r in prompts if r["verdict"]["class"] == "drifted"]
     assert drifted and len(drifted) == sum(r["verdict"]["drift"]["checked"] > 0 for r in prompts)
     assert records[-1]["kind"] == "verdict" and records[-1]["status"] == "FAIL"
+
+
+#: A speculative server whose target computes differently: every logprob of its rows moved by −0.15,
+#: 0 or +0.15 nats (up to 0.3 per margin), the greedy tokens unchanged; the baseline's own decode and
+#: teacher-forced rows agree (float32 on a CPU). Before the cap it set its own threshold (0.45 nats)
+#: and drift bound (1.2 nats) and passed exact with no word said.
+MOVED = 0.15
+
+
+def test_a_speculative_target_that_computes_differently_cannot_widen_its_allowance(tmp_path):
+    with SGLangServer() as base, SGLangServer(speculative=True, instance_noise_nats=MOVED) as spec:
+        proc, records = _gate(base, spec, tmp_path / "report")
+        policy = tmp_path / "policy.toml"
+        policy.write_text('[gate]\ncalibration_findings = "fail"\n')
+        strict, strict_records = _gate_with(base, spec, tmp_path / "strict", "--policy", str(policy))
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    assert all(r["verdict"]["class"] == "exact" for r in _prompts(records))
+    th = _threshold(records)
+    within, cross = NoiseStats(**th["noise"]), NoiseStats(**th["cross_instance"])
+    # the figure is measured and reported in full ...
+    assert 2 * MOVED - 1e-4 <= cross.max_abs_delta <= 2 * MOVED + 1e-4 and cross.moved_pairs > cross.pairs // 2
+    assert within.max_abs_delta < MOVED / 100
+    # ... but the allowance takes it only up to the cap, which the within-instance figure leaves at its floor
+    cap = cross_instance_cap(within.max_abs_delta)
+    assert cap == CROSS_INSTANCE_NATS < cross.flip_noise
+    assert th["nats"] == pytest.approx(1.5 * cap, rel=1e-6) and th["drift_nats"] == pytest.approx(4 * cap, rel=1e-6)
+    finding = ("finding: the speculative server's target computes differently: cross-instance "
+               f"{cross.flip_noise:.3g} nats vs within-instance {within.flip_noise:.3g}")
+    assert th["cross_instance_finding"] and f"finding: {th['cross_instance_finding']}".startswith(finding)
+    verdict = records[-1]
+    assert verdict["status"] == "PASS" and [w for w in verdict["warnings"] if w.startswith(finding)]
+    assert f"warning: {finding}" in proc.stdout
+    summary = (tmp_path / "report" / "summary.md").read_text()
+    assert finding in summary and "the allowance takes 0.25 of the near-tie figure" in summary
+    # `specparity report DIR` decides the same; a bit-exact policy fails on the finding alone
+    rebuilt = load_run(tmp_path / "report")
+    assert decide(rebuilt).warnings == verdict["warnings"]
+    failed = decide(rebuilt, GatePolicy(bit_exact=True))
+    assert not failed.passed and [f for f in failed.failures if f.startswith(finding)]
+    # the policy key fails the run itself
+    assert strict.returncode == 1, (strict.stdout + strict.stderr)[-4000:]
+    assert all(r["verdict"]["class"] == "exact" for r in _prompts(strict_records))
+    assert [f for f in strict_records[-1]["failures"] if f.startswith(finding)]
+
+
+def test_a_verify_pass_hiding_under_a_self_measured_allowance_drifts(tmp_path):
+    """The speculative server's target computes differently (0.2 nats per logprob: up to 0.4 per margin)
+    and its verify rows move by 1.1 nats more. Measured in full, the 0.4 set a drift bound of 1.6 nats
+    that covered the verify rows (0.7–1.5 nats away) and the run passed exact; taken only up to the cap,
+    the bound is 1 nat and the verify rows drift."""
+    with SGLangServer() as base, \
+            SGLangServer(speculative=True, instance_noise_nats=0.2, backend=VerifyRowsOff(1.1)) as spec:
+        proc, records = _gate(base, spec, tmp_path / "report")
+    assert proc.returncode == 1, (proc.stdout + proc.stderr)[-4000:]
+    th = _threshold(records)
+    cross = th["cross_instance"]["max_abs_delta"]
+    assert cross == pytest.approx(0.4, abs=1e-4) and 4 * cross > 1.5
+    assert th["drift_nats"] == pytest.approx(4 * CROSS_INSTANCE_NATS, rel=1e-6)
+    prompts = _prompts(records)
+    drifted = [r for r in prompts if r["verdict"]["class"] == "drifted"]
+    assert drifted and all(th["drift_nats"] < r["verdict"]["drift"]["max_nats"] < 4 * cross for r in drifted)
+    assert records[-1]["status"] == "FAIL"
+    assert [w for w in records[-1]["warnings"] if w.startswith("finding: the speculative server's target")]

@@ -40,6 +40,7 @@ from specparity.engines.server.engine import HFTokenizer
 from specparity.engines.server.http import Endpoint, ServerError
 from specparity.engines.server.presets import VLLM_GPU_FRACTION, presets_for
 from specparity.engines.server.vllm import (
+    NUMERICS_PATHS,
     SPEC_COUNTERS,
     VLLMLaunch,
     check_options,
@@ -52,6 +53,7 @@ from specparity.engines.server.vllm import (
     parse_metrics,
     parse_prompt_logprobs,
     parse_token_key,
+    reported_numerics,
     request_spec_stats,
     stable_spec_config,
     top_k_disabled,
@@ -686,6 +688,48 @@ def test_adapter_says_which_version_it_saw_and_keeps_a_stable_fingerprint():
         assert fp.extra["spec_server"]["api"].startswith("vLLM 0.26.0: no per-request speculation metrics")
         fingerprints.append((fp.spec_config, fp.dtype, fp.engine_version))
     assert fingerprints[0] == fingerprints[1]
+
+
+def test_recorded_server_info_reports_what_decides_the_numerics():
+    """The recorded dev-mode /server_info of a live 0.26.0 names the target's dtype, quantization, KV cache
+    dtype and tensor-parallel size where the adapter reads them; its attention backend is null (chosen by
+    vLLM, not reported), so it is left out rather than compared."""
+    config = json.loads((V026 / "server_info_ngram.json").read_text())["vllm_config"]
+    assert reported_numerics(config) == {"model_config.dtype": "bfloat16", "model_config.quantization": "none",
+                                         "cache_config.cache_dtype": "auto",
+                                         "parallel_config.tensor_parallel_size": 1}
+    assert set(NUMERICS_PATHS) - set(reported_numerics(config)) == {"attention_config.backend"}
+    assert config["attention_config"]["backend"] is None
+    assert reported_numerics({}) == {}  # no dev-mode /server_info: nothing reported, nothing compared
+
+
+@pytest.mark.parametrize("base_knobs, spec_knobs, shown", [
+    ({}, {"kv_cache_dtype": "fp8"}, "cache_config.cache_dtype 'auto' vs 'fp8'"),
+    ({}, {"tensor_parallel_size": 2}, "parallel_config.tensor_parallel_size 1 vs 2"),
+    ({"attention_backend": "FLASH_ATTN"}, {"attention_backend": "FLASHINFER"},
+     "attention_config.backend 'FLASH_ATTN' vs 'FLASHINFER'"),
+    ({}, {"attention_backend": "FLASHINFER"}, None),
+])
+def test_servers_that_compute_the_target_differently_are_refused(base_knobs, spec_knobs, shown):
+    """0.26.0 emulators in dev mode: a speculative server launched with another KV cache dtype,
+    tensor-parallel size or attention backend is refused before anything is judged, naming the field and
+    both values; an attention backend is compared only when both servers report one (a null one was
+    chosen by vLLM, which says no more)."""
+    with VLLMServer(version="0.26.0", dev_mode=True, **base_knobs) as base, \
+            VLLMServer(speculative=True, version="0.26.0", dev_mode=True, **spec_knobs) as spec:
+        engine = engine_for(base.url, spec.url)
+        try:
+            if shown is None:
+                engine.health()
+                return
+            with pytest.raises(ServerError) as refused:
+                engine.health()
+        finally:
+            engine.close()
+    assert str(refused.value) == (
+        f"the baseline server {base.url} and the spec server {spec.url} do not compute the target the same way: "
+        f"{shown}; launch every server with the same dtype, quantization, KV cache dtype, attention backend and "
+        f"tensor-parallel size")
 
 
 def test_per_request_flag_never_reaches_a_vllm_without_it():

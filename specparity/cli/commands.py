@@ -8,7 +8,8 @@ of :mod:`specparity.gate.exitcodes` (the ``--help`` epilog lists them); :func:`m
 one of them in one place: bad input (an option, unreadable or hostile checkpoints, a malformed
 ``--engine``) prints one line and exits 4, an exception carrying an ``exit_code`` attribute
 (``session.EngineLoadFailed``: 3, ``session.PolicyUnsupported``: 4, ``session.ReportWriteFailed``: 3)
-prints one line and exits with it, Ctrl-C exits 2, any other error one line and 3.
+prints one line and exits with it, Ctrl-C (or SIGTERM: :mod:`specparity.run.signals`) exits 2, any other
+error one line and 3.
 """
 
 from __future__ import annotations
@@ -124,7 +125,7 @@ exit codes (every command, and `pytest suites/lossless`; ci/gate.sh exits with t
   1  gate failure: a prompt diverged, drifted or failed in the engine, a run-level rule failed
      (speculation inactive, near-tie budget, a path not taken under --require-all-paths), or
      nothing was judged (a selection or comparison left no prompt); probe: a predicted failure
-  2  interrupted (Ctrl-C): finished prompts are kept, the summary and the journal say INTERRUPTED
+  2  interrupted (Ctrl-C or SIGTERM): finished prompts are kept, the summary and the journal say INTERRUPTED
   3  harness or engine error: the engine could not load or start, nothing could be judged
      (calibration refused, no noise measured), or the reports could not be written; no verdict
   4  bad input: an option, path, engine, prompt or policy file, named in one line before any model
@@ -513,7 +514,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.func(args))
     except KeyboardInterrupt:  # runner.GateInterrupted included: the face already showed the partial run
-        print("specparity: interrupted (Ctrl-C)", file=sys.stderr)
+        print("specparity: interrupted (Ctrl-C or SIGTERM)", file=sys.stderr)
         return exitcodes.INTERRUPTED
     except Exception as exc:  # never a traceback for the operator; --debug shows it
         if args.debug:
@@ -521,5 +522,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return error_exit(exc)
 
 
+def console_main() -> int:
+    """The console script: :func:`main` with SIGTERM ending the run as Ctrl-C does (launched servers
+    stopped, finished results kept)."""
+    from specparity.run.signals import sigterm_as_interrupt
+
+    with sigterm_as_interrupt():
+        return main()
+
+
 if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
+    sys.exit(console_main())

@@ -265,6 +265,7 @@ def build_setup(raw: Mapping[str, Any], *, check_report: bool = False, speculate
             min_accept_length=_float(raw, "min_accept_length", "min_accept_length", 0.0),
             # a CI gate under a reviewed policy: what the engine could not say is not lenient
             unknown_fails=bool(raw.get("policy")),
+            calibration_findings=raw.get("calibration_findings") or "warn",
         ),
         golden=raw.get("golden") or None,
         golden_mode=golden_mode,

@@ -34,6 +34,9 @@ Policy (README "What each class means"), from :class:`~specparity.model.gate_run
   configuration error (exit 3), unless a prompt failed on its own (exit 1);
 * with ``min_accept_length`` (the acceptance floor, ``--policy``), a mean accept length below it
   fails: lossless, but speculation collapsed;
+* a finding about the gate's own measurement (:mod:`specparity.gate.calibration_findings`: the
+  speculative server's target computing differently, no noise measured, a scorer check with nothing
+  to check) is a warning; under a bit-exact policy or ``calibration_findings = "fail"`` it fails;
 * a golden that cannot be used (missing, recorded under another fingerprint) fails: nothing was
   judged. Under ``--golden-mode baseline`` (a new baseline against the golden: an engine upgrade)
   nothing speculates, so the activity, coverage and floor rules do not apply.
@@ -46,6 +49,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from specparity.gate import exitcodes
+from specparity.gate.calibration_findings import calibration_findings, findings_fail
 from specparity.judge.checks import Check, verdict_checks
 from specparity.judge.flip_budget import FlipExpectation, at_risk, expected_flips
 from specparity.model.coverage import PATHS
@@ -356,6 +360,12 @@ def decide(run: GateRun, policy: GatePolicy | None = None) -> GateDecision:
                             f"{PATHS[path]} ({path})")
         else:
             warnings.append(f"path never taken: {PATHS[path]} ({path})")
+    strict = findings_fail(policy)
+    for finding in calibration_findings(run):
+        if strict:
+            failures.append(f"{finding} — a failure under {strict}")
+        else:
+            warnings.append(finding)
     for rec in run.calibration_records:
         if run.golden_error or run.calibration_error:
             break  # nothing was measured on purpose: the failure above says why
@@ -370,7 +380,7 @@ def decide(run: GateRun, policy: GatePolicy | None = None) -> GateDecision:
     if run.coverage.requests_with_steps == 0 and activity.reported_requests:
         warnings.append("path coverage unknown: the engine reports totals only, no per-step records")
     if run.interrupted:
-        failures.append("the run was interrupted (Ctrl-C); the verdicts below are of the prompts that finished")
+        failures.append("the run was interrupted (Ctrl-C or SIGTERM); the verdicts below are of the prompts that finished")
     if run.fatal:
         failures.append(f"the run stopped early: {run.fatal.splitlines()[0]}")
     not_run = [r.prompt.id for r in run.records if r.verdict is None]

@@ -13,7 +13,7 @@ code  name                meaning
                           (speculation inactive, near-tie budget, a path never taken under
                           ``--require-all-paths``), nothing was judged (an empty selection, nothing
                           in common), or a probe predicts a failure
-2     ``INTERRUPTED``     interrupted (Ctrl-C); the journal and summary say so
+2     ``INTERRUPTED``     interrupted (Ctrl-C or SIGTERM); the journal and summary say so
 3     ``ENGINE_ERROR``    the harness or the engine could not run at all (an engine that fails to
                           load or start, no noise measured or calibration refused, reports that
                           could not be written, an internal error); no verdict was reached

@@ -29,10 +29,11 @@ from typing import Any, Sequence
 
 from specparity.judge.acceptance import DEFAULT_MAX_ACCEPT_DROP
 from specparity.model.verdicts import CLASSES
-from specparity.model.gate_run import DEFAULT_MAX_NEAR_TIE, GatePolicy
+from specparity.model.gate_run import DEFAULT_MAX_NEAR_TIE, FINDING_POLICIES, GatePolicy
 
 ALWAYS_FAIL = ("diverged", "error")
-KEYS = ("fail_on", "max_near_tie", "min_accept_length", "max_accept_drop", "require_all_paths", "allow_unknown_activity", "allow_unknown")
+KEYS = ("fail_on", "max_near_tie", "min_accept_length", "max_accept_drop", "require_all_paths", "allow_unknown_activity",
+        "calibration_findings", "allow_unknown")
 
 #: A policy file setting every key (:data:`KEYS`), with the defaults written from where they are defined.
 EXAMPLE = "".join(f"{setting:<44} # {why}\n" if why else f"{setting}\n" for setting, why in (
@@ -43,6 +44,7 @@ EXAMPLE = "".join(f"{setting:<44} # {why}\n" if why else f"{setting}\n" for sett
     (f"max_accept_drop = {DEFAULT_MAX_ACCEPT_DROP:g}", "specparity compare: largest accept-length drop vs OLD"),
     (f"require_all_paths = {GatePolicy.require_paths}", "each speculative path on at least N prompts (0: warn)"),
     (f"allow_unknown_activity = {str(GatePolicy.allow_unknown_activity).lower()}", ""),
+    (f'calibration_findings = "{GatePolicy.calibration_findings}"', 'findings about the measurement: "warn" or "fail"'),
     ('allow_unknown = ["mamba-slots"]', 'probes whose "unknown" answer may pass (by name)'),
 ))
 
@@ -70,8 +72,8 @@ def where(path: str | Path, key: str) -> str:
 def load_policy(path: str | Path) -> dict[str, Any]:
     """The policy as raw option values (``dest`` names, as :func:`specparity.cli.options.build_setup` reads
     them): ``max_near_tie``, ``drift_policy``, ``bit_exact``, ``require_all_paths``,
-    ``allow_unknown_activity``, ``min_accept_length``, ``max_accept_drop`` (read by ``specparity
-    compare`` only: a gate run has no earlier run to compare its acceptance with)."""
+    ``allow_unknown_activity``, ``min_accept_length``, ``calibration_findings``, ``max_accept_drop``
+    (read by ``specparity compare`` only: a gate run has no earlier run to compare its acceptance with)."""
     p = Path(path)
     try:
         text = p.read_text(encoding="utf-8")
@@ -130,6 +132,10 @@ def load_policy(path: str | Path) -> dict[str, Any]:
         if not isinstance(gate["allow_unknown_activity"], bool):
             raise bad("allow_unknown_activity", "true or false")
         out["allow_unknown_activity"] = gate["allow_unknown_activity"]
+    if "calibration_findings" in gate:
+        if gate["calibration_findings"] not in FINDING_POLICIES:
+            raise bad("calibration_findings", f"one of {', '.join(repr(v) for v in FINDING_POLICIES)}")
+        out["calibration_findings"] = gate["calibration_findings"]
     if "allow_unknown" in gate:
         names, known = gate["allow_unknown"], probe_names()
         if not isinstance(names, list) or not all(isinstance(n, str) and n in known for n in names):

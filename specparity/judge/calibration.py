@@ -151,15 +151,14 @@ def require_fit_scorer(samples: Iterable[Sample], clear_nats: float, scorer: str
 
 
 def cross_instance_noise(samples: Sequence[Sample], window: float | None = None) -> NoiseStats | None:
-    """|Δmargin| between the two server instances: the speculative side's teacher-forced rows against
-    the baseline's decode rows and against its teacher-forced rows (None: no sample was scored there)."""
-    pairs = [(rows, s.spec_side) for s in samples if s.spec_side is not None
-             for rows in (s.decoded, s.teacher_forced)]
+    """|Δmargin| between the two server instances: the speculative side's teacher-forced rows against the
+    baseline's teacher-forced rows — prefill against prefill, the same computation on two servers, so the
+    figure holds what differs between the instances and not the decode-versus-prefill noise the
+    within-instance figure already measures (None: no sample was scored there)."""
+    pairs = [(s.teacher_forced, s.spec_side) for s in samples if s.spec_side is not None]
     if not pairs:
         return None
-    stats = measure_noise(pairs, window)
-    stats.positions = sum(min(len(s.decoded), len(s.spec_side)) for s in samples if s.spec_side is not None)
-    return stats
+    return measure_noise(pairs, window)
 
 
 def calibrate(

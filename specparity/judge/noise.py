@@ -48,12 +48,16 @@ teacher-forced rows were bit-identical (noise 0, drift bound at its floor) while
 servers disagreed by 0.03–0.156 nats (one to a few bf16 logit steps) on 7 of 54 prompts, which were
 then called drifted. So for such an engine the baseline's tokens are also scored teacher-forced on
 the speculative server — its scoring pass runs the target alone, without the draft — and the
-**cross-instance noise** (|Δmargin| of those rows against the baseline's decode rows and its
-teacher-forced rows) is a figure of its own that enters both the threshold and the drift bound. A
-speculative loop cannot inflate it: it is measured before any speculative output is seen, on a path
-that does not draft, and the scorer check holds that path to the baseline's tokens like the
-baseline's own scorer. An in-process engine is one instance: there is nothing between two to
-measure, and the summary says the figure is not applicable.
+**cross-instance noise** (|Δmargin| of those rows against the baseline's own teacher-forced rows:
+prefill against prefill, the same computation on two servers) is a figure of its own, reported
+beside the within-instance one. It is measured before any speculative output is seen, on a path
+that does not draft, and the scorer check holds that path to the baseline's tokens. But it is still
+the speculative server's numerics: a target that computes differently there (another KV cache dtype,
+a quantization, a speculative setting that reaches the target's kernels) shows in it too. So it
+enters the threshold and the drift bound only up to a cap the speculative side cannot move
+(:mod:`specparity.model.cross_instance`), and beyond that it is a finding; the drift bound, whatever
+its basis, never exceeds the ceiling. An in-process engine is one instance: there is nothing between
+two to measure, and the summary says the figure is not applicable.
 """
 
 from __future__ import annotations
@@ -68,6 +72,15 @@ from specparity.model.threshold import (DEFAULT_CEILING_NATS, DEFAULT_MULTIPLIER
 
 class CalibrationError(ValueError):
     """The measurement cannot be trusted to judge near ties (one line, naming the evidence)."""
+
+
+#: Why nothing could be measured, and what setting the threshold by hand costs.
+NO_NOISE = ("cannot measure the near-tie threshold: no baseline position was scored both ways (every baseline "
+            "failed or produced no tokens, or its decode rows and the scorer's rows share no alternative); fix the "
+            "baseline's decode or its teacher-forced scoring. --near-tie-nats would set "
+            "the threshold without a measurement, but the latent-drift check is then off (identical tokens whose "
+            "speculative rows moved are not judged) and the near-tie budget has no flip rate: a warning in the "
+            "summary, a failure under --bit-exact or calibration_findings = \"fail\"")
 
 
 def near_tie_above_ceiling(override: float, ceiling: float) -> str:
@@ -141,9 +154,9 @@ def measure_noise(pairs: Iterable[tuple[TokenScores, TokenScores]], window: floa
         positions += min(len(decoded), len(tf))
     allv = np.concatenate(chunks) if chunks else np.zeros(0, np.float32)
     if allv.size == 0:
-        return NoiseStats(0.0, 0.0, positions, 0, window)
+        return NoiseStats(0.0, 0.0, positions, 0, window, moved_pairs=0)
     stats = NoiseStats(float(allv.max()), float(np.quantile(allv, 0.99)), positions, int(allv.size), window,
-                       robust_abs_delta=robust_figure(allv))
+                       robust_abs_delta=robust_figure(allv), moved_pairs=int((allv > FLOOR_NATS).sum()))
     if window is not None:
         near = allv[np.concatenate(margins) <= window]
         stats.near_pairs, stats.near_max_abs_delta = int(near.size), float(near.max()) if near.size else 0.0
@@ -169,7 +182,8 @@ def derive_threshold(
 ) -> NearTieThreshold:
     """The near-tie threshold: ``override`` if given, else ``multiplier`` × the measured noise (the
     larger of the noise within the baseline's instance and ``cross``, the noise between the two
-    server instances), refused (:class:`CalibrationError`) when the measurement exceeds ``ceiling``."""
+    server instances, as far as the allowance takes it: :mod:`specparity.model.cross_instance`),
+    refused (:class:`CalibrationError`) when the measurement exceeds ``ceiling``."""
     if override is not None:
         if override < 0:
             raise ValueError(f"--near-tie-nats: expected a non-negative number of nats, got {override}")
@@ -177,10 +191,7 @@ def derive_threshold(
             raise CalibrationError(near_tie_above_ceiling(override, ceiling))
         return NearTieThreshold(float(override), "override", noise, multiplier, ceiling, calibration, cross, cross_note)
     if noise is None or noise.pairs == 0:
-        raise ValueError(
-            "cannot measure the near-tie threshold: no baseline positions were scored "
-            "(every baseline failed or produced no tokens); pass --near-tie-nats to set it"
-        )
+        raise ValueError(NO_NOISE)
     measured = NearTieThreshold(0.0, "measured", noise, multiplier, ceiling, calibration, cross, cross_note)
     worst = measured.flip_noise or 0.0
     nats = max(FLOOR_NATS, multiplier * worst)

@@ -21,6 +21,8 @@ DEFAULT_MAX_NEW_TOKENS = 48
 #: budget followed the data, a threshold set by hand with nothing measured).
 DEFAULT_MAX_NEAR_TIE = 0.25
 DRIFT_POLICIES = ("fail", "warn")
+#: What a finding about the gate's own measurement does (:mod:`specparity.gate.calibration_findings`).
+FINDING_POLICIES = ("warn", "fail")
 
 
 @dataclass
@@ -42,6 +44,10 @@ class GatePolicy:
     ``unknown_fails``: what the engine could not say is not lenient — a determinism declaration
     unknown on some servers makes the run bit-exact, a check the engine had to skip fails the run;
     set when a policy file is given (``--policy``: a CI gate), else those are reported as warnings.
+    ``calibration_findings``: what a finding about the gate's own measurement does — the speculative
+    server's target computing differently, a threshold set with no noise measured, a scorer check with
+    nothing to check (:mod:`specparity.gate.calibration_findings`): ``warn`` (the default) or ``fail``;
+    ``bit_exact`` True fails them too.
     A policy file (``--policy``, :mod:`specparity.gate.policy_file`) sets the same fields.
     """
 
@@ -52,6 +58,7 @@ class GatePolicy:
     drift: str = "fail"
     min_accept_length: float | None = None
     unknown_fails: bool = False
+    calibration_findings: str = "warn"
 
     def __post_init__(self) -> None:
         if self.max_near_tie is not None and not 0.0 <= self.max_near_tie <= 1.0:
@@ -62,6 +69,9 @@ class GatePolicy:
             raise ValueError(f"--require-all-paths: expected a count >= 1, got {self.require_paths}")
         if self.min_accept_length is not None and not self.min_accept_length >= 0:
             raise ValueError(f"min_accept_length: expected a number >= 0, got {self.min_accept_length}")
+        if self.calibration_findings not in FINDING_POLICIES:
+            raise ValueError(f"calibration_findings: expected one of {', '.join(FINDING_POLICIES)}, "
+                             f"got {self.calibration_findings!r}")
 
     def to_json(self) -> dict[str, Any]:
         return vars(self).copy()

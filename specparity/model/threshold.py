@@ -8,6 +8,8 @@ import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from specparity.model.cross_instance import CrossFigure, excess_finding
+
 #: Headroom over the margin noise observed in the baseline (its robust figure, :data:`ROBUST_RANK`).
 DEFAULT_MULTIPLIER = 1.5
 
@@ -32,7 +34,8 @@ FLOOR_NATS = 1e-5
 DEFAULT_CEILING_NATS = 2.0
 
 
-#: Latent-drift bound: this many times the largest margin noise measured on the baseline.
+#: Latent-drift bound: this many times the largest margin noise measured on the baseline. The bound
+#: never exceeds the near-tie ceiling (a row that moved that far is not numeric noise either).
 DRIFT_MULTIPLIER = 4.0
 
 
@@ -56,6 +59,9 @@ class NoiseStats:
     #: record made before the robust figure existed, whose threshold came from the maxima).
     robust_abs_delta: float | None = None
     near_robust_abs_delta: float | None = None
+    #: Pairs whose |Δmargin| is above float32 resolution (:data:`FLOOR_NATS`): how widespread the
+    #: difference is, not only how large (None: a record made before it was counted).
+    moved_pairs: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         return vars(self).copy()
@@ -159,35 +165,76 @@ class NearTieThreshold:
     #: The baseline's own flip rate (None: not measured, or a record made before it existed).
     flip_rate: FlipRate | None = None
 
+    def _measured(self, stats: NoiseStats | None) -> bool:
+        return stats is not None and bool(stats.pairs)
+
+    def cross_figures(self) -> list[CrossFigure]:
+        """The threshold's figure and the drift bound's (the largest over every pair), each within the
+        baseline's instance and between the two (empty: no cross-instance figure was measured)."""
+        if not self._measured(self.cross):
+            return []
+        within = self.noise if self._measured(self.noise) else NoiseStats(0.0, 0.0, 0, 0)
+        assert self.cross is not None
+        return [CrossFigure("near-tie figure", within.flip_noise, self.cross.flip_noise),
+                CrossFigure("largest over every pair", within.max_abs_delta, self.cross.max_abs_delta)]
+
+    def _figure(self, within: float | None, index: int) -> float | None:
+        """``within`` or the cross-instance figure as far as the allowance takes it, whichever is larger."""
+        figures = self.cross_figures()
+        values = [v for v in (within, figures[index].accepted if figures else None) if v is not None]
+        return max(values) if values else None
+
     @property
     def noise_max(self) -> float | None:
-        """The largest |Δmargin| over every pair, within one instance or between the two (None:
-        nothing measured): the drift bound's basis."""
-        figures = [n.max_abs_delta for n in (self.noise, self.cross) if n is not None and n.pairs]
-        return max(figures) if figures else None
+        """The largest |Δmargin| over every pair, within one instance or between the two as far as the
+        allowance takes it (None: nothing measured): the drift bound's basis."""
+        return self._figure(self.noise.max_abs_delta if self._measured(self.noise) else None, 1)
 
     @property
     def flip_noise(self) -> float | None:
-        """The noise the threshold covers: :attr:`NoiseStats.flip_noise`, within one instance or
-        between the two, whichever is larger (None: nothing measured)."""
-        figures = [n.flip_noise for n in (self.noise, self.cross) if n is not None and n.pairs]
-        return max(figures) if figures else None
+        """The noise the threshold covers: :attr:`NoiseStats.flip_noise`, within one instance or between
+        the two as far as the allowance takes it, whichever is larger (None: nothing measured)."""
+        return self._figure(self.noise.flip_noise if self._measured(self.noise) else None, 0)
 
     @property
     def drift_nats(self) -> float | None:
-        """The latent-drift bound: from the measured noise only (None: nothing was measured)."""
-        if self.noise is None or self.noise.pairs == 0:
+        """The latent-drift bound: from the measured noise only, never above the ceiling (None: nothing
+        was measured)."""
+        if not self._measured(self.noise):
             return None
-        return max(FLOOR_NATS, DRIFT_MULTIPLIER * (self.noise_max or 0.0))
+        return min(max(FLOOR_NATS, DRIFT_MULTIPLIER * (self.noise_max or 0.0)), max(FLOOR_NATS, self.ceiling))
+
+    @property
+    def drift_held(self) -> bool:
+        """Whether the drift bound is the ceiling rather than the multiple of the measured noise."""
+        return self._measured(self.noise) and DRIFT_MULTIPLIER * (self.noise_max or 0.0) > max(FLOOR_NATS, self.ceiling)
+
+    def cross_finding(self) -> str | None:
+        """The speculative server's target computing differently (a cross-instance figure beyond what the
+        allowance takes), in one line; None when it does not."""
+        c = self.cross
+        moved = (f"{c.moved_pairs} of {c.pairs} pairs moved between the two servers"
+                 if c is not None and c.moved_pairs is not None else "")
+        return excess_finding(self.cross_figures(), moved)
 
     def describe_cross(self) -> str:
-        """The cross-instance figure in words (the summary prints it on its own line)."""
+        """The cross-instance figure in words, beside the within-instance one (the summary prints it on
+        its own line)."""
         if self.cross is None or not self.cross.pairs:
             return self.cross_note or "not measured"
         c = self.cross
-        return (f"max |Δmargin| {c.describe_flip()} between the baseline's rows and teacher-forced scoring of its "
-                f"tokens on the speculative server ({c.positions} positions; p99 {c.p99_abs_delta:.3g})"
-                + (f"; {self.cross_note}" if self.cross_note else ""))
+        moved = f"; {c.moved_pairs} of {c.pairs} pairs moved" if c.moved_pairs is not None else ""
+        line = (f"max |Δmargin| {c.describe_flip()} between teacher-forced scoring of the baseline's tokens on the "
+                f"baseline server and on the speculative server ({c.positions} positions; p99 {c.p99_abs_delta:.3g}"
+                f"{moved})")
+        if self._measured(self.noise):
+            n = self.noise
+            assert n is not None
+            line += f"; within the baseline's instance: {n.flip_noise:.3g} (every pair: max {n.max_abs_delta:.3g})"
+        over = [f for f in self.cross_figures() if f.excess]
+        if over:
+            line += "; the allowance takes " + ", ".join(f"{f.cap:.3g} of the {f.what}" for f in over)
+        return line + (f"; {self.cross_note}" if self.cross_note else "")
 
     def describe(self) -> str:
         if self.source == "override":
@@ -205,6 +252,9 @@ class NearTieThreshold:
         cross = ""
         if self.cross is not None and self.cross.pairs:
             cross = f"; between the two server instances: {self.cross.describe_flip()}"
+            figure = self.cross_figures()[0]
+            if figure.excess:
+                cross += f", of which the allowance takes {figure.cap:.3g}"
         return (f"{self.nats:.4g} nats, measured: {self.multiplier:g} × |Δmargin| {self.flip_noise:.3g} ({within}"
                 f"{cross}); ceiling {self.ceiling:g}{self._calibrated()}")
 
@@ -229,6 +279,7 @@ class NearTieThreshold:
             "calibration": self.calibration,
             "cross_instance": self.cross.to_json() if self.cross else None,
             "cross_instance_note": self.cross_note,
+            "cross_instance_finding": self.cross_finding(),
             "flip_rate": self.flip_rate.to_json() if self.flip_rate else None,
             "description": self.describe(),
         }

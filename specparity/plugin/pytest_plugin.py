@@ -33,6 +33,7 @@ from specparity.cli.option_table import DEFAULT_REPORT, add_gate_options, gate_d
 from specparity.cli.options import build_setup
 from specparity.engines.libraries import configure_libraries
 from specparity.plugin.autoload import ENTRY_POINT
+from specparity.run import signals
 from specparity.run.setup import BadInput, GateSetup
 
 _SETUP_KEY = pytest.StashKey[GateSetup]()
@@ -55,6 +56,7 @@ def _is_worker(config: pytest.Config) -> bool:
 
 
 _ERROR_KEY = pytest.StashKey[str]()
+_SIGTERM_KEY = pytest.StashKey[Any]()
 #: Fixtures of the tests that need the gate's options (the lossless gate, invariance, sweeps).
 GATE_FIXTURES = frozenset({"lossless_prompt", "gate_session", "invariance_case", "invariance", "sweep"})
 
@@ -93,6 +95,8 @@ def pytest_configure(config: pytest.Config) -> None:
         return
     # the libraries' warnings and log lines only under -v (pytest's own verbosity)
     configure_libraries(verbose=config.getoption("verbose", 0) > 0)
+    # SIGTERM (a CI timeout) ends the session as Ctrl-C does: fixtures torn down, launched servers stopped
+    config.stash[_SIGTERM_KEY] = signals.install()
     raw = {name: config.getoption(name) for name in _GATE_OPTIONS}
     # A report directory the user named is created and proven writable now; the default one when
     # the run starts (so `pytest tests/` does not create it).
@@ -108,6 +112,10 @@ def pytest_configure(config: pytest.Config) -> None:
             raise pytest.UsageError(f"specparity: {exc}") from None
         config.stash[_ERROR_KEY] = f"specparity: {exc}"
     _configure_xdist(config)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    signals.restore(config.stash.get(_SIGTERM_KEY, None))
 
 
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -136,9 +136,16 @@ def drift_line(run: GateRun) -> str:
     judged = [r.verdict for r in run.records if r.verdict is not None and r.verdict.drift is not None]
     unchecked = sum(1 for v in judged if v.drift.checked == 0)
     worst = max((v.drift.max_nats for v in judged if v.drift.max_nats is not None), default=None)
-    line = (f"bound {bound:.3g} nats ({DRIFT_MULTIPLIER:g} × the measured max |Δmargin|, within the baseline's instance "
-            f"or between the two, whatever --near-tie-nats says); "
-            f"rows compared on {len(judged) - unchecked} prompt(s)")
+    th = run.threshold
+    figures = th.cross_figures()
+    between = (f"between the two up to {figures[1].cap:.3g} nats (the allowance)" if figures and figures[1].excess
+               else "between the two")
+    basis = (f"{DRIFT_MULTIPLIER:g} × the measured max |Δmargin|, within the baseline's instance or {between}, "
+             f"whatever --near-tie-nats says")
+    if th.drift_held:
+        basis = (f"held at the ceiling {th.ceiling:g} nats: {basis} is {DRIFT_MULTIPLIER * (th.noise_max or 0.0):.3g}, "
+                 f"and a row that moved further than the ceiling is not numeric noise")
+    line = f"bound {bound:.3g} nats ({basis}); rows compared on {len(judged) - unchecked} prompt(s)"
     if worst is not None:
         line += f", largest drift {worst:.3g} nats"
     if unchecked:
@@ -659,11 +666,11 @@ def calibration_rows(run: GateRun) -> list[tuple[str, str]]:
     if th is not None:
         rows.append(("source", "set by --near-tie-nats" if th.source == "override" else
                      f"measured: {th.multiplier:g} × the largest |Δmargin| between incremental decode and "
-                     f"teacher-forced scoring of the baseline (and between the two server instances), over the "
-                     f"pairs that can flip"))
+                     f"teacher-forced scoring of the baseline (and between the two server instances, up to what "
+                     f"the allowance takes), over the pairs that can flip"))
         if th.noise is not None:
             n = th.noise
-            rows.append(("measured noise", f"max |Δmargin| {n.max_abs_delta:.4g} nats, p99 {n.p99_abs_delta:.4g} "
+            rows.append(("within-instance noise", f"max |Δmargin| {n.max_abs_delta:.4g} nats, p99 {n.p99_abs_delta:.4g} "
                                            f"over {n.pairs} token pairs at {n.positions} positions"))
             rows.append(("noise on the pairs that can flip", n.describe_flip()))
         rows.append(("cross-instance noise", th.describe_cross()))

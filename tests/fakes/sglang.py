@@ -32,6 +32,9 @@ Knobs besides the faults of :class:`~fakes.server.FakeServer`:
   one-literal grammar), and recorded in ``constraints_seen`` as ``(rid, kind, text)``;
   ``grammar_rollback_bug=True`` (speculative): the grammar state is lost after the first verify
   step, the rest is decoded unconstrained — a loop that does not roll its grammar back.
+* ``server_args={"kv_cache_dtype": "fp8_e4m3", …}``: ``/server_info`` fields written over the recorded
+  body, as the launch flag of that name sets them (fields of the recorded body only); the fixture model
+  computes the same either way (the gate must see the launch differ).
 * ``version="0.5.19"``: unknown ``sampling_params`` keys give HTTP 500 ``text/plain`` instead of
   0.5.23's 400, the counters carry the 0.5.19 aliases, ``/server_info`` has no ``launch_command`` /
   ``frontend``.
@@ -95,8 +98,9 @@ class SGLangServer(FakeServer):
                  instance_noise_nats: float = 0.0, batch_flip_above: int | None = None, batch_window_s: float = 0.3,
                  rules: Sequence[Rule] = (), die_after: int | None = None,
                  refuse: bool = False, hang_s: float = 30.0, trickle_s: float = 0.1, prefix_cache: bool = False,
-                 prefix_hit_bug: bool = False):
+                 prefix_hit_bug: bool = False, server_args: dict[str, Any] | None = None):
         super().__init__(rules=rules, die_after=die_after, refuse=refuse, hang_s=hang_s, trickle_s=trickle_s)
+        self.server_args = dict(server_args or {})
         self.backend = backend or shared_backend()
         self.prefix_cache = prefix_cache
         self.prefix_hit_bug = prefix_hit_bug
@@ -148,6 +152,10 @@ class SGLangServer(FakeServer):
             "enable_deterministic_inference": self.declares_deterministic,
             "context_length": 4096,
         }
+        unknown = sorted(set(self.server_args) - set(info))
+        if unknown:
+            raise ValueError(f"server_args: not /server_info fields of the recorded body: {', '.join(unknown)}")
+        over.update(self.server_args)
         if self.speculative:
             over.update({"speculative_algorithm": "STANDALONE", "speculative_draft_model_path": str(DRAFT),
                          "speculative_num_draft_tokens": self.num_draft_tokens,

@@ -32,6 +32,7 @@ from specparity.engines.base import (
     Capabilities,
     EngineOptions,
     OptionSpec,
+    parse_bool,
     parse_positive_float,
     parse_positive_int,
 )
@@ -132,13 +133,17 @@ def open_sessions(options: EngineOptions,
                   processes: tuple[ServerProcess, ServerProcess] | None = None) -> tuple[Session, Session]:
     """The baseline and speculative sessions: the running servers of ``--baseline-url`` /
     ``--spec-url``, or ``processes`` (baseline, speculative) started here — the baseline stopped
-    again when the speculative one fails to come up."""
+    again when the speculative one fails to come up. With ``--engine-opt parallel_start`` both are
+    spawned before either is waited for (each GPU server's start-up is mostly its own imports and
+    weights loading: side by side they take about one start's time instead of two)."""
     timeout = options.request_timeout
     if options.baseline_urls:
         return (open_session("baseline", options.baseline_urls, [], read_timeout_s=timeout),
                 open_session("spec", options.spec_urls, [], read_timeout_s=timeout))
     if processes is None:
         raise ValueError("no server to connect to or launch")
+    if options.extra.get("parallel_start"):
+        return open_together(processes, read_timeout_s=timeout)
     baseline = open_session("baseline", [], [processes[0]], read_timeout_s=timeout)
     try:
         spec = open_session("spec", [], [processes[1]], read_timeout_s=timeout)
@@ -146,6 +151,23 @@ def open_sessions(options: EngineOptions,
         baseline.close()
         raise
     return baseline, spec
+
+
+def open_together(processes: tuple[ServerProcess, ServerProcess], *, read_timeout_s: float) -> tuple[Session, Session]:
+    """Both processes spawned at once, then each waited for (baseline first); any failure stops both."""
+    spawned: list[ServerProcess] = []
+    try:
+        for proc in processes:
+            proc.spawn()
+            spawned.append(proc)
+        for proc in processes:
+            proc.wait_ready()
+    except BaseException:
+        for proc in spawned:
+            proc.stop()
+        raise
+    return tuple(Session(role, Fleet(role, [Endpoint(p.url, read_timeout_s=read_timeout_s)]), [p])  # type: ignore[return-value]
+                 for role, p in zip(ROLES, processes))
 
 
 def gpu_env(options: EngineOptions, role: str) -> dict[str, str]:
@@ -195,6 +217,10 @@ def server_options(engine: str, server: str, *, startup_timeout_s: float, concur
         "baseline_gpus": OptionSpec(f"launches: CUDA_VISIBLE_DEVICES of the baseline server (both servers run at "
                                     f"once{gpus_note})"),
         "spec_gpus": OptionSpec("launches: CUDA_VISIBLE_DEVICES of the speculative server"),
+        "parallel_start": OptionSpec("launches: start both servers side by side instead of one after the other "
+                                     "(true/false, default false: two engines profiling one GPU's memory at once "
+                                     "may each size their KV cache from what the other has not yet taken)",
+                                     parse=parse_bool),
     }
 
 
@@ -407,28 +433,34 @@ class ServerEngine:
         """What the server says about itself (version, speculative config), for the fingerprint.
 
         An ``"identity"`` entry (a dict: model path, size, vocabulary size, architecture — whatever
-        names the served target) is compared across every endpoint of both fleets before anything
-        is judged (:meth:`check_same_target`)."""
+        names the served target) and a ``"numerics"`` entry (a dict: dtype, quantization, KV cache dtype,
+        attention backend, tensor-parallel size — whatever the server reports of what decides how the
+        target computes) are compared across every endpoint of both fleets before anything is judged
+        (:meth:`check_same_target`)."""
         return {}
 
     def endpoint_identity(self, endpoint: Endpoint) -> dict[str, Any]:
         """The identity of the target ``endpoint`` serves (``server_info(...)["identity"]``)."""
         return dict(self.server_info(endpoint).get("identity") or {})
 
+    def endpoint_numerics(self, endpoint: Endpoint) -> dict[str, Any]:
+        """What decides how ``endpoint`` computes its target (``server_info(...)["numerics"]``)."""
+        return dict(self.server_info(endpoint).get("numerics") or {})
+
     def check_same_target(self) -> None:
-        """Every endpoint of both fleets serves the same target: a field that differs between two
-        endpoints (both reporting it) is a :class:`ServerError` naming both and the difference."""
+        """Every endpoint of both fleets serves the same target and computes it the same way: a field that
+        differs between two endpoints (both reporting it) is a :class:`ServerError` naming both and the
+        difference. A speculative server whose target computes differently (another KV cache dtype, a
+        quantization) would otherwise widen the noise it is judged against, or be judged against a
+        baseline it was never meant to match."""
         if self._same_target_checked:
             return
-        identities = [(role, e, self.endpoint_identity(e)) for role, e in self.every_server()]
-        for role, e, ident in identities[1:]:
-            ref_role, ref, ref_ident = identities[0]
-            diff = sorted(k for k in set(ident) & set(ref_ident)
-                          if ident[k] not in (None, "") and ref_ident[k] not in (None, "") and ident[k] != ref_ident[k])
-            if diff:
-                what = "; ".join(f"{k} {ref_ident[k]!r} vs {ident[k]!r}" for k in diff)
-                raise ServerError(f"the {ref_role} server {ref.base_url} and the {role} server {e.base_url} do not "
-                                  f"serve the same target: {what}")
+        servers = self.every_server()
+        _refuse_differences([(role, e, self.endpoint_identity(e)) for role, e in servers], "serve the same target", "")
+        _refuse_differences([(role, e, self.endpoint_numerics(e)) for role, e in servers],
+                            "compute the target the same way",
+                            "; launch every server with the same dtype, quantization, KV cache dtype, attention "
+                            "backend and tensor-parallel size")
         self._same_target_checked = True
 
     def capabilities(self) -> Capabilities:
@@ -542,3 +574,17 @@ class ServerEngine:
         view = copy.copy(self)
         view.baseline = self.spec
         return view
+
+
+def _refuse_differences(facts: list[tuple[str, Endpoint, dict[str, Any]]], what: str, advice: str) -> None:
+    """Raise :class:`ServerError` when a field both endpoints report differs from the first endpoint's."""
+    if not facts:
+        return
+    ref_role, ref, ref_facts = facts[0]
+    for role, e, seen in facts[1:]:
+        diff = sorted(k for k in set(seen) & set(ref_facts)
+                      if seen[k] not in (None, "") and ref_facts[k] not in (None, "") and seen[k] != ref_facts[k])
+        if diff:
+            differences = "; ".join(f"{k} {ref_facts[k]!r} vs {seen[k]!r}" for k in diff)
+            raise ServerError(f"the {ref_role} server {ref.base_url} and the {role} server {e.base_url} do not "
+                              f"{what}: {differences}{advice}")

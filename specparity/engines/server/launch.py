@@ -102,6 +102,17 @@ class ServerProcess:
 
     def start(self) -> str:
         """Start the process and wait until it is ready; returns its base URL."""
+        self.spawn()
+        try:
+            self.wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+        return self.url
+
+    def spawn(self) -> None:
+        """Start the process without waiting for it (:meth:`wait_ready` then waits): two servers spawned
+        before either is waited for start side by side."""
         if self.port is None:
             self.port = free_port(self.host)
         log_dir = Path(self.log_dir or tempfile.mkdtemp(prefix="specparity-server-"))
@@ -121,12 +132,6 @@ class ServerProcess:
                 log.close()
         log.close()
         _LIVE.add(self)
-        try:
-            self.wait_ready()
-        except BaseException:
-            self.stop()
-            raise
-        return self.url
 
     def wait_ready(self) -> None:
         endpoint = Endpoint(self.url, read_timeout_s=10.0, connect_timeout_s=2.0, connect_retries=0, dead_after=10**9)

@@ -121,6 +121,21 @@ MAMBA_SSM_DTYPES = ("float32", "bfloat16", "float16")
 SUMMARY_KEYS = ("version", "model_path", "dtype", "kv_cache_dtype", "context_length", "page_size", "tp_size",
                 "max_running_requests", "mem_fraction_static", "attention_backend", "sampling_backend",
                 "enable_deterministic_inference", "disable_radix_cache", "random_seed", "launch_command")
+#: The ``/server_info`` fields (recorded in ``tests/data/sglang/server_info_*.json``) that decide how the
+#: target computes: every server of both sides must report the same (:meth:`ServerEngine.check_same_target`).
+NUMERICS_KEYS = ("dtype", "quantization", "kv_cache_dtype", "attention_backend", "prefill_attention_backend",
+                 "decode_attention_backend", "tp_size")
+
+
+def reported_numerics(info: dict[str, Any]) -> dict[str, Any]:
+    """The :data:`NUMERICS_KEYS` a ``/server_info`` body reports; a null ``quantization`` is a report too
+    ("none": the weights as stored), a null backend is not (chosen by the server, which says no more)."""
+    out = {k: info[k] for k in NUMERICS_KEYS if info.get(k) is not None}
+    if "quantization" in info and info["quantization"] is None:
+        out["quantization"] = "none"
+    return out
+
+
 SPEC_KEYS = ("speculative_algorithm", "speculative_draft_model_path", "speculative_num_draft_tokens",
              "speculative_num_steps", "speculative_eagle_topk", "speculative_draft_model_quantization",
              "speculative_dflash_block_size")
@@ -500,7 +515,8 @@ class SGLangEngine(ServerEngine):
             spec_config = {}
         return {"version": f"sglang {info.get('version', 'unknown')}", "dtype": info.get("dtype") or "server",
                 "spec_config": spec_config, "summary": summary,
-                "identity": {k: info.get(k) for k in ("model_path", "tokenizer_path", "dtype", "quantization")}}
+                "identity": {k: info.get(k) for k in ("model_path", "tokenizer_path")},
+                "numerics": reported_numerics(info)}
 
     def capabilities(self) -> Capabilities:
         """``deterministic`` only when **every** server of both sides reports

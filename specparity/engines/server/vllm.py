@@ -197,6 +197,28 @@ def normalise_dtype(dtype: Any) -> str | None:
     return text[len("torch."):] if text.startswith("torch.") else text
 
 
+#: Where a dev-mode ``/server_info`` ``vllm_config`` says what decides how the target computes (the paths of
+#: the recorded 0.26.0 body, ``tests/data/vllm-0.26.0/server_info_ngram.json``): every server of both sides
+#: must report the same (:meth:`ServerEngine.check_same_target`).
+NUMERICS_PATHS = ("model_config.dtype", "model_config.quantization", "cache_config.cache_dtype",
+                  "attention_config.backend", "parallel_config.tensor_parallel_size")
+
+
+def reported_numerics(vllm_config: Any) -> dict[str, Any]:
+    """{path: value} of :data:`NUMERICS_PATHS` that ``vllm_config`` reports (dtype without ``torch.``; a
+    null quantization as "none"; a null attention backend is not a report: vLLM chose it and says no
+    more); empty without a dev-mode ``/server_info``."""
+    out: dict[str, Any] = {}
+    for path in NUMERICS_PATHS:
+        section, key = path.split(".")
+        part = vllm_config.get(section) if isinstance(vllm_config, dict) else None
+        if isinstance(part, dict) and part.get(key) is not None:
+            out[path] = normalise_dtype(part[key]) if path == "model_config.dtype" else part[key]
+        elif isinstance(part, dict) and key in part and path == "model_config.quantization":
+            out[path] = "none"  # vLLM resolves it from the checkpoint: null is unquantized weights
+    return out
+
+
 def installed_has_per_request_flag() -> bool | None:
     """Whether the vLLM importable here (the one a launch starts) has ``--per-request-spec-decode-metrics``,
     read from its ``vllm/engine/arg_utils.py`` without importing it; None when vLLM is not importable here."""
@@ -687,10 +709,10 @@ class VLLMEngine(ServerEngine):
                    "api": VLLMApi.of(version).describe()}
         if is_spec and self.notes:
             summary["notes"] = list(self.notes)
-        model_config = config.get("model_config")
-        dtype = normalise_dtype(model_config.get("dtype")) if isinstance(model_config, dict) else None
+        numerics = reported_numerics(config)
+        dtype = numerics.get("model_config.dtype")
         return {"version": f"vllm {version or 'unknown'}", "dtype": dtype or "server", "spec_config": spec_config,
-                "summary": summary, "identity": {"model_root": card.get("root"), "dtype": dtype}}
+                "summary": summary, "identity": {"model_root": card.get("root")}, "numerics": numerics}
 
     def capabilities(self) -> Capabilities:
         deterministic, partial, unknown = self._deterministic()
