@@ -97,6 +97,23 @@ def test_process_that_dies_during_startup_fails_at_once_with_its_log(tmp_path):
     assert not _alive(child), "a server that died during start-up left its children running"
 
 
+def test_a_server_that_logs_an_error_and_kills_itself_is_named_by_the_error(tmp_path):
+    """A launcher that kills its own process tree when a child fails (SGLang's) dies of SIGKILL: the
+    error it logged is the cause, not a guess about the signal."""
+    script = tmp_path / "selfkill.py"
+    script.write_text("import os, signal, sys\n"
+                      "print('Traceback (most recent call last):', flush=True)\n"
+                      "print('ValueError: Loaded weights leave no GPU memory for the KV cache', flush=True)\n"
+                      "os.kill(os.getpid(), signal.SIGKILL)\n")
+    proc = ServerProcess("sglang-spec", [sys.executable, str(script)], [], log_dir=str(tmp_path), startup_timeout_s=30)
+    with pytest.raises(LaunchError) as info:
+        proc.start()
+    first = str(info.value).splitlines()[0]
+    assert first.startswith("sglang-spec was killed by SIGKILL during start-up after logging ValueError: Loaded "
+                            "weights leave no GPU memory for the KV cache; log "), first
+    assert "out-of-memory killer" not in first
+
+
 def test_process_not_ready_in_time(tmp_path):
     proc = toy(tmp_path, delay=60, timeout=1.0)
     with pytest.raises(LaunchError, match=r"not ready after 1 s \(GET /health: HTTP 503"):

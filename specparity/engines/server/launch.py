@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -53,17 +54,29 @@ SIGNAL_CAUSES: dict[int, str] = {
 }
 
 
-def describe_exit(name: str, code: int | None) -> str:
+def describe_exit(name: str, code: int | None, *, guess: bool = True) -> str:
     """``"<name> exited with code N"``, or for a negative Popen return code (death by a signal)
-    ``"<name> was killed by SIGILL (<likely cause>)"``."""
+    ``"<name> was killed by SIGILL (<likely cause>)"`` (``guess`` False: without the likely cause, when
+    something better is known)."""
     if code is None or code >= 0:
         return f"{name} exited with code {code}"
     try:
         sig = signal.Signals(-code)
     except ValueError:
         return f"{name} was killed by signal {-code}"
-    cause = SIGNAL_CAUSES.get(sig)
+    cause = SIGNAL_CAUSES.get(sig) if guess else None
     return f"{name} was killed by {sig.name}" + (f" ({cause})" if cause else "")
+
+
+#: A log line that names a Python exception (``ValueError: ...``, ``torch.OutOfMemoryError: ...``).
+_LOGGED_ERROR = re.compile(r"^(?:[\w.]+\.)?(?:\w*Error|\w*Exception|Exception)(?:\([^)]*\))?: .+")
+
+
+def logged_error(text: str) -> str | None:
+    """The last exception line a server logged, if any: a server whose launcher kills its own process
+    tree when a child fails (SGLang) dies of SIGKILL, and its signal says less than the error it logged."""
+    found = [line.strip() for line in text.splitlines() if _LOGGED_ERROR.match(line.strip())]
+    return found[-1] if found else None
 
 
 class LaunchError(RuntimeError):
@@ -142,8 +155,11 @@ class ServerProcess:
             while time.monotonic() < deadline:
                 code = self.process.poll() if self.process else -1
                 if code is not None:
-                    raise LaunchError(f"{describe_exit(self.name, code)} during start-up; log {self.log_path}:\n"
-                                      f"{self.log_tail()}")
+                    tail = self.log_tail()
+                    error = logged_error(tail)
+                    said = f" after logging {error}" if error else ""
+                    raise LaunchError(f"{describe_exit(self.name, code, guess=not error)} during start-up{said}; "
+                                      f"log {self.log_path}:\n{tail}")
                 try:
                     reason = check(endpoint) or ""
                 except ServerError as exc:
