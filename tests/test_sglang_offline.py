@@ -237,7 +237,8 @@ def test_server_info_bodies():
 
 
 @pytest.mark.parametrize("field, value", [("kv_cache_dtype", "fp8_e4m3"), ("quantization", "fp8"),
-                                          ("attention_backend", "triton"), ("tp_size", 2), ("dtype", "bfloat16")])
+                                          ("attention_backend", "triton"), ("tp_size", 2), ("pp_size", 2),
+                                          ("dtype", "bfloat16")])
 def test_servers_that_compute_the_target_differently_are_refused(field, value):
     """The recorded plain and DFLASH /server_info bodies agree on what decides the target's numerics; a
     speculative server launched with another value of one of those fields (as its launch flag sets it)
@@ -256,7 +257,7 @@ def test_servers_that_compute_the_target_differently_are_refused(field, value):
     assert str(refused.value) == (
         f"the baseline server http://b and the spec server http://s do not compute the target the same way: "
         f"{field} {before!r} vs {value!r}; launch every server with the same dtype, quantization, KV cache "
-        f"dtype, attention backend and tensor-parallel size")
+        f"dtype, attention backend, tensor-parallel and pipeline-parallel size")
     other = {**dflash, "model_path": "org/another-model"}
     with pytest.raises(ServerError, match=r"do not serve the same target: model_path 'org/toy-2k' vs "
                                           r"'org/another-model'$"):
@@ -446,6 +447,15 @@ def test_launch_options_and_argv_edges():
         launch_configs(EngineOptions(preset="sglang-dflash2-fp8", target="./FP8"))
     with pytest.raises(ValueError, match="--num-draft-tokens: preset sglang-nospec-128k launches no"):
         launch_configs(EngineOptions(preset="sglang-nospec-128k", target="t", num_draft_tokens=4))
+
+
+def test_parallel_layout_options_reach_both_launches():
+    """--engine-opt tp_size / dp_size / pp_size: the same layout on both sides."""
+    base, spec = launch_configs(EngineOptions(preset="sglang-ngram", target="/m/t",
+                                              extra={"tp_size": 2, "dp_size": 2, "pp_size": 1}))
+    for launch in (base, spec):
+        got = dict(p for p in pairs(launch.args()))
+        assert (got["--tp-size"], got["--dp-size"], got["--pp-size"]) == ("2", "2", "1"), got
 
 
 def test_presets_name_only_launch_fields():

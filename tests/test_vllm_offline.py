@@ -239,6 +239,24 @@ def test_launch_options():
         VLLMLaunch("m", per_request_spec_decode_metrics="summary").args()
 
 
+def test_parallel_layout_options_reach_both_launches():
+    """--engine-opt tensor_parallel_size / pipeline_parallel_size / data_parallel_size: the same layout on
+    both sides (the identity check refuses servers that compute the target with another TP or PP size)."""
+    base, spec = launch_configs(EngineOptions(preset="vllm-ngram", target="/m", extra={
+        "tensor_parallel_size": 2, "pipeline_parallel_size": 1, "data_parallel_size": 2}))
+    for launch in (base, spec):
+        a = launch.args()
+        for flag, value in (("--tensor-parallel-size", "2"), ("--pipeline-parallel-size", "1"),
+                            ("--data-parallel-size", "2")):
+            assert a[a.index(flag) + 1] == value, a
+    assert "--tensor-parallel-size" not in launch_configs(EngineOptions(preset="vllm-ngram", target="/m"))[1].args()
+    from specparity.engines.server import vllm as vllm_engine
+
+    assert {"tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size"} <= set(vllm_engine.OPTIONS)
+    with pytest.raises(ValueError):
+        vllm_engine.OPTIONS["tensor_parallel_size"].parse("0")
+
+
 @pytest.mark.parametrize("options, message", [
     (EngineOptions(spec_urls=("http://127.0.0.1:1",), target=str(TARGET)),
      "--baseline-url: the vllm engine needs both --baseline-url and --spec-url"),
@@ -692,12 +710,13 @@ def test_adapter_says_which_version_it_saw_and_keeps_a_stable_fingerprint():
 
 def test_recorded_server_info_reports_what_decides_the_numerics():
     """The recorded dev-mode /server_info of a live 0.26.0 names the target's dtype, quantization, KV cache
-    dtype and tensor-parallel size where the adapter reads them; its attention backend is null (chosen by
+    dtype, tensor- and pipeline-parallel size where the adapter reads them; its attention backend is null (chosen by
     vLLM, not reported), so it is left out rather than compared."""
     config = json.loads((V026 / "server_info_ngram.json").read_text())["vllm_config"]
     assert reported_numerics(config) == {"model_config.dtype": "bfloat16", "model_config.quantization": "none",
                                          "cache_config.cache_dtype": "auto",
-                                         "parallel_config.tensor_parallel_size": 1}
+                                         "parallel_config.tensor_parallel_size": 1,
+                                         "parallel_config.pipeline_parallel_size": 1}
     assert set(NUMERICS_PATHS) - set(reported_numerics(config)) == {"attention_config.backend"}
     assert config["attention_config"]["backend"] is None
     assert reported_numerics({}) == {}  # no dev-mode /server_info: nothing reported, nothing compared
@@ -706,6 +725,7 @@ def test_recorded_server_info_reports_what_decides_the_numerics():
 @pytest.mark.parametrize("base_knobs, spec_knobs, shown", [
     ({}, {"kv_cache_dtype": "fp8"}, "cache_config.cache_dtype 'auto' vs 'fp8'"),
     ({}, {"tensor_parallel_size": 2}, "parallel_config.tensor_parallel_size 1 vs 2"),
+    ({}, {"pipeline_parallel_size": 2}, "parallel_config.pipeline_parallel_size 1 vs 2"),
     ({"attention_backend": "FLASH_ATTN"}, {"attention_backend": "FLASHINFER"},
      "attention_config.backend 'FLASH_ATTN' vs 'FLASHINFER'"),
     ({}, {"attention_backend": "FLASHINFER"}, None),
@@ -728,8 +748,8 @@ def test_servers_that_compute_the_target_differently_are_refused(base_knobs, spe
             engine.close()
     assert str(refused.value) == (
         f"the baseline server {base.url} and the spec server {spec.url} do not compute the target the same way: "
-        f"{shown}; launch every server with the same dtype, quantization, KV cache dtype, attention backend and "
-        f"tensor-parallel size")
+        f"{shown}; launch every server with the same dtype, quantization, KV cache dtype, attention backend, "
+        f"tensor-parallel and pipeline-parallel size")
 
 
 def test_per_request_flag_never_reaches_a_vllm_without_it():

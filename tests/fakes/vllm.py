@@ -43,8 +43,9 @@ Configuration-arm knobs (``specparity arms``; each a bug that only its arm catch
 * ``batch_invariant=True`` with ``deterministic_bug=True``: a speculative server that flips its answers
   only in batch-invariant mode; ``kv_cache_dtype`` (dev-mode ``cache_config.cache_dtype``, default
   ``auto``) with ``fp8_bug=True``: flips only when it starts with ``fp8``.
-* ``attention_backend`` / ``tensor_parallel_size``: the dev-mode ``attention_config.backend`` (default
-  null: chosen by vLLM) and ``parallel_config.tensor_parallel_size`` (default 1), as the recorded body
+* ``attention_backend`` / ``tensor_parallel_size`` / ``pipeline_parallel_size``: the dev-mode
+  ``attention_config.backend`` (default null: chosen by vLLM) and ``parallel_config.tensor_parallel_size``
+  / ``pipeline_parallel_size`` (default 1), as the recorded body
   reports them; the fixture model computes the same either way (the gate must see the launch differ).
 * ``drop_leading=S``: the model does not see the first S tokens of a longer prompt (the fixture target
   has 4096 positions; a long-context prompt of 32K tokens is still counted, cached and answered in full:
@@ -101,7 +102,8 @@ class VLLMServer(FakeServer):
                  prompt_tokens_details: bool = False, prefix_hit_bug: bool = False, deterministic_bug: bool = False,
                  kv_cache_dtype: str = "auto", fp8_bug: bool = False, max_num_seqs: int | None = None,
                  drop_leading: int | None = None, long_bug_tokens: int | None = None,
-                 attention_backend: str | None = None, tensor_parallel_size: int = 1):
+                 attention_backend: str | None = None, tensor_parallel_size: int = 1,
+                 pipeline_parallel_size: int = 1):
         super().__init__(rules=rules, die_after=die_after, refuse=refuse, hang_s=hang_s, trickle_s=trickle_s)
         self.backend = backend or shared_backend()
         self.grammar_rollback_bug = grammar_rollback_bug
@@ -118,6 +120,7 @@ class VLLMServer(FakeServer):
         self.fp8_bug = fp8_bug
         self.attention_backend = attention_backend
         self.tensor_parallel_size = tensor_parallel_size
+        self.pipeline_parallel_size = pipeline_parallel_size
         self.drop_leading = drop_leading
         self.long_bug_tokens = long_bug_tokens
         #: Prompts the prefix cache holds (generation requests only), and the answers flipped by an arm's bug.
@@ -247,7 +250,8 @@ class VLLMServer(FakeServer):
                                    "served_model_name": self.served},
                   "speculative_config": spec}
         config["cache_config"] = {"cache_dtype": self.kv_cache_dtype, "block_size": PREFIX_BLOCK}
-        config["parallel_config"] = {"tensor_parallel_size": self.tensor_parallel_size}
+        config["parallel_config"] = {"tensor_parallel_size": self.tensor_parallel_size,
+                                         "pipeline_parallel_size": self.pipeline_parallel_size}
         config["attention_config"] = {"backend": self.attention_backend}
         if self.v026:  # the recorded 0.26.0 shapes: the whole SpeculativeConfig, nested configs and ports
             live = recorded(DATA / "vllm-0.26.0" / "server_info_ngram.json")["vllm_config"]
@@ -260,7 +264,8 @@ class VLLMServer(FakeServer):
                 spec["draft_model_config"] = {**model_config, "model": str(DRAFT), "tokenizer": str(DRAFT)}
             config = {"model_config": model_config, "speculative_config": spec}
             config["cache_config"] = {**live.get("cache_config", {}), "cache_dtype": self.kv_cache_dtype}
-            config["parallel_config"] = {**live["parallel_config"], "tensor_parallel_size": self.tensor_parallel_size}
+            config["parallel_config"] = {**live["parallel_config"], "tensor_parallel_size": self.tensor_parallel_size,
+                                         "pipeline_parallel_size": self.pipeline_parallel_size}
             config["attention_config"] = {**live["attention_config"], "backend": self.attention_backend}
         if self.max_num_seqs is not None:  # vLLM's SchedulerConfig, as its pydantic dump nests it
             config = {**config, "scheduler_config": {"max_num_seqs": self.max_num_seqs, "max_model_len": 4096}}

@@ -460,7 +460,7 @@ class ServerEngine:
         _refuse_differences([(role, e, self.endpoint_numerics(e)) for role, e in servers],
                             "compute the target the same way",
                             "; launch every server with the same dtype, quantization, KV cache dtype, attention "
-                            "backend and tensor-parallel size")
+                            "backend, tensor-parallel and pipeline-parallel size")
         self._same_target_checked = True
 
     def capabilities(self) -> Capabilities:

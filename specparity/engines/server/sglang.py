@@ -119,12 +119,13 @@ CUDA_GRAPH_BACKENDS = ("full", "breakable", "disabled", "tc_piecewise")
 MAMBA_SSM_DTYPES = ("float32", "bfloat16", "float16")
 #: Keys of ``/server_info`` kept in the fingerprint.
 SUMMARY_KEYS = ("version", "model_path", "dtype", "kv_cache_dtype", "context_length", "page_size", "tp_size",
+                "dp_size", "pp_size",
                 "max_running_requests", "mem_fraction_static", "attention_backend", "sampling_backend",
                 "enable_deterministic_inference", "disable_radix_cache", "random_seed", "launch_command")
 #: The ``/server_info`` fields (recorded in ``tests/data/sglang/server_info_*.json``) that decide how the
 #: target computes: every server of both sides must report the same (:meth:`ServerEngine.check_same_target`).
 NUMERICS_KEYS = ("dtype", "quantization", "kv_cache_dtype", "attention_backend", "prefill_attention_backend",
-                 "decode_attention_backend", "tp_size")
+                 "decode_attention_backend", "tp_size", "pp_size")
 
 
 def reported_numerics(info: dict[str, Any]) -> dict[str, Any]:
@@ -176,6 +177,8 @@ class SGLangLaunch(LaunchConfig):
     max_running_requests: int | None = None
     enable_deterministic_inference: bool = False
     tp_size: int | None = None
+    dp_size: int | None = None
+    pp_size: int | None = None
     extra: tuple[str, ...] = field(default_factory=tuple)
     python: str | None = None
 
@@ -208,7 +211,7 @@ class SGLangLaunch(LaunchConfig):
                 if value is not None:
                     a += ["--" + key.replace("_", "-"), str(value)]
         for key in ("context_length", "mem_fraction_static", "max_running_requests", "max_mamba_cache_size",
-                    "mamba_ssm_dtype", "kv_cache_dtype", "page_size", "tp_size"):
+                    "mamba_ssm_dtype", "kv_cache_dtype", "page_size", "tp_size", "dp_size", "pp_size"):
             value = getattr(self, key)
             if value is not None:
                 a += ["--" + key.replace("_", "-"), str(value)]
@@ -235,6 +238,8 @@ OPTIONS = {
                      gpus_note=": on one GPU their --mem-fraction-static must fit together"),
     "python": OptionSpec("launches: the Python interpreter that has SGLang installed (default: this one)"),
     "tp_size": OptionSpec("launches: --tp-size for both launches", parse=parse_positive_int),
+    "dp_size": OptionSpec("launches: --dp-size for both launches", parse=parse_positive_int),
+    "pp_size": OptionSpec("launches: --pp-size for both launches", parse=parse_positive_int),
     "deterministic": OptionSpec("launches: --enable-deterministic-inference on both launches (true/false)",
                                 parse=parse_bool),
 }
@@ -245,8 +250,9 @@ def launch_configs(options: EngineOptions) -> tuple[SGLangLaunch, SGLangLaunch]:
     preset, base, spec = preset_launch_values("sglang", options.preset, target=options.target, draft=options.draft)
     ex = options.extra
     common: dict[str, Any] = {}
-    if "tp_size" in ex:
-        common["tp_size"] = ex["tp_size"]
+    for key in ("tp_size", "dp_size", "pp_size"):
+        if key in ex:
+            common[key] = ex[key]
     if "deterministic" in ex:
         common["enable_deterministic_inference"] = bool(ex["deterministic"])
     if ex.get("python"):

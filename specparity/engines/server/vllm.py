@@ -201,7 +201,8 @@ def normalise_dtype(dtype: Any) -> str | None:
 #: the recorded 0.26.0 body, ``tests/data/vllm-0.26.0/server_info_ngram.json``): every server of both sides
 #: must report the same (:meth:`ServerEngine.check_same_target`).
 NUMERICS_PATHS = ("model_config.dtype", "model_config.quantization", "cache_config.cache_dtype",
-                  "attention_config.backend", "parallel_config.tensor_parallel_size")
+                  "attention_config.backend", "parallel_config.tensor_parallel_size",
+                  "parallel_config.pipeline_parallel_size")
 
 
 def reported_numerics(vllm_config: Any) -> dict[str, Any]:
@@ -268,6 +269,8 @@ class VLLMLaunch(LaunchConfig):
     served_model_name: str | None = None
     max_model_len: int | None = None
     tensor_parallel_size: int | None = None
+    pipeline_parallel_size: int | None = None
+    data_parallel_size: int | None = None
     gpu_memory_utilization: float | None = None
     max_logprobs: int | None = None
     per_request_spec_decode_metrics: str | None = None
@@ -307,8 +310,8 @@ class VLLMLaunch(LaunchConfig):
         a = ["--model", self.model] if self.entrypoint == "api_server" else [self.model]
         if self.speculative_config:
             a += ["--speculative-config", json.dumps(self.speculative_config, separators=(",", ":"))]
-        for key in ("served_model_name", "max_model_len", "tensor_parallel_size", "gpu_memory_utilization",
-                    "max_logprobs", "per_request_spec_decode_metrics"):
+        for key in ("served_model_name", "max_model_len", "tensor_parallel_size", "pipeline_parallel_size",
+                    "data_parallel_size", "gpu_memory_utilization", "max_logprobs", "per_request_spec_decode_metrics"):
             value = getattr(self, key)
             if value is not None:
                 a += ["--" + key.replace("_", "-"), str(value)]
@@ -334,6 +337,10 @@ OPTIONS = {
     "max_logprobs": OptionSpec(f"the servers' --max-logprobs (default {DEFAULT_MAX_LOGPROBS}); launches pass it on",
                                parse=parse_positive_int),
     "served_model_name": OptionSpec("the model name sent in requests (default: the first id of GET /v1/models)"),
+    "tensor_parallel_size": OptionSpec("launches: --tensor-parallel-size for both launches", parse=parse_positive_int),
+    "pipeline_parallel_size": OptionSpec("launches: --pipeline-parallel-size for both launches",
+                                         parse=parse_positive_int),
+    "data_parallel_size": OptionSpec("launches: --data-parallel-size for both launches", parse=parse_positive_int),
     "batch_invariant": OptionSpec("launches: set VLLM_BATCH_INVARIANT=1 for both servers (true/false)", parse=parse_bool),
     "dev_mode": OptionSpec("launches: set VLLM_SERVER_DEV_MODE=1 for both servers, so /server_info shows their config "
                            "(true/false)", parse=parse_bool),
@@ -357,7 +364,8 @@ def launch_configs(options: EngineOptions) -> tuple[VLLMLaunch, VLLMLaunch]:
     ex = options.extra
     common: dict[str, Any] = {"extra": tuple(ex.get("server_args") or ())}
     for opt, key in (("max_logprobs", "max_logprobs"), ("served_model_name", "served_model_name"),
-                     ("entrypoint", "entrypoint")):
+                     ("entrypoint", "entrypoint"), ("tensor_parallel_size", "tensor_parallel_size"),
+                     ("pipeline_parallel_size", "pipeline_parallel_size"), ("data_parallel_size", "data_parallel_size")):
         if opt in ex:
             common[key] = ex[opt]
     if "batch_invariant" in ex:
