@@ -12,6 +12,7 @@ backed by the fixture models; the speculative one's logits are moved by ``instan
 from __future__ import annotations
 
 import copy
+import re
 from pathlib import Path
 
 import numpy as np
@@ -153,6 +154,11 @@ def test_a_speculative_target_that_computes_differently_cannot_widen_its_allowan
     # the figure is measured and reported in full ...
     assert 2 * MOVED - 1e-4 <= cross.max_abs_delta <= 2 * MOVED + 1e-4 and cross.moved_pairs > cross.pairs // 2
     assert within.max_abs_delta < MOVED / 100
+    # located, so the difference can be reproduced: a prompt of this run and a position inside its output
+    where = re.fullmatch(r"(\S+) position (\d+)", cross.largest_at or "")
+    baselines = {r["prompt_id"]: r["baseline"] for r in records if r["kind"] == "baseline"}
+    assert where and where[1] in baselines and int(where[2]) < len(baselines[where[1]]["output_ids"]), cross.largest_at
+    assert f"the largest at {cross.largest_at}" in th["cross_instance_finding"]
     # ... but the allowance takes it only up to the cap, which the within-instance figure leaves at its floor
     cap = cross_instance_cap(within.max_abs_delta)
     assert cap == CROSS_INSTANCE_NATS < cross.flip_noise

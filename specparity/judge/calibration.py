@@ -24,7 +24,7 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 
 from specparity.judge.flip_budget import measure_flip_rate
-from specparity.judge.noise import CalibrationError, derive_threshold, measure_noise
+from specparity.judge.noise import CalibrationError, derive_threshold, measure_noise, position_deltas
 from specparity.model.threshold import DEFAULT_CEILING_NATS, DEFAULT_MULTIPLIER, NearTieThreshold, NoiseStats
 from specparity.judge.logprob_channel import channel_problem
 from specparity.model.types import TokenScores
@@ -155,10 +155,27 @@ def cross_instance_noise(samples: Sequence[Sample], window: float | None = None)
     baseline's teacher-forced rows — prefill against prefill, the same computation on two servers, so the
     figure holds what differs between the instances and not the decode-versus-prefill noise the
     within-instance figure already measures (None: no sample was scored there)."""
-    pairs = [(s.teacher_forced, s.spec_side) for s in samples if s.spec_side is not None]
-    if not pairs:
+    scored = [s for s in samples if s.spec_side is not None]
+    if not scored:
         return None
-    return measure_noise(pairs, window)
+    stats = measure_noise([(s.teacher_forced, s.spec_side) for s in scored], window)
+    stats.largest_at = largest_at(scored)
+    return stats
+
+
+def largest_at(samples: Sequence[Sample]) -> str | None:
+    """"PROMPT position N" of the largest |Δmargin| between a sample's teacher-forced rows on the two
+    servers: where a reader reproduces the difference (both servers scoring that prompt's baseline)."""
+    best: tuple[float, str, int] | None = None
+    for s in samples:
+        if s.spec_side is None:
+            continue
+        per_position = position_deltas(s.teacher_forced, s.spec_side)
+        if per_position.size and np.isfinite(per_position).any():
+            i = int(np.nanargmax(per_position))
+            if best is None or float(per_position[i]) > best[0]:
+                best = (float(per_position[i]), s.prompt_id, i)
+    return None if best is None else f"{best[1]} position {best[2]}"
 
 
 def calibrate(

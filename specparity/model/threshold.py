@@ -62,6 +62,9 @@ class NoiseStats:
     #: Pairs whose |Δmargin| is above float32 resolution (:data:`FLOOR_NATS`): how widespread the
     #: difference is, not only how large (None: a record made before it was counted).
     moved_pairs: int | None = None
+    #: Where the largest |Δmargin| was, for a reader to reproduce it ("PROMPT position N"; None: not
+    #: located, or a record made before it was).
+    largest_at: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return vars(self).copy()
@@ -215,6 +218,8 @@ class NearTieThreshold:
         c = self.cross
         moved = (f"{c.moved_pairs} of {c.pairs} pairs moved between the two servers"
                  if c is not None and c.moved_pairs is not None else "")
+        if c is not None and c.largest_at:
+            moved += f"{', ' if moved else ''}the largest at {c.largest_at}"
         return excess_finding(self.cross_figures(), moved)
 
     def describe_cross(self) -> str:
@@ -224,6 +229,7 @@ class NearTieThreshold:
             return self.cross_note or "not measured"
         c = self.cross
         moved = f"; {c.moved_pairs} of {c.pairs} pairs moved" if c.moved_pairs is not None else ""
+        moved += f"; the largest at {c.largest_at}" if c.largest_at else ""
         line = (f"max |Δmargin| {c.describe_flip()} between teacher-forced scoring of the baseline's tokens on the "
                 f"baseline server and on the speculative server ({c.positions} positions; p99 {c.p99_abs_delta:.3g}"
                 f"{moved})")
