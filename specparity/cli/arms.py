@@ -65,14 +65,14 @@ def _run_arms(args: argparse.Namespace) -> int:
 
 
 def _print(args: argparse.Namespace, result: Any, paths: Sequence[Path]) -> None:
-    from specparity.cli.commands import print_outcome
+    from specparity.cli.outcome import print_outcome
     from specparity.run.arm_runs import terminal_lines
 
     print_outcome(args, result, terminal_lines(result), paths)
 
 
 def add_arms_command(sub: Any) -> None:
-    from specparity.cli.commands import EXIT_CODES_EPILOG, add_outcome_options
+    from specparity.cli.outcome import EXIT_CODES_EPILOG, add_outcome_options
     from specparity.model.arms import ARMS
 
     p = sub.add_parser(

@@ -1,0 +1,60 @@
+"""What the commands print and take alike: the exit codes' epilog of every ``--help``, and the output
+options and printing of the commands that run the gate several times (``sweep``, ``arms``). A module of
+its own so that those commands and :mod:`specparity.cli.commands`, which registers them, import it
+rather than each other."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any, Sequence
+
+#: The exit codes of every command, for ``specparity --help`` (README "Exit codes").
+EXIT_CODES_EPILOG = """\
+exit codes (every command, and `pytest suites/lossless`; ci/gate.sh exits with the worst of its suites):
+  0  pass: the gate passed (probe: every probe ok or warn; with --policy, unknown only where the
+     policy's allow_unknown names the probe)
+  1  gate failure: a prompt diverged, drifted or failed in the engine, a run-level rule failed
+     (speculation inactive, near-tie budget, a path not taken under --require-all-paths), or
+     nothing was judged (a selection or comparison left no prompt); probe: a predicted failure
+  2  interrupted (Ctrl-C or SIGTERM): finished prompts are kept, the summary and the journal say INTERRUPTED
+  3  harness or engine error: the engine could not load or start, nothing could be judged
+     (calibration refused, no noise measured), or the reports could not be written; no verdict
+  4  bad input: an option, path, engine, prompt or policy file, named in one line before any model
+     loads, or a policy the engine's counters cannot check
+  6  specparity probe only, without --policy: no probe predicts a failure, but one answered unknown
+(docs/ERRORS.md: every entry point, every refusal and how to fix it)
+"""
+
+VERBOSE_HELP = ("also show the warnings and log lines of the libraries the engine loads (transformers, "
+                "huggingface_hub), kept off the console otherwise")
+
+
+def add_outcome_options(p: argparse.ArgumentParser, report: str, report_holds: str, json_help: str) -> None:
+    """A multi-run command's options (``sweep``, ``arms``): the gate's own, with ``--report`` defaulting
+    to ``report`` (which holds ``report_holds``), and its output group (--json, -q, -v)."""
+    from specparity.cli.option_table import add_gate_options
+
+    add_gate_options(lambda name, description: p.add_argument_group(name, description).add_argument)
+    p.set_defaults(report=report)
+    for action in p._actions:  # the shared --report help names the gate's default, not this command's
+        if action.dest == "report":
+            action.help = f"report directory (default {report}): {report_holds}"
+    out = p.add_argument_group("output")
+    out.add_argument("--json", action="store_true", help=json_help)
+    out.add_argument("-q", "--quiet", action="store_true", help="print only the verdict line and the failures")
+    out.add_argument("-v", "--verbose", action="store_true", help=VERBOSE_HELP)
+
+
+def print_outcome(args: argparse.Namespace, result: Any, lines: list[str], paths: Sequence[Path]) -> None:
+    """A multi-run command's outcome (``sweep``, ``arms``): its JSON under ``--json``; else its terminal
+    lines — under ``--quiet`` the verdict line and the failures only, otherwise with the report paths."""
+    if args.json:
+        print(json.dumps(result.to_json(), indent=1, default=str))
+        return
+    if args.quiet:
+        lines = lines[:1] + [line for line in lines if line.startswith("FAIL: ")]
+    else:
+        lines = lines + [f"report: {p}" for p in paths]
+    print("\n".join(lines))
