@@ -4,10 +4,17 @@ same dtype still diverge, and fp32 is bit-exact on the same prompts.
 prompts/near_tie.jsonl (tools/find_near_ties.py) holds out-of-distribution prompts on which the
 fixture target reaches exact ties or one-bf16-step margins. *Which* of them flip, and how many,
 depends on the kernels torch picks for the CPU (AVX-512 vs AVX2, oneDNN's ISA): measured 1 to 3
-flips per mode on one machine by switching kernels alone (docs/notes/findings.md, F5b). So these tests
-assert only what holds on every CPU — every flip that occurs is a near tie at an exact tie or one
-bf16 step with no later violation, nothing diverges, fp32 is exact — and check that under the
-other kernel sets this machine can emulate. The counts are measurements (``tools/bf16_flips.py``).
+flips per mode on one machine by switching kernels alone (docs/notes/findings.md, F5b). So the tests
+on that file assert only what holds on every CPU — every flip that occurs is a near tie at an exact
+tie or one bf16 step with no later violation, nothing diverges, fp32 is exact — and check that under
+the other kernel sets this machine can emulate. The counts are measurements (``tools/bf16_flips.py``).
+
+On a CPU whose kernels flip nothing there, those tests would check no near tie at all. So one test
+constructs its flips: the tie-dense target (``tests/tie_model.py``), whose bf16 logits tie exactly at
+most positions by construction, decoded by a loop that keeps the draft's token at an exact tie of its
+verify row (``tests/broken_loops.py``, ``tie_rule=draft``: legitimate greedy decoding). The baseline
+breaks those ties toward the lower id, the loop toward the draft, so flips happen on any CPU, and the
+test fails unless the gate classified at least one of them near_tie.
 """
 
 from __future__ import annotations
@@ -23,10 +30,11 @@ from broken_loops import LoopEngine
 from specparity.engines.base import EngineOptions
 from specparity.engines.inprocess.hf import HFEngine
 from specparity.model.locations import REPO_ROOT
-from specparity.gate.decision import decide
+from specparity.gate.decision import decide, tie_flips
 from specparity.model.prompts import load_prompts
 from specparity.model.gate_run import GateConfig, GatePolicy
 from specparity.run.runner import run_gate
+from tie_model import build_tie_model
 
 BF16_STEP = 0.0625  # one bf16 step of logits in [8, 16)
 
@@ -36,8 +44,8 @@ def near_tie_prompts():
     return load_prompts(REPO_ROOT / "prompts" / "near_tie.jsonl").prompts
 
 
-def _gate(engine, prompts, **cfg):
-    config = GateConfig(policy=GatePolicy(max_near_tie=1.0), **cfg)
+def _gate(engine, prompts, policy: GatePolicy | None = None, **cfg):
+    config = GateConfig(policy=policy or GatePolicy(max_near_tie=1.0), **cfg)
     try:
         run = run_gate(engine, prompts, config)
     finally:
@@ -102,3 +110,47 @@ def test_bf16_real_bug_still_diverges(hf_options, near_tie_prompts, default_prom
     run, decision = _gate(engine, prompts)
     assert not decision.passed
     assert decision.counts["diverged"] >= 2, decision.counts
+
+
+@pytest.fixture(scope="module")
+def tie_target(tmp_path_factory):
+    path = tmp_path_factory.mktemp("ties") / "target"
+    build_tie_model(path)
+    return path
+
+
+@pytest.mark.slow
+def test_constructed_bf16_tie_flips_reach_the_near_tie_path_on_any_cpu(tie_target, default_prompts):
+    """The near-tie path is reached whatever the CPU: the tie-dense target ties at most positions in
+    bf16 and the loop keeps the draft's token where its verify row ties, so the speculative run takes
+    the other side of ties the baseline broke toward the lower id. At least one prompt must be
+    near_tie (else the path was not reached and nothing here was tested), every flip must be at an
+    exact tie or one or two ulps of its row, under the measured threshold, with every later token
+    the target's own choice, and the run passes under the near-tie budget from the data. The same
+    loop in float32, where the twins never tie exactly, is exact on every prompt."""
+    prompts = default_prompts[:6]
+    opts = EngineOptions(target=str(tie_target), spec_mode="draft")
+    config = {"calibration": "selected", "max_new_tokens": 24}
+    # the gate's own near-tie budget (from the baseline's flip rate), not a widened fixed share
+    run, decision = _gate(LoopEngine(EngineOptions(**{**vars(opts), "dtype": "bfloat16"}), tie_rule="draft"), prompts,
+                          GatePolicy(), **config)
+    near = [r.verdict for r in run.records if r.verdict.klass == "near_tie"]
+    assert near, (f"no prompt classified near_tie ({decision.counts}): the constructed flips did not happen or were "
+                  f"not judged near ties, so the near-tie path was not exercised")
+    assert decision.counts["diverged"] == decision.counts["drifted"] == decision.counts["error"] == 0, decision.counts
+    threshold = run.threshold.nats
+    assert run.threshold.source == "measured" and threshold < 1.0
+    for v in near:
+        d = v.divergence
+        assert d is not None and d.baseline_margin is not None and d.baseline_margin <= threshold, v.reason
+        # an exact tie, or a margin of one or two ulps of its bf16 row (where every real bf16 flip sat)
+        assert d.tie or (d.margin_ulps is not None and d.margin_ulps <= 2 + 1e-6), (v.prompt_id, d.baseline_margin,
+                                                                                    d.ulp_nats)
+        later = [t for t in v.tf_violations if t.position > d.position and (t.margin is None or t.margin > threshold)]
+        assert not later, (v.prompt_id, later)
+    ties = tie_flips(run)
+    assert ties and "draft" in {v.divergence.spec_break for v in ties}, [v.divergence.spec_break for v in ties]
+    assert decision.passed, decision.failures
+    run32, d32 = _gate(LoopEngine(opts, tie_rule="draft"), prompts, GatePolicy(), **config)
+    assert d32.counts["exact"] == len(prompts), d32.counts
+    assert run32.threshold.nats < 1e-3

@@ -3,9 +3,12 @@ with its own byte-level BPE tokenizer, BOS/EOS/end-of-turn at ids of its own, tw
 own chat template.
 
 What is asserted: the ids the gate sends are that tokenizer's encoding (its BOS first on a raw
-prompt, its chat template on messages), the stop ids are its two (``generation_config.json``), and
-the gate passes — in-process (``hf``: prompt lookup, which needs no draft, and a draft built the
-same way sharing the tokenizer) and on llama.cpp (the model converted with
+prompt, its chat template on messages), computed without the engine's tokenizer code (``tokenizers``
+and jinja2 alone), the stop ids are its two (``generation_config.json``), and the gate passes —
+in-process (``hf``: prompt lookup, which needs no draft, and a draft built the same way sharing the
+tokenizer; there both sides' output ids must also be the model's greedy continuation from a plain
+argmax loop over its forward, so a target the engine computes wrongly on both sides cannot pass as
+exact) and on llama.cpp (the model converted with
 ``tools/llamacpp/convert_gguf.py --pre gpt-2``, both servers launched by the gate; skipped without
 a llama-server build, failed under ``SPECPARITY_REQUIRE_LLAMACPP=1``). The ``dflash`` engine is not
 run: it needs a DFlash draft trained for the target, and none exists for this family.
@@ -17,6 +20,7 @@ two sides that serve different models.
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -24,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from foreign_model import FOREIGN_PROMPTS, GGUF_PRE, ForeignModel, build_foreign_model
+from foreign_model import BOS, CHAT_TEMPLATE, FOREIGN_PROMPTS, GGUF_PRE, ForeignModel, build_foreign_model
 from inprocess import run_cli, run_pytest
 from specparity.gate import exitcodes
 from specparity.engines import EngineLoadError, load_engine
@@ -67,18 +71,55 @@ def prompts(tmp_path_factory):
 
 
 def expected_ids(model: ForeignModel, prompt) -> list[int]:
-    """The model's own tokenizer: BOS + text for a raw prompt, its chat template for messages."""
-    from transformers import AutoTokenizer
+    """The prompt's ids without the engine's tokenizer code (transformers' tokenizer classes and
+    ``apply_chat_template``): the chat template (``foreign_model.CHAT_TEMPLATE``) rendered by jinja2,
+    then the model's ``tokenizer.json`` encoding through the ``tokenizers`` library alone — its post
+    processor adds the BOS to a raw prompt; the template writes its own."""
+    import jinja2
+    from tokenizers import Tokenizer
 
-    tok = AutoTokenizer.from_pretrained(model.path, local_files_only=True)
-    if prompt.messages is not None:
-        out = tok.apply_chat_template(prompt.messages_as_dicts(), add_generation_prompt=True, tokenize=True)
-        return list(out["input_ids"] if hasattr(out, "keys") else out)
-    return list(tok(prompt.prompt)["input_ids"])
+    tok = Tokenizer.from_file(str(model.path / "tokenizer.json"))
+    if prompt.messages is None:
+        return tok.encode(prompt.prompt, add_special_tokens=True).ids
+    text = jinja2.Environment().from_string(CHAT_TEMPLATE).render(
+        messages=prompt.messages_as_dicts(), bos_token=BOS, add_generation_prompt=True)
+    return tok.encode(text, add_special_tokens=False).ids
 
 
-def assert_model_true_run(engine, model: ForeignModel, prompts) -> None:
-    """Run the gate; the requests carry the model's own ids and stop ids, and it passes."""
+def model_stop_ids(model: ForeignModel) -> set[int]:
+    """The stop ids as the model directory's ``generation_config.json`` lists them."""
+    eos = json.loads((model.path / "generation_config.json").read_text())["eos_token_id"]
+    return set(eos if isinstance(eos, list) else [eos])
+
+
+def argmax_continuation(model: ForeignModel, prompt_ids: list[int], max_new: int) -> tuple[list[int], float]:
+    """The greedy continuation computed without the engine: the checkpoint loaded by its own class,
+    one full forward over the whole sequence per token (no KV cache, no ``generate``), the argmax of
+    the last row, until a stop id of ``generation_config.json`` or ``max_new`` tokens. Returns the ids
+    and the smallest margin (nats) between the chosen token's logit and the runner-up's on the way."""
+    import torch
+    from transformers import LlamaForCausalLM
+
+    net = LlamaForCausalLM.from_pretrained(str(model.path), dtype=torch.float32, local_files_only=True).eval()
+    stops, ids, out, closest = model_stop_ids(model), list(prompt_ids), [], float("inf")
+    with torch.no_grad():
+        while len(out) < max_new:
+            row = net(input_ids=torch.tensor([ids]), use_cache=False).logits[0, -1]
+            top = torch.topk(row, 2)
+            closest = min(closest, float(top.values[0] - top.values[1]))
+            token = int(top.indices[0])
+            out.append(token)
+            ids.append(token)
+            if token in stops:
+                break
+    return out, closest
+
+
+def assert_model_true_run(engine, model: ForeignModel, prompts, *, greedy: bool = False) -> None:
+    """Run the gate; the requests carry the model's own ids and stop ids, and it passes. ``greedy``
+    (in-process engines, whose checkpoint is the float32 directory itself): both sides' output ids are
+    the model's own greedy continuation, computed without the engine (:func:`argmax_continuation`), so
+    a baseline and a speculative run that are wrong alike cannot pass as exact."""
     assert set(engine.stop_token_ids()) == {model.eos_id, model.eot_id}
     try:
         run = run_gate(engine, prompts, CONFIG)
@@ -89,9 +130,14 @@ def assert_model_true_run(engine, model: ForeignModel, prompts) -> None:
         ids = list(rec.request.prompt_ids)
         assert ids == expected_ids(model, rec.prompt), rec.prompt.id
         assert ids[0] == model.bos_id, rec.prompt.id  # raw: the tokenizer's BOS; chat: the template's
-        assert set(rec.request.stop_token_ids) == {model.eos_id, model.eot_id}
+        assert set(rec.request.stop_token_ids) == model_stop_ids(model) == {model.eos_id, model.eot_id}
         if rec.prompt.messages is not None:
             assert model.eot_id in ids  # the template closes each turn with its own end-of-turn token
+        if greedy:
+            want, closest = argmax_continuation(model, ids, CONFIG.max_new_tokens or rec.prompt.max_new_tokens)
+            assert closest > 1e-3, (rec.prompt.id, closest)  # no near tie: float32 rounding cannot pick another token
+            assert list(rec.baseline.output_ids) == want, rec.prompt.id
+            assert list(rec.spec.output_ids) == want, rec.prompt.id
     assert decision.exit_code == exitcodes.PASS, decision.failures
     assert run.activity().accepted > 0  # speculation really ran
     assert "fixture models" not in render_summary_md(run, decision)
@@ -103,14 +149,14 @@ def assert_model_true_run(engine, model: ForeignModel, prompts) -> None:
 
 def test_hf_prompt_lookup_sends_the_models_own_ids_and_passes(foreign, prompts):
     engine = load_engine("hf", EngineOptions(target=str(foreign.path), spec_mode="prompt_lookup", num_draft_tokens=3))
-    assert_model_true_run(engine, foreign, prompts)
+    assert_model_true_run(engine, foreign, prompts, greedy=True)
 
 
 def test_hf_with_a_draft_of_the_same_family_passes(foreign, foreign_draft, prompts):
     engine = load_engine("hf", EngineOptions(target=str(foreign.path), draft=str(foreign_draft.path),
                                              num_draft_tokens=3))
     assert engine.fingerprint().draft.path == str(foreign_draft.path)
-    assert_model_true_run(engine, foreign, prompts)
+    assert_model_true_run(engine, foreign, prompts, greedy=True)
 
 
 @pytest.mark.parametrize("engine", ["hf", "dflash"])

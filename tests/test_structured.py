@@ -4,8 +4,11 @@
 * the output checks: a JSON document valid for its schema, a prefix cut by ``max_new_tokens``
   (truncated, not judged), anything else invalid; a grammar output is reported as constrained;
 * rows the constraint (not the argmax) chose are not judged on;
-* the adapters send the constraint in each engine's field, and the SGLang and vLLM fakes receive it
-  on both sides and decode under it;
+* the bodies the adapters build are read as the engines' own sources define the fields (SGLang's
+  ``SamplingParams``, vLLM's ``StructuredOutputsParams``; every other vLLM key one a live vLLM
+  0.26.0 answered), carry the prompt file's own schema or grammar, and are accepted by the SGLang
+  and vLLM emulators, which validate them on their own and decode under the constraint; in a gate
+  run both sides receive it;
 * a speculative loop whose grammar state does not roll back with a rejected draft (the fakes'
   ``grammar_rollback_bug``) fails the gate on constrained prompts, with its own reason, and passes
   an unconstrained run: only the constrained prompts catch it.
@@ -16,6 +19,8 @@ from __future__ import annotations
 import json
 import re
 import sys
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -25,12 +30,12 @@ from fakes import SGLangServer, VLLMServer
 from fakes.backend import TARGET, FixtureBackend, forced_document
 from fakes.gate import pytest_in_process
 from specparity.model.constraints import Constraint
-from specparity.engines.server.sglang import SAMPLING_KEYS_0_5_19, SAMPLING_KEYS_0_5_23, generate_body
-from specparity.engines.server.vllm import completion_body
+from specparity.engines.server.sglang import WIRE as sglang_wire
+from specparity.engines.server.vllm import WIRE as vllm_wire
 from specparity.model.locations import REPO_ROOT
 from specparity.model.prompts import PromptFileError, load_prompts
 from specparity.judge.structured import check_output, hide_forced_rows, json_prefix_state
-from specparity.model.types import TokenScores
+from specparity.model.types import GenerationRequest, TokenScores
 
 STRUCTURED = REPO_ROOT / "prompts" / "structured.jsonl"
 SCHEMA = {"type": "object", "properties": {"n": {"type": "integer"}, "s": {"enum": ["a", "b"]}},
@@ -107,19 +112,176 @@ def test_rows_the_constraint_chose_are_not_judged_on():
 
 
 # ------------------------------------------------------------------------------------- adapters
+#
+# What each engine makes of a request body, as the engines' own sources declare it (never as the
+# adapters build it), so a body that follows a wrong belief about a field fails here:
+#
+# * SGLang ``/generate``: ``sampling_params`` is ``SamplingParams`` (``sglang/srt/sampling/sampling_params.py``):
+#   ``json_schema: Optional[str]``, ``regex: Optional[str]``, ``ebnf: Optional[str]`` (the grammar fields), and
+#   ``SamplingParams.verify()`` raises "Only one of regex, json_schema, or ebnf can be set." when more than one
+#   is not None. A key outside the struct is HTTP 400 (0.5.23) or 500 (0.5.19): the emulator's allow-lists
+#   (``tests/fakes/sglang.py``) hold the fields of each version.
+# * vLLM ``/v1/completions``: ``CompletionRequest.structured_outputs: StructuredOutputsParams | None``
+#   (``vllm/entrypoints/openai/protocol.py``); ``StructuredOutputsParams`` (``vllm/sampling_params.py``) has
+#   ``json: str | dict | None``, ``regex: str | None``, ``choice: list[str] | None``, ``grammar: str | None``,
+#   ``json_object: bool | None``, ``structural_tag: str | None`` and its ``__post_init__`` demands exactly one
+#   of those six; ``disable_any_whitespace``, ``disable_additional_properties`` (bool) and
+#   ``whitespace_pattern`` (str | None) are options. vLLM ignores a top-level key it does not declare (with a
+#   warning), so a misspelt key decodes unconstrained and the server still answers 200.
+
+#: SGLang ``SamplingParams`` grammar fields and what each holds (``Optional[str]`` each).
+SGLANG_GRAMMAR_FIELDS = {"json_schema": "a JSON schema serialised as a string", "regex": "a regular expression",
+                         "ebnf": "an EBNF grammar (xgrammar reads the GBNF dialect)"}
+#: vLLM ``StructuredOutputsParams``: the six constraint fields (exactly one set) with their types, and the options.
+VLLM_CONSTRAINT_FIELDS = {"json": (str, dict), "regex": (str,), "choice": (list,), "grammar": (str,),
+                          "json_object": (bool,), "structural_tag": (str,)}
+VLLM_OPTION_FIELDS = {"disable_any_whitespace": (bool,), "disable_additional_properties": (bool,),
+                      "whitespace_pattern": (str,)}
+#: The recorded live vLLM 0.26.0 exchanges: requests the server answered.
+VLLM_026_CAPTURES = sorted((REPO_ROOT / "tests" / "data" / "vllm-0.26.0").glob("capture-*.json"))
 
 
-def test_adapters_send_the_constraint_in_each_engines_field():
-    c, g = schema_constraint(), Constraint("grammar", 'root ::= "yes" | "no"')
-    body = generate_body([1, 2], 8, [2], 4, constraint=c)
-    assert json.loads(body["sampling_params"]["json_schema"]) == SCHEMA  # SGLang takes the schema as a string
-    assert generate_body([1, 2], 8, [2], 4, constraint=g)["sampling_params"]["ebnf"] == g.text
-    for b in (body, generate_body([1, 2], 8, [2], 4, constraint=g)):  # an unknown key is a 400 / 500
-        assert set(b["sampling_params"]) <= SAMPLING_KEYS_0_5_23 & SAMPLING_KEYS_0_5_19
-    assert "json_schema" not in generate_body([1, 2], 8, [2], 4)["sampling_params"]
-    assert completion_body("m", [1], 8, [2], logprobs=4, top_k=0, constraint=c)["structured_outputs"] == {"json": SCHEMA}
-    assert completion_body("m", [1], 8, [2], logprobs=4, top_k=0, constraint=g)["structured_outputs"] == {"grammar": g.text}
-    assert "structured_outputs" not in completion_body("m", [1], 8, [2], logprobs=4, top_k=0)
+def raw_constraints(path: Path = STRUCTURED) -> list[tuple[str, str, object]]:
+    """(prompt id, field, value) of every constrained row, read as plain JSON (not through the
+    prompt loader): what the prompt file asks the engines to apply."""
+    out = []
+    for line in path.read_text().splitlines()[1:]:
+        row = json.loads(line)
+        for field in ("json_schema", "grammar"):
+            if field in row:
+                out.append((row["id"], field, row[field]))
+    return out
+
+
+def sglang_reading(sampling: dict) -> tuple[str, object] | None:
+    """What SGLang's ``SamplingParams`` makes of ``sampling_params``: None (unconstrained) or (kind,
+    value) with kind ``json_schema`` (the parsed schema), ``ebnf`` or ``regex``; AssertionError where the
+    source's types or ``verify()`` refuse it."""
+    set_fields = [f for f in SGLANG_GRAMMAR_FIELDS if sampling.get(f) is not None]
+    assert len(set_fields) <= 1, f"SamplingParams.verify(): only one of regex, json_schema, or ebnf: {set_fields}"
+    if not set_fields:
+        return None
+    field = set_fields[0]
+    value = sampling[field]
+    assert isinstance(value, str), f"sampling_params.{field} is Optional[str], got {type(value).__name__}"
+    return (field, json.loads(value)) if field == "json_schema" else (field, value)
+
+
+def vllm_reading(structured: object) -> tuple[str, object]:
+    """What vLLM's ``StructuredOutputsParams`` makes of ``structured_outputs``: (field, value) of its one
+    constraint field; AssertionError where the dataclass or its ``__post_init__`` refuse it."""
+    assert isinstance(structured, dict), f"structured_outputs is a StructuredOutputsParams object, got {structured!r}"
+    unknown = set(structured) - set(VLLM_CONSTRAINT_FIELDS) - set(VLLM_OPTION_FIELDS)
+    assert not unknown, f"StructuredOutputsParams has no field {sorted(unknown)}"
+    for field, value in structured.items():
+        kinds = {**VLLM_CONSTRAINT_FIELDS, **VLLM_OPTION_FIELDS}[field]
+        nullable = field not in ("disable_any_whitespace", "disable_additional_properties")
+        assert (value is None and nullable) or isinstance(value, kinds), (field, value)
+    set_fields = [f for f in VLLM_CONSTRAINT_FIELDS if structured.get(f) is not None]
+    assert len(set_fields) == 1, f"StructuredOutputsParams.__post_init__ demands exactly one constraint: {set_fields}"
+    field = set_fields[0]
+    value = structured[field]
+    return field, (json.loads(value) if field == "json" and isinstance(value, str) else value)
+
+
+def live_vllm_keys() -> set[str]:
+    """Every top-level key of a ``/v1/completions`` request a live vLLM 0.26.0 answered with 200."""
+    keys: set[str] = set()
+    for path in VLLM_026_CAPTURES:
+        for ex in json.loads(path.read_text()).get("exchanges", []):
+            if ex["path"] == "/v1/completions" and ex["status"] == 200 and isinstance(ex.get("request"), dict):
+                keys |= set(ex["request"])
+    return keys
+
+
+def request_for(prompt_id: str, prompts: Path = STRUCTURED, rid: str = "r-1") -> GenerationRequest:
+    """The request the gate builds for one prompt of ``prompts`` (its constraint as the loader read it)."""
+    prompt = next(p for p in load_prompts(prompts).prompts if p.id == prompt_id)
+    return GenerationRequest(rid, [1, 2, 3], 24, (2,), 4, constraint=prompt.constraint)
+
+
+def post(url: str, body: dict) -> tuple[int, object]:
+    """POST ``body`` as JSON; (status, parsed answer or text)."""
+    req = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            status, data = resp.status, resp.read()
+    except urllib.error.HTTPError as err:
+        status, data = err.code, err.read()
+    try:
+        return status, json.loads(data)
+    except ValueError:
+        return status, data.decode(errors="replace")
+
+
+@pytest.mark.parametrize("prompt_id, field, value", [pytest.param(*row, id=row[0]) for row in raw_constraints()])
+def test_sglang_reads_each_prompts_constraint_from_the_body(prompt_id, field, value):
+    """Through the request path the engine uses (``WIRE``): the body SGLang parses carries the prompt's
+    own schema (as a JSON string) or grammar (as ``ebnf``), one grammar field only, and no
+    ``sampling_params`` key that 0.5.19 or 0.5.23 would refuse."""
+    from fakes.sglang import SGLANG_SAMPLING_0_5_19, SGLANG_SAMPLING_0_5_23
+
+    body = sglang_wire.body(request_for(prompt_id), {"rid": "r-1"})
+    sampling = body["sampling_params"]
+    both_versions = set(SGLANG_SAMPLING_0_5_23) & set(SGLANG_SAMPLING_0_5_19)
+    refused = set(sampling) - both_versions
+    assert not refused, f"sampling_params keys SGLang does not declare in both versions: {sorted(refused)}"
+    expected = ("json_schema", value) if field == "json_schema" else ("ebnf", value)
+    assert sglang_reading(sampling) == expected, sampling
+    plain = sglang_wire.body(GenerationRequest("r-2", [1, 2, 3], 24, (2,), 4), {"rid": "r-2"})["sampling_params"]
+    assert sglang_reading(plain) is None and not set(plain) - both_versions
+
+
+@pytest.mark.parametrize("prompt_id, field, value", [pytest.param(*row, id=row[0]) for row in raw_constraints()])
+def test_vllm_reads_each_prompts_constraint_from_the_body(prompt_id, field, value):
+    """Through the request path the engine uses (``WIRE``): ``structured_outputs`` is a valid
+    ``StructuredOutputsParams`` whose one constraint is the prompt's schema (``json``) or grammar
+    (``grammar``); every other top-level key is one a live vLLM 0.26.0 answered, since a key vLLM does
+    not declare is dropped without an error."""
+    body = vllm_wire.body(request_for(prompt_id), {"model": "m", "top_k": 0})
+    unverified = set(body) - live_vllm_keys() - {"structured_outputs"}
+    assert not unverified, f"keys no live vLLM 0.26.0 request carried: {sorted(unverified)}"
+    expected = ("json", value) if field == "json_schema" else ("grammar", value)
+    assert vllm_reading(body.get("structured_outputs")) == expected, body.get("structured_outputs")
+    plain = vllm_wire.body(GenerationRequest("r-2", [1, 2, 3], 24, (2,), 4), {"model": "m", "top_k": 0})
+    assert "structured_outputs" not in plain and not set(plain) - live_vllm_keys()
+
+
+def test_the_emulators_accept_each_body_and_decode_under_the_prompts_constraint(tmp_path):
+    """Each body goes to the SGLang and vLLM emulators, which validate it on their own (allow-lists, field
+    types) and record the constraint they decoded under: it must be the prompt row's, for every
+    JSON-schema prompt and the one-literal grammar the emulators decode."""
+    prompts = fake_prompts(tmp_path)
+    rows = raw_constraints(prompts)
+    assert rows
+    with SGLangServer() as sglang, VLLMServer() as vllm:
+        for i, (prompt_id, field, value) in enumerate(rows):
+            want = (field, json.dumps(value, sort_keys=True) if field == "json_schema" else value)
+            rid = f"r-{i}"
+            status, answer = post(sglang.url + sglang_wire.path, sglang_wire.body(request_for(prompt_id, prompts, rid),
+                                                                               {"rid": rid}))
+            assert status == 200, (prompt_id, answer)
+            assert sglang.constraints_seen[-1] == (rid, *want), prompt_id
+            body = vllm_wire.body(request_for(prompt_id, prompts), {"model": vllm.served, "top_k": 0})
+            status, answer = post(vllm.url + vllm_wire.path, body)
+            assert status == 200, (prompt_id, answer)
+            assert vllm.constraints_seen[-1][1:] == want, prompt_id
+        assert len(sglang.constraints_seen) == len(vllm.constraints_seen) == len(rows)
+
+
+def test_the_source_readings_refuse_what_the_engines_refuse():
+    """The two readers above are the engines' rules, not a restatement of the adapters: they refuse
+    the bodies SGLang and vLLM refuse, and read a schema sent either way vLLM allows."""
+    with pytest.raises(AssertionError, match="only one of regex, json_schema, or ebnf"):
+        sglang_reading({"json_schema": "{}", "regex": ""})
+    with pytest.raises(AssertionError, match="Optional\\[str\\]"):
+        sglang_reading({"json_schema": SCHEMA})
+    with pytest.raises(AssertionError, match="exactly one constraint"):
+        vllm_reading({"json": SCHEMA, "grammar": 'root ::= "x"'})
+    with pytest.raises(AssertionError, match="has no field"):
+        vllm_reading({"json_schema": SCHEMA})
+    assert vllm_reading({"json": json.dumps(SCHEMA)}) == ("json", SCHEMA)
+    assert vllm_reading({"json": SCHEMA, "regex": None}) == ("json", SCHEMA)
 
 
 # ------------------------------------------------------------------------------------- the gate on fakes
