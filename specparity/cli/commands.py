@@ -257,7 +257,7 @@ def _print_result(args: argparse.Namespace, result: Any) -> None:
 
 
 def _run_gate(args: argparse.Namespace) -> int:
-    from specparity.cli.option_table import gate_dests
+    from specparity.cli.option_table import gate_dests, shard_dests
     from specparity.cli.options import build_setup
     from specparity.run.setup import BadInput
     from specparity.run.runner import GateInterrupted
@@ -266,7 +266,7 @@ def _run_gate(args: argparse.Namespace) -> int:
     # As the pytest plugin: never download, no tokenizer fork warnings, no progress bars of the libraries
     # (this command draws its own, or none), their warnings only under --verbose
     configure_libraries(args.verbose)
-    raw = {dest: getattr(args, dest) for dest in gate_dests()}
+    raw = {dest: getattr(args, dest) for dest in gate_dests() + shard_dests()}
     try:
         setup = build_setup(raw, check_report=True)
     except BadInput as exc:
@@ -302,7 +302,7 @@ def _stderr_console() -> Any:
 
 
 def add_run_command(sub: Any) -> None:
-    from specparity.cli.option_table import add_gate_options
+    from specparity.cli.option_table import GATE_OPTIONS, SHARD_OPTIONS, add_gate_options
 
     p = sub.add_parser(
         "run",
@@ -313,7 +313,8 @@ def add_run_command(sub: Any) -> None:
         epilog=EXIT_CODES_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    add_gate_options(lambda name, description: p.add_argument_group(name, description).add_argument)
+    add_gate_options(lambda name, description: p.add_argument_group(name, description).add_argument,
+                     GATE_OPTIONS + SHARD_OPTIONS)
     out = p.add_argument_group("output")
     out.add_argument("--json", action="store_true",
                      help="print one JSON document on stdout (status, exit_code, counts, failures, warnings, threshold, "
@@ -456,7 +457,8 @@ def _arms_command(sub: Any) -> None:
     add_arms_command(sub)
 
 
-COMMANDS: tuple[Callable[[Any], None], ...] = (add_run_command, add_sweep_command, _arms_command, *_golden_commands(),
+COMMANDS: tuple[Callable[[Any], None], ...] = (add_run_command, add_sweep_command, _arms_command,
+                                                *_golden_commands(),
                                                 add_lossless_command, add_probe_command, _llamacpp_command)
 
 

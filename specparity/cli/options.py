@@ -26,6 +26,7 @@ from specparity.model.threshold import DEFAULT_CEILING_NATS
 from specparity.cli.option_table import DEFAULT_ENGINE, DEFAULT_REPORT  # noqa: F401 - re-exported
 from specparity.model.gate_run import DRIFT_POLICIES, GateConfig, GatePolicy
 from specparity.model.prompts import Prompt, PromptFileError, load_many
+from specparity.model.shards import Shard, ShardError, ShardPlan
 
 from specparity.run.scoring import SCORERS
 from specparity.model.types import DEFAULT_TOP_K, MIN_TOP_K
@@ -269,6 +270,7 @@ def build_setup(raw: Mapping[str, Any], *, check_report: bool = False, speculate
         update_golden=update,
         resume=bool(raw.get("resume")),
         force_reject=options.force_reject,
+        shard=_shard(raw.get("shard"), update),
     )
     if options.force_reject and golden_mode == "baseline":
         raise BadInput(f"--force-reject {options.force_reject} with --golden-mode baseline: that mode runs no "
@@ -284,8 +286,48 @@ def build_setup(raw: Mapping[str, Any], *, check_report: bool = False, speculate
     applies = speculates and golden_mode != "baseline"
     if applies and info is not None and info.counters is not None:
         check_counters(config.policy, info.counters, info.name, origin)
-    return GateSetup(engine_spec, factory, options, config, select_prompts(suite, categories), calibration,
-                     golden, resume, origin, counters_pending=applies and (info is None or info.counters is None))
+    selected = select_prompts(suite, categories)
+    plan = None
+    if config.shard is not None:
+        plan, selected, calibration = shard_share(config, selected, calibration)
+    return GateSetup(engine_spec, factory, options, config, selected, calibration,
+                     golden, resume, origin, counters_pending=applies and (info is None or info.counters is None),
+                     plan=plan)
+
+
+def _shard(value: Any, update_golden: str | None) -> Shard | None:
+    """``--shard I/N`` checked: I/N with 0 <= I < N; not with ``--update-golden`` (a shard's golden would
+    hold its share of the prompts and replace the whole)."""
+    if value in (None, ""):
+        return None
+    try:
+        shard = Shard.parse(str(value))
+    except ShardError as exc:
+        raise BadInput(str(exc)) from None
+    if update_golden:
+        raise BadInput(f"--shard {shard.label} with --update-golden: a golden records every prompt; record it with "
+                       "one unsharded `specparity record`, then gate the shards with --golden")
+    return shard
+
+
+def shard_share(config: GateConfig, selected: list[Prompt],
+                calibration: list[Prompt] | None) -> tuple[ShardPlan, list[Prompt], list[Prompt] | None]:
+    """The shard's share of the selected and of the calibration prompts, and its plan (what the whole
+    run was). A shard that holds no selected prompt, or — the noise measured on a set of its own — no
+    calibration prompt, is refused: it would judge nothing, or measure no noise."""
+    shard = config.shard
+    assert shard is not None
+    plan = ShardPlan.of(shard, [p.id for p in selected], [p.id for p in calibration] if calibration is not None else None)
+    if not plan.runs:
+        raise BadInput(f"--shard {shard.label}: none of the {len(selected)} selected prompt(s) falls in this shard; use "
+                       f"fewer shards than prompts (a prompt's shard is a hash of its id)")
+    if calibration is not None and not plan.calibrates and config.near_tie_nats is None:
+        raise BadInput(f"--shard {shard.label}: none of the {len(calibration)} calibration prompt(s) of --calibration "
+                       f"{config.calibration} falls in this shard, so it could measure no noise; use fewer shards or "
+                       "--calibration suite")
+    chosen = [p for p in selected if shard.holds(p.id)]
+    share = [p for p in calibration if shard.holds(p.id)] if calibration is not None else None
+    return plan, chosen, share
 
 
 GOLDEN_MODES = ("spec", "baseline")
@@ -400,7 +442,8 @@ def _resume(raw: Mapping[str, Any], report: str | None) -> Journal | None:
 #: answer other requests or another threshold), with the flag that sets each.
 RESUME_FIELDS = {"prompts": "--prompts", "max_new_tokens": "--max-new-tokens", "top_k": "--top-k",
                  "near_tie_nats": "--near-tie-nats", "calibration": "--calibration", "golden": "--golden",
-                 "golden_mode": "--golden-mode", "scorer": "--scorer", "force_reject": "--force-reject"}
+                 "golden_mode": "--golden-mode", "scorer": "--scorer", "force_reject": "--force-reject",
+                 "shard": "--shard"}
 
 
 def check_resumable(journal: Journal, config: GateConfig) -> None:

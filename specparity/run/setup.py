@@ -11,6 +11,7 @@ from specparity.engines import Factory
 from specparity.engines.base import EngineOptions
 from specparity.model.gate_run import GateConfig, GatePolicy
 from specparity.model.prompts import Prompt
+from specparity.model.shards import ShardPlan
 from specparity.run.golden import Golden
 from specparity.run.journal import Journal
 
@@ -40,6 +41,9 @@ class GateSetup:
     #: The engine does not declare its counters statically (a plugin): :func:`check_counters` runs
     #: once it is built, before any prompt (:func:`specparity.run.gate_command.execute`).
     counters_pending: bool = False
+    #: ``--shard I/N``: the whole run's prompts and this shard's share (``prompts`` and ``calibration``
+    #: then hold the share only); None for a whole run.
+    plan: ShardPlan | None = None
 
 
 #: Which counter kinds (engines.base.Capabilities.counters) can check each counter-dependent rule:
