@@ -457,7 +457,13 @@ def _arms_command(sub: Any) -> None:
     add_arms_command(sub)
 
 
-COMMANDS: tuple[Callable[[Any], None], ...] = (add_run_command, add_sweep_command, _arms_command,
+def _merge_command(sub: Any) -> None:
+    from specparity.cli.merge import add_merge_command
+
+    add_merge_command(sub)
+
+
+COMMANDS: tuple[Callable[[Any], None], ...] = (add_run_command, _merge_command, add_sweep_command, _arms_command,
                                                 *_golden_commands(),
                                                 add_lossless_command, add_probe_command, _llamacpp_command)
 
