@@ -21,19 +21,19 @@ DEFAULT_MERGED_REPORT = "reports/merged"
 
 def _run_merge(args: argparse.Namespace) -> int:
     from specparity.cli.options import check_report_dir
-    from specparity.report.render import terminal_lines
-    from specparity.run.gate_command import report_paths_of, write_failed
-    from specparity.run.merge import MergeRefused, merge_dirs
+    from specparity.run.gate_command import write_failed
+    from specparity.run.merge import MergeRefused, merge_parts, read_parts
     from specparity.run.runner import conclude
 
-    out = check_report_dir("--report", args.report)
-    if Path(out).resolve() in {Path(d).resolve() for d in args.dirs}:
-        raise ValueError(f"--report {out}: also a shard's directory; write the merged run elsewhere")
+    if Path(args.report).resolve() in {Path(d).resolve() for d in args.dirs}:
+        raise ValueError(f"--report {args.report}: also a shard's directory; write the merged run elsewhere")
     try:
-        merged = merge_dirs(args.dirs, out, tokenizer=args.tokenizer)
+        parts = read_parts(args.dirs)
+        out = check_report_dir("--report", args.report)
+        merged = merge_parts(parts, out, tokenizer=args.tokenizer)
     except MergeRefused as exc:
         for line in exc.problems:
-            print(f"specparity merge: error: {line}", file=sys.stderr)
+            print(f"specparity: error: {line}", file=sys.stderr)
         if args.json:
             print(json.dumps({"status": "BAD_INPUT", "exit_code": exitcodes.BAD_INPUT, "passed": False,
                               "errors": exc.problems}))
@@ -44,19 +44,25 @@ def _run_merge(args: argparse.Namespace) -> int:
         from specparity.gate.decision import decide
 
         raise write_failed(f"--report {out}", exc, decide(merged.run).status) from None
-    if args.json:
-        from specparity.cli.commands import run_json
-        from specparity.run.gate_command import SessionResult
-
-        print(json.dumps(run_json(SessionResult(merged.run, decision, report_paths_of(out))), indent=1, default=str))
-    else:
-        lines = terminal_lines(merged.run, decision)
-        if args.quiet:
-            lines = lines[:1] + [line for line in lines if line.startswith("FAIL: ")]
-        else:
-            lines += [f"report: {p}" for p in report_paths_of(out) if p.exists()]
-        print("\n".join(lines))
+    print_merged(args, merged.run, decision, out)
     return decision.exit_code
+
+
+def print_merged(args: argparse.Namespace, run: Any, decision: Any, out: str | None) -> None:
+    """A merged run's outcome, as ``specparity run`` prints a run's (``--json``, ``-q``)."""
+    from specparity.cli.commands import run_json
+    from specparity.report.render import terminal_lines
+    from specparity.run.gate_command import SessionResult, report_paths_of
+
+    if args.json:
+        print(json.dumps(run_json(SessionResult(run, decision, report_paths_of(out))), indent=1, default=str))
+        return
+    lines = terminal_lines(run, decision)
+    if args.quiet:
+        lines = lines[:1] + [line for line in lines if line.startswith("FAIL: ")]
+    else:
+        lines += [f"report: {p}" for p in report_paths_of(out) if p.exists()]
+    print("\n".join(lines))
 
 
 def add_merge_command(sub: Any) -> None:

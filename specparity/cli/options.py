@@ -26,11 +26,11 @@ from specparity.model.threshold import DEFAULT_CEILING_NATS
 from specparity.cli.option_table import DEFAULT_ENGINE, DEFAULT_REPORT  # noqa: F401 - re-exported
 from specparity.model.gate_run import DRIFT_POLICIES, GateConfig, GatePolicy
 from specparity.model.prompts import Prompt, PromptFileError, load_many
-from specparity.model.shards import Shard, ShardError, ShardPlan
+from specparity.model.shards import Shard, ShardError
 
 from specparity.run.scoring import SCORERS
 from specparity.model.types import DEFAULT_TOP_K, MIN_TOP_K
-from specparity.run.setup import BadInput, GateSetup, check_counters
+from specparity.run.setup import BadInput, GateSetup, check_counters, shard_share
 
 #: prompts/default.jsonl in a checkout, the copy the wheel carries when installed (fixtures.prompt_file).
 DEFAULT_PROMPTS = prompt_file("default.jsonl")
@@ -310,24 +310,6 @@ def _shard(value: Any, update_golden: str | None) -> Shard | None:
     return shard
 
 
-def shard_share(config: GateConfig, selected: list[Prompt],
-                calibration: list[Prompt] | None) -> tuple[ShardPlan, list[Prompt], list[Prompt] | None]:
-    """The shard's share of the selected and of the calibration prompts, and its plan (what the whole
-    run was). A shard that holds no selected prompt, or — the noise measured on a set of its own — no
-    calibration prompt, is refused: it would judge nothing, or measure no noise."""
-    shard = config.shard
-    assert shard is not None
-    plan = ShardPlan.of(shard, [p.id for p in selected], [p.id for p in calibration] if calibration is not None else None)
-    if not plan.runs:
-        raise BadInput(f"--shard {shard.label}: none of the {len(selected)} selected prompt(s) falls in this shard; use "
-                       f"fewer shards than prompts (a prompt's shard is a hash of its id)")
-    if calibration is not None and not plan.calibrates and config.near_tie_nats is None:
-        raise BadInput(f"--shard {shard.label}: none of the {len(calibration)} calibration prompt(s) of --calibration "
-                       f"{config.calibration} falls in this shard, so it could measure no noise; use fewer shards or "
-                       "--calibration suite")
-    chosen = [p for p in selected if shard.holds(p.id)]
-    share = [p for p in calibration if shard.holds(p.id)] if calibration is not None else None
-    return plan, chosen, share
 
 
 GOLDEN_MODES = ("spec", "baseline")
@@ -464,4 +446,3 @@ def _unfinished(journal: Journal) -> bool:
               if line.get("verdict") and line["verdict"].get("class") != "error"}
     return bool(baselines - judged) or any(
         (line.get("verdict") or {}).get("class") == "error" for line in journal.judged.values())
-

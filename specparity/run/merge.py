@@ -440,6 +440,11 @@ def _write_journal(run: GateRun, parts: Sequence[Part], owners: dict[str, Part],
 def merge_dirs(dirs: Sequence[str], out: str | None, *, tokenizer: str | None = None) -> MergedRun:
     """Read every shard's report directory and merge them (:class:`MergeRefused` lists every unreadable
     one, or every problem of the set)."""
+    return merge_parts(read_parts(dirs), out, tokenizer=tokenizer)
+
+
+def read_parts(dirs: Sequence[str]) -> list[Part]:
+    """Every shard's journal (:class:`MergeRefused` listing each directory that holds none)."""
     parts, problems = [], []
     for d in dirs:
         try:
@@ -450,4 +455,4 @@ def merge_dirs(dirs: Sequence[str], out: str | None, *, tokenizer: str | None = 
         raise MergeRefused(problems)
     if not parts:
         raise MergeRefused(["no shard journal given: name every shard's --report directory"])
-    return merge_parts(parts, out, tokenizer=tokenizer)
+    return parts
