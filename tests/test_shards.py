@@ -170,3 +170,32 @@ def test_a_shard_killed_mid_run_loses_nothing(runs, tmp_path):
     assert lost and all(merged[pid]["class"] == "error" and "not finished: shard 1/2" in merged[pid]["reason"]
                         for pid in lost), {pid: merged[pid] for pid in lost}
     assert sum(v["class"] == "error" for v in merged.values()) == len(lost)
+
+
+def test_two_server_noise_is_journalled_and_merged(tmp_path):
+    """Two server instances a few bf16 steps apart (SGLang emulators): each shard journals the speculative
+    server's scores of its calibration baselines, and the merge measures the cross-instance figure of the
+    whole run from them, as one unsharded run does."""
+    from fakes import SGLangServer
+    from fakes.backend import TARGET
+    from fakes.gate import run_lossless
+
+    step = 0.0625  # one bf16 logit step for logits between 8 and 16
+    with SGLangServer() as base, SGLangServer(speculative=True, instance_noise_nats=step) as spec:
+        reports = {name: tmp_path / name for name in ("whole", "0", "1")}
+        for name, extra in (("whole", ()), ("0", ("--shard", "0/2")), ("1", ("--shard", "1/2"))):
+            proc, _ = run_lossless("sglang", base.url, spec.url, reports[name], "--target", str(TARGET), *extra,
+                                   in_process=True)
+            assert proc.returncode in (exitcodes.PASS, exitcodes.GATE_FAILED), (proc.stdout + proc.stderr)[-3000:]
+    for name in ("0", "1"):
+        cross = [x for x in lines(reports[name]) if x["kind"] == "cross_instance"]
+        assert {x["prompt_id"] for x in cross} == set(last(reports[name], "shard")["runs"])
+        assert all(x.get("scores") for x in cross)
+    code, text = run_cli("merge", reports["0"], reports["1"], "--report", tmp_path / "merged")
+    assert code == last(reports["whole"], "verdict")["exit_code"], text[-3000:]
+    a, b = last(reports["whole"], "threshold"), last(tmp_path / "merged", "threshold")
+    assert a["cross_instance"] is not None and a["cross_instance"]["max_abs_delta"] >= step
+    for key in ("nats", "drift_nats", "noise", "cross_instance", "flip_rate"):
+        assert a[key] == b[key], key
+    # a server engine journals prompts as they finish (requests in flight); the merge in prompt-file order
+    assert judged(tmp_path / "merged") == judged(reports["whole"])
