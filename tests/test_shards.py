@@ -199,3 +199,30 @@ def test_two_server_noise_is_journalled_and_merged(tmp_path):
         assert a[key] == b[key], key
     # a server engine journals prompts as they finish (requests in flight); the merge in prompt-file order
     assert judged(tmp_path / "merged") == judged(reports["whole"])
+
+
+def test_a_merged_calibration_refused_exits_3(runs, tmp_path):
+    """Shards whose own noise passed a ceiling the run's does not: the merge refuses to judge (exit 3), as
+    one run would, and the journal says why."""
+    copies = []
+    for index in ("0", "1"):
+        copy = tmp_path / f"s{index}"
+        shutil.copytree(runs[index], copy)
+        ceiling = last(runs["whole"], "threshold")["nats"] / 2  # below the run's measured threshold
+        _edit_run_line(copy, lambda head: head["config"].update(near_tie_ceiling=ceiling))
+        copies.append(copy)
+    code, text = run_cli("merge", *copies, "--report", tmp_path / "merged")
+    assert code == exitcodes.ENGINE_ERROR, text[-2000:]
+    refused = last(tmp_path / "merged", "calibration_refused")["error"]
+    assert "exceeds the ceiling" in refused and refused in (tmp_path / "merged" / "summary.md").read_text()
+
+
+def test_ctrl_c_during_a_merge_exits_2(runs, tmp_path, monkeypatch):
+    import specparity.run.merge as merge
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(merge, "merge_parts", interrupted)
+    code, text = run_cli("merge", runs["0"], runs["1"], "--report", tmp_path / "merged")
+    assert code == exitcodes.INTERRUPTED and "interrupted" in text, text[-2000:]

@@ -64,6 +64,8 @@ class Part:
     journal: Journal
     run: GateRun
     plan: ShardPlan
+    #: Seconds reading the journal took (part of the merge's time).
+    read_s: float = 0.0
 
     @property
     def name(self) -> str:
@@ -85,6 +87,7 @@ class MergedRun:
 def read_part(path: str | Path) -> Part:
     """One shard's report directory (or its ``results.jsonl``); :class:`MergeRefused` with one line when it
     is none."""
+    t0 = time.perf_counter()
     p = Path(path)
     journal_path = p / JOURNAL if p.is_dir() else p
     if not journal_path.is_file():
@@ -102,7 +105,7 @@ def read_part(path: str | Path) -> Part:
         plan = ShardPlan.from_json(line)
     except (KeyError, TypeError, ValueError) as exc:
         raise MergeRefused([f"{journal_path}: shard line: missing or malformed field {exc}"]) from None
-    return Part(journal_path, journal, run, plan)
+    return Part(journal_path, journal, run, plan, time.perf_counter() - t0)
 
 
 def merge_key(fp: Fingerprint | None) -> dict[str, Any]:
@@ -296,9 +299,11 @@ def merge_parts(parts: Sequence[Part], out: str | None, *, tokenizer: str | None
                        + f": {len(plan.prompts)} selected prompt(s); the threshold is measured on every shard's noise; "
                        f"{merged.rejudged} prompt(s) judged again under it, {merged.kept} kept as their shard judged them"]
     run.fleet_notes += merged.notes
-    run.timings["merge"] = time.perf_counter() - t0
+    started = t0 - sum(p.read_s for p in parts)
     if out:
-        _write_journal(run, parts, owners, out)
+        _write_journal(run, parts, owners, out, started)
+    else:
+        run.timings["merge"] = time.perf_counter() - started
     return merged
 
 
@@ -398,9 +403,10 @@ def _wire(run: GateRun, parts: Sequence[Part], owners: dict[str, Part]) -> None:
     run.wire = {"parts": wires, "part_of": {pid: index[id(p)] for pid, p in owners.items()}}
 
 
-def _write_journal(run: GateRun, parts: Sequence[Part], owners: dict[str, Part], out: str) -> None:
+def _write_journal(run: GateRun, parts: Sequence[Part], owners: dict[str, Part], out: str, started: float) -> None:
     """The merged journal: the run line, then each prompt's lines as its shard wrote them (baseline,
-    calibration, cross-instance), the run's threshold, each prompt's verdict, the counters and timings."""
+    calibration, cross-instance), the run's threshold, each prompt's verdict, the counters and timings
+    (``merge``: the seconds since ``started``, reading the shards' journals included)."""
     head = _main(parts).journal.header
     writer = ResultsWriter(out, mode="new")
     try:
@@ -432,6 +438,7 @@ def _write_journal(run: GateRun, parts: Sequence[Part], owners: dict[str, Part],
             writer.write({"kind": "aggregate_counters", "error": run.counters_error})
         elif run.aggregate is not None:
             writer.write({"kind": "aggregate_counters", **run.aggregate.to_json()})
+        run.timings["merge"] = time.perf_counter() - started
         writer.write({"kind": "timings", "timings": {k: round(v, 6) for k, v in run.timings.items()}})
     finally:
         writer.close()
