@@ -172,10 +172,11 @@ def judged_record(journal: Journal, line: dict[str, Any]) -> PromptRecord:
     return rec
 
 
-def load_run(path: str | Path) -> GateRun:
+def load_run(path: str | Path, journal: Journal | None = None) -> GateRun:
     """Rebuild the :class:`GateRun` a journal records: records, threshold, coverage, timings,
-    counters and how the run ended — enough for every report and for :func:`specparity.gate.decision.decide`."""
-    journal = read_journal(path)
+    counters and how the run ended — enough for every report and for :func:`specparity.gate.decision.decide`.
+    ``journal``: that journal already read (:func:`read_journal`), so it is not read twice."""
+    journal = journal if journal is not None else read_journal(path)
     head = journal.header
     try:
         config = GateConfig.from_json(head.get("config", {}))

@@ -95,7 +95,7 @@ def read_part(path: str | Path) -> Part:
                             f"--shard I/N`)"])
     try:
         journal = read_journal(journal_path)
-        run = load_run(journal_path)
+        run = load_run(journal_path, journal)
     except JournalError as exc:
         raise MergeRefused([f"{path}: {exc}"]) from None
     line = journal.last.get("shard")
