@@ -289,7 +289,7 @@ def merge_parts(parts: Sequence[Part], out: str | None, *, tokenizer: str | None
     for rec in run.records:
         if rec.spec is not None:
             run.coverage.add(rec.spec.spec)
-    _counters(run, parts)
+    _counters(run, parts, merged.notes)
     _timings(run, parts)
     _wire(run, parts, owners)
     shards = sorted({p.plan.shard.index for p in parts})
@@ -369,13 +369,16 @@ def _rejudge(run: GateRun, parts: Sequence[Part], owners: dict[str, Part], stops
         merged.rejudged += 1
 
 
-def _counters(run: GateRun, parts: Sequence[Part]) -> None:
-    """Run-wide counters (engines that report only aggregates): the shards' sums."""
+def _counters(run: GateRun, parts: Sequence[Part], notes: list[str]) -> None:
+    """Run-wide counters (engines that report only aggregates): the shards' sums. A shard whose counters
+    could not be read (its server lost before the reading) leaves the sum short, and a note says so; only
+    when no shard's could be read is the run's activity unknown."""
     errors = [f"{p.name}: {p.run.counters_error}" for p in parts if p.run.counters_error]
     aggregates = [p.run.aggregate for p in parts if p.run.aggregate is not None]
-    if errors:
+    if errors and not aggregates:
         run.counters_error = "; ".join(errors)
     elif aggregates:
+        notes.extend(f"run-wide counters not read, left out of the activity: {e}" for e in errors)
         run.aggregate = SpecStats(available=True, proposed=sum(a.proposed for a in aggregates),
                                   accepted=sum(a.accepted for a in aggregates),
                                   verify_steps=sum(a.verify_steps for a in aggregates),

@@ -361,13 +361,11 @@ def run_on_ray(setup: GateSetup, options: RayOptions, say: Callable[[str], None]
             part = ShardRun(plan, pair.index, report_dir)
             work.append((shard_setup(setup, plan, prompts, calibration, pair, report_dir), part))
         fleet.runs = [part for _, part in work]
-        with ThreadPoolExecutor(max_workers=max(1, len(work)), thread_name_prefix="specparity-shard") as pool:
-            list(pool.map(lambda item: _run_part(item[0], item[1], say), work))
+        _side_by_side(work, say)
         retries = _retries(ray, setup, fleet, [part for _, part in work], say)
         if retries:
-            with ThreadPoolExecutor(max_workers=len(retries), thread_name_prefix="specparity-retry") as pool:
-                list(pool.map(lambda item: _run_part(item[0], item[1], say), retries))
             fleet.runs += [part for _, part in retries]
+            _side_by_side(retries, say)
         (out / "ray.json").write_text(json.dumps(fleet.to_json(), indent=1), encoding="utf-8")
         merged = merge_dirs([part.report_dir for part in fleet.runs], str(out),
                             tokenizer=setup.engine_options.extra.get("tokenizer"))
@@ -376,6 +374,17 @@ def run_on_ray(setup: GateSetup, options: RayOptions, say: Callable[[str], None]
         if fleet is not None:
             stop_pairs(ray, fleet, out / "servers")
         ray.shutdown()
+
+
+def _side_by_side(work: Sequence[tuple[GateSetup, ShardRun]], say: Callable[[str], None]) -> None:
+    """Run every part at once, one thread each; on Ctrl-C stop waiting at once (the caller then stops
+    the pairs, and the parts' requests end with their servers; their journals keep what finished)."""
+    pool = ThreadPoolExecutor(max_workers=max(1, len(work)), thread_name_prefix="specparity-shard")
+    try:
+        for future in [pool.submit(_run_part, s, part, say) for s, part in work]:
+            future.result()
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
 
 
 def _retries(ray: Any, setup: GateSetup, fleet: Fleet, parts: Sequence[ShardRun],
