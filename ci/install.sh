@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 python -m pip install -q --upgrade pip "setuptools>=77"
 python -m pip install -q torch==2.13.0
-python -m pip install -q -e ".[torch,test]"  # [torch]: the in-process engines; [test]: what the tests need (pyproject)
+python -m pip install -q -e ".[torch,test,ray]"  # [torch]: the in-process engines; [test]: what the tests need; [ray]: the run over a Ray cluster (pyproject)
 # dflash (the DFlash/DFlash2 reference decoder) without its pins: its [local] extra pins torch
 # and transformers exactly, and its base requirements (datasets, tqdm, requests ==) are only
 # used by its benchmark module, which specparity never imports. See docs/DFLASH.md.

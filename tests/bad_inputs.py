@@ -252,6 +252,15 @@ CASES: tuple[Case, ...] = (
          "--force-reject all: engine 'dflash-loop': it cannot force rejects"),
     Case("force-reject-all-require-paths", ("suites/lossless", "--force-reject", "all", "--require-all-paths", "1"),
          "--force-reject all with --require-all-paths: every draft is rejected"),
+    Case("shard-out-of-range", ("suites/lossless", "--shard", "3/2"), "--shard 3/2: expected I/N with 0 <= I < N"),
+    Case("shard-not-a-fraction", ("run", "--shard", "2"), "--shard 2: expected I/N with 0 <= I < N",
+         command="specparity"),
+    Case("shard-update-golden", ("suites/lossless", "--shard", "0/2", "--golden", "{tmp}/g.jsonl", "--update-golden"),
+         "--shard 0/2 with --update-golden: a golden records every prompt"),
+    Case("ray-in-process-engine", ("run", "--ray", "auto"), "--ray: engine 'dflash' runs in this process",
+         command="specparity"),
+    Case("ray-pairs-without-ray", ("run", "--ray-pairs", "2"), "--ray-pairs: needs --ray ADDRESS", command="specparity"),
+    Case("merge-not-a-shard", ("merge", "{tmp}"), "no results.jsonl there", command="specparity"),
 )
 
 

@@ -47,7 +47,7 @@ GOLDEN = REPO_ROOT / "golden" / "dflash-float32.jsonl"
 FIXTURES = REPO_ROOT / "fixtures" / "models"
 
 ENTRY_POINTS = ("pytest suites/lossless", "specparity run", "specparity lossless", "specparity compare",
-                "specparity report", "specparity probe", "ci/gate.sh", "api.check_lossless")
+                "specparity report", "specparity merge", "specparity probe", "ci/gate.sh", "api.check_lossless")
 CODES = (exitcodes.PASS, exitcodes.GATE_FAILED, exitcodes.INTERRUPTED, exitcodes.ENGINE_ERROR, exitcodes.BAD_INPUT,
          exitcodes.PROBE_UNKNOWN)
 
@@ -73,6 +73,12 @@ ELSEWHERE = {
     # one stderr line and exit 4 from the real command (`pytest suites/lossless …`, `specparity lossless …`)
     ("pytest suites/lossless", exitcodes.BAD_INPUT): "tests/test_bad_input.py::test_bad_input_end_to_end",
     ("specparity lossless", exitcodes.BAD_INPUT): "tests/test_bad_input.py::test_bad_input_end_to_end",
+    # the merge of shard journals (its own file builds the shards once for all of them)
+    ("specparity merge", exitcodes.PASS): "tests/test_shards.py::test_two_shards_merged_are_the_unsharded_run",
+    ("specparity merge", exitcodes.GATE_FAILED): "tests/test_shards.py::test_a_shard_killed_mid_run_loses_nothing",
+    ("specparity merge", exitcodes.INTERRUPTED): "tests/test_shards.py::test_ctrl_c_during_a_merge_exits_2",
+    ("specparity merge", exitcodes.ENGINE_ERROR): "tests/test_shards.py::test_a_merged_calibration_refused_exits_3",
+    ("specparity merge", exitcodes.BAD_INPUT): "tests/test_shards.py::test_merging_another_fingerprint_is_refused",
 }
 
 #: Codes of ``specparity lossless`` produced by the ``ci/gate.sh`` case of the same code: the script

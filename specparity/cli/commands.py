@@ -255,7 +255,7 @@ def _print_result(args: argparse.Namespace, result: Any) -> None:
 
 
 def _run_gate(args: argparse.Namespace) -> int:
-    from specparity.cli.option_table import gate_dests
+    from specparity.cli.option_table import gate_dests, shard_dests
     from specparity.cli.options import build_setup
     from specparity.run.setup import BadInput
     from specparity.run.runner import GateInterrupted
@@ -264,13 +264,16 @@ def _run_gate(args: argparse.Namespace) -> int:
     # As the pytest plugin: never download, no tokenizer fork warnings, no progress bars of the libraries
     # (this command draws its own, or none), their warnings only under --verbose
     configure_libraries(args.verbose)
-    raw = {dest: getattr(args, dest) for dest in gate_dests()}
+    raw = {dest: getattr(args, dest) for dest in gate_dests() + shard_dests()}
     try:
+        ray = _ray_options(args)
         setup = build_setup(raw, check_report=True)
     except BadInput as exc:
         if args.json:
             print(json.dumps(_error_json("BAD_INPUT", exitcodes.BAD_INPUT, str(exc))))
         raise
+    if ray is not None:
+        return _run_on_ray(args, setup, ray)
     finished: list[Any] = []
     progress = GateProgress(len(setup.prompts) + _calibration_only(setup), len(setup.prompts),
                             console=_stderr_console()) if _progress_wanted(args, sys.stderr) else None
@@ -293,6 +296,68 @@ def _run_gate(args: argparse.Namespace) -> int:
     return result.decision.exit_code
 
 
+def _ray_options(args: argparse.Namespace) -> Any:
+    """``--ray`` and its companions, checked before anything loads (None without ``--ray``); Ray itself
+    must be importable (the ``[ray]`` extra), else one line naming the extra."""
+    from specparity.run.ray_fleet import RayOptions, require_ray
+    from specparity.run.setup import BadInput
+
+    companions = [flag for flag, value in (("--ray-pairs", args.ray_pairs), ("--ray-gpus-per-pair", args.ray_gpus_per_pair),
+                                           ("--ray-server-host", args.ray_server_host)) if value is not None]
+    if not args.ray:
+        if companions:
+            raise BadInput(f"{companions[0]}: needs --ray ADDRESS")
+        return None
+    pairs = gpus = None
+    if args.ray_pairs is not None:
+        try:
+            pairs = int(args.ray_pairs)
+        except ValueError:
+            pairs = 0
+        if pairs < 1:
+            raise BadInput(f"--ray-pairs {args.ray_pairs}: expected an integer >= 1")
+    if args.ray_gpus_per_pair is not None:
+        try:
+            gpus = float(args.ray_gpus_per_pair)
+        except ValueError:
+            gpus = -1.0
+        if not gpus >= 0:
+            raise BadInput(f"--ray-gpus-per-pair {args.ray_gpus_per_pair}: expected a number >= 0")
+    require_ray()
+    return RayOptions(args.ray, pairs, gpus or 0.0, args.ray_server_host or None)
+
+
+def _run_on_ray(args: argparse.Namespace, setup: Any, ray: Any) -> int:
+    """``specparity run --ray``: the shards on the cluster's server pairs, merged into ``--report``."""
+    from specparity.cli.merge import print_merged
+    from specparity.run.gate_command import write_failed
+    from specparity.run.merge import MergeRefused
+    from specparity.run.ray_fleet import check_ray_options, run_on_ray
+    from specparity.run.runner import conclude
+    from specparity.run.setup import BadInput
+
+    try:
+        check_ray_options(setup, ray)
+    except BadInput as exc:
+        if args.json:
+            print(json.dumps(_error_json("BAD_INPUT", exitcodes.BAD_INPUT, str(exc))))
+        raise
+    say = (lambda msg: None) if (args.json or args.quiet) else (lambda msg: print(msg, file=sys.stderr, flush=True))
+    try:
+        merged, _fleet = run_on_ray(setup, ray, say)
+    except MergeRefused as exc:  # the parts themselves disagree: a harness error here, not the operator's input
+        print(f"specparity: error: merging the shards failed: {exc}", file=sys.stderr)
+        return exitcodes.ENGINE_ERROR
+    try:
+        decision = conclude(merged.run)
+    except OSError as exc:
+        from specparity.gate.decision import decide
+
+        raise write_failed(f"--report {setup.config.report_dir}", exc, decide(merged.run).status) from None
+    print_merged(args, merged.run, decision, setup.config.report_dir)
+    return decision.exit_code
+
+
 def _stderr_console() -> Any:
     from rich.console import Console
 
@@ -300,7 +365,7 @@ def _stderr_console() -> Any:
 
 
 def add_run_command(sub: Any) -> None:
-    from specparity.cli.option_table import add_gate_options
+    from specparity.cli.option_table import GATE_OPTIONS, SHARD_OPTIONS, add_gate_options
 
     p = sub.add_parser(
         "run",
@@ -311,7 +376,21 @@ def add_run_command(sub: Any) -> None:
         epilog=EXIT_CODES_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    add_gate_options(lambda name, description: p.add_argument_group(name, description).add_argument)
+    add_gate_options(lambda name, description: p.add_argument_group(name, description).add_argument,
+                     GATE_OPTIONS + SHARD_OPTIONS)
+    fleet = p.add_argument_group("ray", "specparity: the run over a Ray cluster (pip install 'specparity[ray]'; "
+                                 "docs/FLEET.md)")
+    fleet.add_argument("--ray", default=None, metavar="ADDRESS",
+                       help="run one shard per server pair of the Ray cluster at ADDRESS (or auto): the preset's two "
+                       "servers launched on a node per pair, or the --baseline-url/--spec-url pairs; a lost pair's "
+                       "unfinished prompts rerun once on another; the shards merged into --report")
+    fleet.add_argument("--ray-pairs", default=None, metavar="N",
+                       help="server pairs to launch from the preset (default: one per live node)")
+    fleet.add_argument("--ray-gpus-per-pair", default=None, metavar="G",
+                       help="GPUs each pair asks Ray for; its baseline server gets the first half (default 0)")
+    fleet.add_argument("--ray-server-host", default=None, metavar="HOST",
+                       help="where a launched pair's servers listen (default: the address its node was started "
+                       "with; 127.0.0.1 when every node runs on the machine that starts the run)")
     out = p.add_argument_group("output")
     out.add_argument("--json", action="store_true",
                      help="print one JSON document on stdout (status, exit_code, counts, failures, warnings, threshold, "
@@ -425,7 +504,14 @@ def _arms_command(sub: Any) -> None:
     add_arms_command(sub)
 
 
-COMMANDS: tuple[Callable[[Any], None], ...] = (add_run_command, add_sweep_command, _arms_command, *_golden_commands(),
+def _merge_command(sub: Any) -> None:
+    from specparity.cli.merge import add_merge_command
+
+    add_merge_command(sub)
+
+
+COMMANDS: tuple[Callable[[Any], None], ...] = (add_run_command, _merge_command, add_sweep_command, _arms_command,
+                                                *_golden_commands(),
                                                 add_lossless_command, add_probe_command, _llamacpp_command)
 
 

@@ -25,6 +25,8 @@ SERVERS = "specparity servers"
 SERVERS_DESCRIPTION = f"specparity: engines behind HTTP ({', '.join(SERVER_ENGINES)})"
 GOLDEN = "specparity goldens"
 GOLDEN_DESCRIPTION = "specparity: recorded baselines (goldens), resume, policy file"
+FLEET = "specparity fleet"
+FLEET_DESCRIPTION = "specparity: one run split over machines (shards, merged by `specparity merge`)"
 
 
 @dataclass(frozen=True)
@@ -114,19 +116,34 @@ GATE_OPTIONS: tuple[OptionSpec, ...] = (
        "acceptance floor; command-line flags override it"),
 )
 
-GROUP_DESCRIPTIONS = {GATE: GATE, SERVERS: SERVERS_DESCRIPTION, GOLDEN: GOLDEN_DESCRIPTION}
+#: Options of the faces that make one gate run (``specparity run``, ``pytest suites/lossless``), not of
+#: the commands that make several (``sweep``, ``arms``) or record a golden (``record``): a shard is a
+#: part of one run, merged back with ``specparity merge`` (docs/FLEET.md).
+SHARD_OPTIONS: tuple[OptionSpec, ...] = (
+    _o("--shard", FLEET, default=None, metavar="I/N",
+       help="judge only shard I of N (I counted from 0): a prompt's shard is a hash of its id, the same on every "
+       "machine; `specparity merge` of every shard's --report gives the run's verdict (docs/FLEET.md)"),
+)
+
+GROUP_DESCRIPTIONS = {GATE: GATE, SERVERS: SERVERS_DESCRIPTION, GOLDEN: GOLDEN_DESCRIPTION, FLEET: FLEET_DESCRIPTION}
 
 
 def gate_dests() -> tuple[str, ...]:
-    """The ``dest`` names :func:`specparity.cli.options.build_setup` reads."""
+    """The ``dest`` names :func:`specparity.cli.options.build_setup` reads from every face."""
     return tuple(spec.dest for spec in GATE_OPTIONS)
 
 
-def add_gate_options(add: Callable[[str, str], Callable[..., Any]]) -> None:
-    """Register every gate option: ``add(group, description)`` returns the function that adds one
-    flag to that group (pytest's ``group.addoption`` or an argparse group's ``add_argument``)."""
+def shard_dests() -> tuple[str, ...]:
+    """The ``dest`` names of :data:`SHARD_OPTIONS` (read by the faces that take them)."""
+    return tuple(spec.dest for spec in SHARD_OPTIONS)
+
+
+def add_gate_options(add: Callable[[str, str], Callable[..., Any]],
+                     options: tuple[OptionSpec, ...] = GATE_OPTIONS) -> None:
+    """Register every gate option (or ``options``): ``add(group, description)`` returns the function that
+    adds one flag to that group (pytest's ``group.addoption`` or an argparse group's ``add_argument``)."""
     adders: dict[str, Callable[..., Any]] = {}
-    for spec in GATE_OPTIONS:
+    for spec in options:
         if spec.group not in adders:
             adders[spec.group] = add(spec.group, GROUP_DESCRIPTIONS[spec.group])
         adders[spec.group](spec.flag, **spec.kwargs)

@@ -26,10 +26,11 @@ from specparity.model.threshold import DEFAULT_CEILING_NATS
 from specparity.cli.option_table import DEFAULT_ENGINE, DEFAULT_REPORT  # noqa: F401 - re-exported
 from specparity.model.gate_run import DRIFT_POLICIES, GateConfig, GatePolicy
 from specparity.model.prompts import Prompt, PromptFileError, load_many
+from specparity.model.shards import Shard, ShardError
 
 from specparity.run.scoring import SCORERS
 from specparity.model.types import DEFAULT_TOP_K, MIN_TOP_K
-from specparity.run.setup import BadInput, GateSetup, check_counters
+from specparity.run.setup import BadInput, GateSetup, check_counters, shard_share
 
 #: prompts/default.jsonl in a checkout, the copy the wheel carries when installed (fixtures.prompt_file).
 DEFAULT_PROMPTS = prompt_file("default.jsonl")
@@ -272,6 +273,7 @@ def build_setup(raw: Mapping[str, Any], *, check_report: bool = False, speculate
         update_golden=update,
         resume=bool(raw.get("resume")),
         force_reject=options.force_reject,
+        shard=_shard(raw.get("shard"), update),
     )
     if options.force_reject and golden_mode == "baseline":
         raise BadInput(f"--force-reject {options.force_reject} with --golden-mode baseline: that mode runs no "
@@ -287,8 +289,30 @@ def build_setup(raw: Mapping[str, Any], *, check_report: bool = False, speculate
     applies = speculates and golden_mode != "baseline"
     if applies and info is not None and info.counters is not None:
         check_counters(config.policy, info.counters, info.name, origin)
-    return GateSetup(engine_spec, factory, options, config, select_prompts(suite, categories), calibration,
-                     golden, resume, origin, counters_pending=applies and (info is None or info.counters is None))
+    selected = select_prompts(suite, categories)
+    plan = None
+    if config.shard is not None:
+        plan, selected, calibration = shard_share(config, selected, calibration)
+    return GateSetup(engine_spec, factory, options, config, selected, calibration,
+                     golden, resume, origin, counters_pending=applies and (info is None or info.counters is None),
+                     plan=plan)
+
+
+def _shard(value: Any, update_golden: str | None) -> Shard | None:
+    """``--shard I/N`` checked: I/N with 0 <= I < N; not with ``--update-golden`` (a shard's golden would
+    hold its share of the prompts and replace the whole)."""
+    if value in (None, ""):
+        return None
+    try:
+        shard = Shard.parse(str(value))
+    except ShardError as exc:
+        raise BadInput(str(exc)) from None
+    if update_golden:
+        raise BadInput(f"--shard {shard.label} with --update-golden: a golden records every prompt; record it with "
+                       "one unsharded `specparity record`, then gate the shards with --golden")
+    return shard
+
+
 
 
 GOLDEN_MODES = ("spec", "baseline")
@@ -404,7 +428,7 @@ def _resume(raw: Mapping[str, Any], report: str | None) -> Journal | None:
 RESUME_FIELDS = {"prompts": "--prompts", "max_new_tokens": "--max-new-tokens", "top_k": "--top-k",
                  "near_tie_nats": "--near-tie-nats", "calibration": "--calibration", "golden": "--golden",
                  "golden_mode": "--golden-mode", "scorer": "--scorer", "scorer_model": "--scorer-model",
-                 "near_tie_ceiling": "--near-tie-ceiling", "force_reject": "--force-reject"}
+                 "near_tie_ceiling": "--near-tie-ceiling", "force_reject": "--force-reject", "shard": "--shard"}
 
 
 def check_resumable(journal: Journal, config: GateConfig) -> None:
@@ -425,4 +449,3 @@ def _unfinished(journal: Journal) -> bool:
               if line.get("verdict") and line["verdict"].get("class") != "error"}
     return bool(baselines - judged) or any(
         (line.get("verdict") or {}).get("class") == "error" for line in journal.judged.values())
-

@@ -253,14 +253,24 @@ def judge_constraint(verdict: "Verdict", constraint: Constraint, baseline: "Gene
     comparison said: a near-tie flip that leaves the schema is no harmless flip)."""
     base_check = check_output(constraint, output_text(baseline, decode), baseline.finish_reason)
     spec_check = check_output(constraint, output_text(spec, decode), spec.finish_reason) if not spec.error else None
-    verdict.constraint = {"kind": constraint.kind, "baseline": base_check.to_json(),
-                          "spec": spec_check.to_json() if spec_check else None}
+    checks: dict[str, Any] = {"kind": constraint.kind, "baseline": base_check.to_json(),
+                              "spec": spec_check.to_json() if spec_check else None}
     problem = constraint_problem(base_check, spec_check)
     if problem:
-        verdict.constraint["problem"] = problem
-        if verdict.klass != "error":
-            verdict.reason = f"{problem}; {verdict.reason}"
-            verdict.klass = "diverged"
+        checks["problem"] = problem
+    apply_constraint_checks(verdict, checks)
+
+
+def apply_constraint_checks(verdict: "Verdict", checks: dict[str, Any]) -> None:
+    """Record a constrained prompt's output ``checks`` (``kind``, ``baseline``, ``spec``, ``problem``) on
+    ``verdict``; a ``problem`` (speculation broke the constraint the baseline kept) makes it ``diverged``
+    unless it is an ``error``. Also for checks made earlier and journalled (the checks read text, which
+    a merge of shard journals cannot decode; they do not depend on the threshold)."""
+    verdict.constraint = dict(checks)
+    problem = checks.get("problem")
+    if problem and verdict.klass != "error":
+        verdict.reason = f"{problem}; {verdict.reason}"
+        verdict.klass = "diverged"
 
 
 def unconstrained_baselines(records: "Sequence[PromptRecord]", decode: Callable[[Sequence[int]], str]) -> str | None:

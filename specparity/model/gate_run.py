@@ -14,6 +14,7 @@ from specparity.model.verdicts import Verdict
 from specparity.model.coverage import Coverage
 from specparity.model.threshold import DEFAULT_CEILING_NATS, NearTieThreshold
 from specparity.model.prompts import Prompt
+from specparity.model.shards import Shard
 from specparity.model.types import DEFAULT_TOP_K, MIN_TOP_K, Fingerprint, GenerationRequest, GenerationResult, SpecStats, TokenScores, accept_length
 
 DEFAULT_MAX_NEW_TOKENS = 48
@@ -121,6 +122,9 @@ class GateConfig:
     #: absolute) and ``options`` (the checked :class:`~specparity.engines.base.EngineOptions`, as JSON) —
     #: so a reproducer can rebuild it from the journal; None where the caller did not record it.
     engine: dict[str, Any] | None = None
+    #: ``--shard I/N``: this run judges only the prompts of that shard (:mod:`specparity.model.shards`);
+    #: its verdict is the shard's own, and ``specparity merge`` of every shard gives the run's.
+    shard: Shard | None = None
 
     def __post_init__(self) -> None:
         if self.max_new_tokens is not None and self.max_new_tokens < 1:
@@ -131,13 +135,13 @@ class GateConfig:
             raise ValueError(f"--near-tie-ceiling: expected a number of nats > 0, got {self.near_tie_ceiling}")
 
     def to_json(self) -> dict[str, Any]:
-        return {**vars(self), "policy": self.policy.to_json()}
+        return {**vars(self), "policy": self.policy.to_json(), "shard": self.shard.to_json() if self.shard else None}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> "GateConfig":
         known = {f.name for f in fields(cls)}
-        values = {k: v for k, v in data.items() if k in known and k != "policy"}
-        return cls(**values, policy=GatePolicy.from_json(data.get("policy", {})))
+        values = {k: v for k, v in data.items() if k in known and k not in ("policy", "shard")}
+        return cls(**values, policy=GatePolicy.from_json(data.get("policy", {})), shard=Shard.from_json(data.get("shard")))
 
 
 @dataclass
@@ -150,6 +154,8 @@ class PromptRecord:
     spec_tf: TokenScores | None = None
     verdict: Verdict | None = None
     tf_error: str | None = None  # scoring the baseline failed (the prompt is then an error)
+    #: Scoring the speculative output failed (the prompt is then an error unless its tokens diverged).
+    spec_tf_error: str | None = None
     #: Where the baseline came from: "run" (this run decoded it), "golden" or "journal" (--resume).
     baseline_from: str = "run"
     #: For a reused baseline: the prompt ids and token limit it was decoded with (checked against
@@ -166,6 +172,7 @@ class PromptRecord:
             "baseline": self.baseline.to_json() if self.baseline else None,
             "spec": self.spec.to_json() if self.spec else None,
             "spec_tf": self.spec_tf.to_json() if self.spec_tf is not None else None,
+            "spec_tf_error": self.spec_tf_error,
             "verdict": self.verdict.to_json() if self.verdict else None,
         }
 
@@ -255,6 +262,9 @@ class GateRun:
     #: Server engines: per side (``baseline`` / ``spec``), each server's ``url`` and the ``facts`` its
     #: request bodies were built from (:mod:`specparity.engines.server.wire`); empty otherwise.
     wire: dict[str, Any] = field(default_factory=dict)
+    #: Where this run sits in a sharded one, in words: a shard's part, or the shards a merged run was
+    #: made of (:mod:`specparity.model.shards`, :mod:`specparity.run.merge`); empty for a whole run.
+    fleet_notes: list[str] = field(default_factory=list)
 
     def activity(self, category: str | None = None) -> Activity:
         act = Activity()

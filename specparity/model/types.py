@@ -116,9 +116,9 @@ class TokenScores:
     def to_json(self) -> dict[str, Any]:
         return {
             "token_ids": self.token_ids.tolist(),
-            "logprobs": [round(float(x), 6) for x in self.logprobs],
+            "logprobs": exact_floats(self.logprobs),
             "top_ids": self.top_ids.tolist(),
-            "top_logprobs": np.round(self.top_logprobs.astype(np.float64), 6).tolist(),
+            "top_logprobs": [exact_floats(row) for row in self.top_logprobs],
         }
 
     @classmethod
@@ -127,6 +127,14 @@ class TokenScores:
         if not data["token_ids"]:
             return cls.empty(k)
         return cls(data["token_ids"], data["logprobs"], data["top_ids"], data["top_logprobs"])
+
+
+def exact_floats(values: np.ndarray) -> list[float]:
+    """float32 values as the shortest decimals that read back to the very same float32 (NaN and ±inf
+    kept). A journal's rows must be the rows the run judged and calibrated on: a noise of 3e-5 nats
+    (float32 logits) rounded to 6 decimals would move a threshold measured again from the journal
+    (``specparity merge``) by several percent, and with it a near tie at the edge."""
+    return [float(str(v)) for v in np.asarray(values, dtype=np.float32)]
 
 
 def accept_length(emitted: int, verify_steps: int) -> float | None:

@@ -183,8 +183,7 @@ class Verdict:
     #: A constrained prompt's output checks (:func:`specparity.judge.structured.judge_constraint`): kind,
     #: baseline and spec ``{status, why}``, and ``problem`` when speculation broke the constraint.
     constraint: dict[str, Any] | None = None
-    #: The rule that decided the class (journalled: the rows are stored rounded, so it could not be
-    #: recomputed from them exactly).
+    #: The rule that decided the class (journalled, so a report names it without judging again).
     rule: Rule = ""
     #: The first position whose token the speculative run's own verify row rejected, when that
     #: decided the class (``rule == "own_row_rejected"``).

@@ -29,7 +29,7 @@ from typing import Any
 import pytest
 
 from specparity.gate import exitcodes
-from specparity.cli.option_table import DEFAULT_REPORT, add_gate_options, gate_dests
+from specparity.cli.option_table import DEFAULT_REPORT, GATE_OPTIONS, SHARD_OPTIONS, add_gate_options, gate_dests, shard_dests
 from specparity.cli.options import build_setup
 from specparity.engines.libraries import configure_libraries
 from specparity.plugin.autoload import ENTRY_POINT
@@ -39,13 +39,14 @@ from specparity.run.setup import BadInput, GateSetup
 _SETUP_KEY = pytest.StashKey[GateSetup]()
 _OUTCOME_KEY = pytest.StashKey[dict]()
 #: Options build_setup reads (pytest ``dest`` names), declared once in option_table.
-_GATE_OPTIONS = gate_dests()
+_GATE_OPTIONS = gate_dests() + shard_dests()
 
 
 def pytest_addoption(parser: pytest.Parser, pluginmanager: pytest.PytestPluginManager) -> None:
     if pluginmanager.is_blocked(ENTRY_POINT):  # -p no:specparity: off, even where a conftest names the plugin
         return
-    add_gate_options(lambda name, description: parser.getgroup(name, description).addoption)
+    add_gate_options(lambda name, description: parser.getgroup(name, description).addoption,
+                     GATE_OPTIONS + SHARD_OPTIONS)
     from specparity.plugin.probe_options import add_probe_options
 
     add_probe_options(parser)

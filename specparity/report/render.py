@@ -240,6 +240,7 @@ def render_summary_md(run: GateRun, decision: GateDecision, reproducers: Reprodu
         calibration_error=run.calibration_error,
         golden_error=run.golden_error,
         golden_notes=run.golden_notes,
+        fleet_notes=run.fleet_notes,
         resumed=(run.resumed_baselines, run.resumed_verdicts),
         coverage=run.coverage,
         details=details,
@@ -306,6 +307,7 @@ def terminal_lines(run: GateRun, decision: GateDecision) -> list[str]:
         if note:
             lines.append(f"models: {note}")
     lines += [f"golden: {note}" for note in getattr(run, "golden_notes", None) or []]
+    lines += [f"fleet: {note}" for note in getattr(run, "fleet_notes", None) or []]
     resumed = (getattr(run, "resumed_baselines", 0) or 0, getattr(run, "resumed_verdicts", 0) or 0)
     if any(resumed):
         lines.append(f"resumed: {resumed[0]} baseline(s) and {resumed[1]} verdict(s) from the interrupted run's journal")
@@ -762,6 +764,7 @@ def report_model(run: GateRun, decision: GateDecision, reproducers: Reproducers 
         "deterministic": run.deterministic,
         "golden_error": getattr(run, "golden_error", None),
         "golden_notes": list(getattr(run, "golden_notes", None) or []),
+        "fleet_notes": list(getattr(run, "fleet_notes", None) or []),
         "resumed": (getattr(run, "resumed_baselines", 0) or 0, getattr(run, "resumed_verdicts", 0) or 0),
         "golden_baselines": sum(1 for r in run.records if _baseline_from(r) == "golden"),
         "no_speculation": bool(getattr(run.config, "golden", None))

@@ -12,7 +12,7 @@ the journal holds them, the first differing position and, to see the same diverg
   and options (``GateConfig.engine``) and decodes the request without and with speculation.
 
 A reproducer is a rendering of the journal: every number comes from the journalled form of a result
-(``GenerationResult.to_json``, rounded as ``results.jsonl`` holds it), so the folder written at the end
+(``GenerationResult.to_json``, as ``results.jsonl`` holds it), so the folder written at the end
 of a run and the one ``specparity report DIR`` rebuilds from ``results.jsonl`` are the same bytes. A
 reproducer that cannot be written is a warning line, never an exception that costs the run its report.
 """
@@ -155,9 +155,12 @@ def server_sides(run: GateRun, engine: str, req: GenerationRequest) -> ServerSid
     if wire is None:
         return None
     extra = run.fingerprint.extra if run.fingerprint is not None else {}
+    recorded = run.wire
+    if "part_of" in recorded:  # a merged run (specparity merge): the servers of the prompt's own shard
+        recorded = recorded["parts"][recorded["part_of"].get(req.request_id, 0)]
     urls, bodies = [], []
     for role in ("baseline", "spec"):
-        servers = run.wire.get(role) or [{"url": u, "facts": {}} for u in extra.get(f"{role}_urls") or []]
+        servers = recorded.get(role) or [{"url": u, "facts": {}} for u in extra.get(f"{role}_urls") or []]
         if not servers:
             raise ValueError(f"the journal records no {role} server URL")
         server = servers[shard_index(req.request_id, len(servers))]

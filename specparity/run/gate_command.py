@@ -99,11 +99,15 @@ def engine_record(spec: str, options: Any) -> dict[str, Any]:
 
 
 def report_paths(setup: GateSetup) -> list[Path]:
+    return report_paths_of(setup.config.report_dir)
+
+
+def report_paths_of(out: str | None) -> list[Path]:
+    """The files a run writes into its report directory ``out`` (none without one)."""
     from specparity.report.render import DERIVED_FILES
     from specparity.report.reproducers import INDEX, REPRODUCERS
     from specparity.run.runner import JOURNAL
 
-    out = setup.config.report_dir
     return [Path(out) / name for name in (*DERIVED_FILES, f"{REPRODUCERS}/{INDEX}", JOURNAL)] if out else []
 
 
@@ -136,7 +140,7 @@ def execute(setup: GateSetup, prompts: Sequence[Prompt] | None = None, *,
     config = dataclasses.replace(setup.config, engine=engine_record(setup.engine_spec, setup.engine_options))
     try:
         run = run_gate(engine, chosen, config, calibration=setup.calibration, progress=progress,
-                       golden=setup.golden, resume=setup.resume)
+                       golden=setup.golden, resume=setup.resume, plan=setup.plan)
     except GateInterrupted as stopped:
         finish(stopped.run)
         raise

@@ -10,8 +10,10 @@ A journal may hold several segments: the first starts with a ``run`` line, each 
 a ``resume`` line and its own lines after it. A later line about a prompt replaces an earlier one.
 
 Line kinds (``kind``): ``run`` / ``resume`` (fingerprint, config, scorer, concurrency,
-capabilities), ``golden`` (what a golden contributed), ``baseline`` / ``calibration`` (a prompt's
-baseline and its teacher-forced scores), ``threshold`` or ``calibration_refused``, ``prompt`` (a
+capabilities), ``shard`` (what a shard of a sharded run was given: :class:`~specparity.model.shards.ShardPlan`),
+``golden`` (what a golden contributed), ``baseline`` / ``calibration`` (a prompt's baseline and its
+teacher-forced scores), ``cross_instance`` (a calibration baseline scored on the speculative server,
+or why it could not be), ``threshold`` or ``calibration_refused``, ``prompt`` (a
 judged prompt: baseline, speculative result, its scores, the verdict), ``aggregate_counters``,
 ``timings``, ``fatal``, ``interrupted``, ``verdict`` (the decision).
 """
@@ -33,8 +35,8 @@ from specparity.model.types import Fingerprint, GenerationRequest, GenerationRes
 RESULTS_SCHEMA = "specparity.results/1"
 JOURNAL = "results.jsonl"
 #: Kinds a journal may hold; anything else is a journal this version cannot read.
-KINDS = frozenset({"run", "resume", "golden", "baseline", "calibration", "threshold", "calibration_refused",
-                   "prompt", "aggregate_counters", "timings", "fatal", "interrupted", "verdict"})
+KINDS = frozenset({"run", "resume", "shard", "golden", "baseline", "calibration", "cross_instance", "threshold",
+                   "calibration_refused", "prompt", "aggregate_counters", "timings", "fatal", "interrupted", "verdict"})
 
 
 #: Kinds a run that never started may write without a ``run`` line first.
@@ -54,6 +56,8 @@ class Journal:
     baselines: dict[str, dict[str, Any]] = field(default_factory=dict)
     calibration: dict[str, dict[str, Any]] = field(default_factory=dict)
     judged: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: Per calibration prompt, its ``cross_instance`` line (scores on the speculative server, or the error).
+    cross_instance: dict[str, dict[str, Any]] = field(default_factory=dict)
     order: list[str] = field(default_factory=list)
     last: dict[str, dict[str, Any]] = field(default_factory=dict)  # kind -> latest line of that kind
     #: Lines of the last segment (after the last run/resume line), by kind.
@@ -116,6 +120,8 @@ def _take(journal: Journal, kind: str, obj: dict[str, Any]) -> None:
         target[pid] = obj
         if kind != "calibration" and pid not in journal.order:
             journal.order.append(pid)
+    elif kind == "cross_instance":
+        journal.cross_instance[obj["prompt_id"]] = obj
     elif kind == "timings":
         for key, value in obj["timings"].items():
             journal.timings[key] += float(value)
@@ -156,6 +162,7 @@ def judged_record(journal: Journal, line: dict[str, Any]) -> PromptRecord:
     rec.tf_error = base_line.get("tf_error")
     rec.spec = GenerationResult.from_json(line["spec"]) if line.get("spec") else None
     rec.spec_tf = _scores(line.get("spec_tf"))
+    rec.spec_tf_error = line.get("spec_tf_error")
     rec.verdict = Verdict.from_json(line["verdict"]) if line.get("verdict") else None
     if rec.verdict is not None:  # not journalled: the journal holds the scores themselves
         rec.verdict.later_scored = rec.spec_tf is not None
@@ -165,10 +172,11 @@ def judged_record(journal: Journal, line: dict[str, Any]) -> PromptRecord:
     return rec
 
 
-def load_run(path: str | Path) -> GateRun:
+def load_run(path: str | Path, journal: Journal | None = None) -> GateRun:
     """Rebuild the :class:`GateRun` a journal records: records, threshold, coverage, timings,
-    counters and how the run ended — enough for every report and for :func:`specparity.gate.decision.decide`."""
-    journal = read_journal(path)
+    counters and how the run ended — enough for every report and for :func:`specparity.gate.decision.decide`.
+    ``journal``: that journal already read (:func:`read_journal`), so it is not read twice."""
+    journal = journal if journal is not None else read_journal(path)
     head = journal.header
     try:
         config = GateConfig.from_json(head.get("config", {}))
@@ -219,4 +227,5 @@ def load_run(path: str | Path) -> GateRun:
     run.resumed_verdicts = int(head.get("resumed_verdicts", 0))
     run.wire = dict(head.get("wire") or {})
     run.skipped_checks = list(head.get("skipped_checks") or [])
+    run.fleet_notes = list(head.get("fleet_notes") or [])
     return run

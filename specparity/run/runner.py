@@ -41,11 +41,13 @@ from specparity.run.journal import JOURNAL, RESULTS_SCHEMA, Journal, baseline_re
 from specparity.judge.noise import CalibrationError
 from specparity.judge.logprob_channel import stream_problem
 from specparity.model.prompts import Prompt
+from specparity.model.shards import ShardPlan
 from specparity.model.gate_run import DEFAULT_MAX_NEW_TOKENS, GateConfig, GateRun, PromptRecord
+from specparity.model.threshold import NearTieThreshold
 from specparity.report.render import DERIVED_FILES, write_reports
 from specparity.report.reproducers import REPRODUCERS
 from specparity.run.scoring import Scorer, choose_scorer
-from specparity.judge.structured import hide_forced_rows, judge_constraint, unconstrained_baselines
+from specparity.judge.structured import apply_constraint_checks, hide_forced_rows, judge_constraint, unconstrained_baselines
 from specparity.judge.traffic import unattributed
 from specparity.model.traffic import Traffic
 from specparity.model.types import GenerationRequest, GenerationResult, SpecStats, TokenScores
@@ -208,6 +210,7 @@ def run_gate(
     golden: Golden | None = None,
     resume: Journal | None = None,
     baselines_only: bool = False,
+    plan: ShardPlan | None = None,
 ) -> GateRun:
     """Run both phases over ``prompts``; never raises for a per-prompt failure.
 
@@ -222,6 +225,9 @@ def run_gate(
 
     Ctrl-C ends the run with :class:`GateInterrupted` (a ``KeyboardInterrupt``) carrying the
     partial run, after the journal has recorded the interruption.
+
+    ``plan``: what a shard of a sharded run was given (``--shard I/N``); journalled on a ``shard``
+    line after the ``run`` line, so ``specparity merge`` can check the shards cover the run once.
     """
     say = progress or (lambda _msg: None)
     writer = ResultsWriter(config.report_dir, mode="resume" if resume is not None else "new")
@@ -234,7 +240,7 @@ def run_gate(
         run.calibration_records = [PromptRecord(p) for p in calibration if _content(p) not in chosen]
     t_start = time.perf_counter()
     try:
-        _run_phases(engine, run, writer, say, golden, resume, baselines_only)
+        _run_phases(engine, run, writer, say, golden, resume, baselines_only, plan)
     except KeyboardInterrupt:
         run.interrupted = True
         writer.write({"kind": "interrupted", "finished_prompts": sum(r.verdict is not None for r in run.records)})
@@ -254,7 +260,8 @@ def _content(p: Prompt) -> tuple[Any, ...]:
 
 
 def _run_phases(engine: Engine, run: GateRun, writer: ResultsWriter, say: Callable[[str], None],
-                golden: Golden | None, resume: Journal | None, baselines_only: bool = False) -> None:
+                golden: Golden | None, resume: Journal | None, baselines_only: bool = False,
+                plan: ShardPlan | None = None) -> None:
     config = run.config
     health = getattr(engine, "health", None)
     if callable(health):
@@ -282,13 +289,17 @@ def _run_phases(engine: Engine, run: GateRun, writer: ResultsWriter, say: Callab
             return
     scorer = choose_scorer(engine, config.scorer, config.scorer_model)
     run.scorer = scorer.description
+    run.fleet_notes = [plan.describe()] if plan is not None else []
     writer.write({"kind": "resume" if resume is not None else "run", "schema": RESULTS_SCHEMA,
                   "fingerprint": run.fingerprint.to_json(), "config": config.to_json(), "scorer": run.scorer,
                   "concurrency": run.concurrency, "capabilities": vars(caps), "attachments": run.attachments,
                   "stop_token_ids": [int(t) for t in engine.stop_token_ids()],
                   "calibrated_apart": run.calibrated_apart, "calibration_reused": run.calibration_reused,
                   "resumed_baselines": run.resumed_baselines, "resumed_verdicts": run.resumed_verdicts,
-                  "wire": run.wire, "skipped_checks": run.skipped_checks})
+                  "wire": run.wire, "skipped_checks": run.skipped_checks,
+                  "fleet_notes": run.fleet_notes})
+    if plan is not None:
+        writer.write({"kind": "shard", **plan.to_json()})
     try:
         if config.golden and not _use_golden(run, golden, writer, say):
             return
@@ -513,14 +524,22 @@ def _record_golden(run: GateRun, golden: Golden | None, writer: ResultsWriter, s
     say(note)
 
 
-def _calibration_label(run: GateRun, n: int) -> str:
+def calibration_label(run: GateRun, n: int) -> str:
+    """Which prompts the noise was measured on, in words (the threshold's ``calibration``); a shard
+    says that its figure is its share's alone (the merge measures the run's on every shard's)."""
     extra = len(run.calibration_records)
     source = run.config.calibration if run.calibrated_apart else "selected"
     if source == "selected":
-        return f"the {n} prompt(s) that ran (the threshold depends on which prompts were selected)"
-    if source == "suite":
-        return f"every prompt of the prompt files ({n} measured, {extra} of them run only for calibration)"
-    return f"the calibration set {source} ({n} prompts measured)"
+        label = f"the {n} prompt(s) that ran (the threshold depends on which prompts were selected)"
+    elif source == "suite":
+        label = f"every prompt of the prompt files ({n} measured, {extra} of them run only for calibration)"
+    else:
+        label = f"the calibration set {source} ({n} prompts measured)"
+    shard = run.config.shard
+    if shard is not None:
+        label += (f", in shard {shard.label} only (`specparity merge` measures the run's threshold on the noise of "
+                  f"every shard)")
+    return label
 
 
 def _calibrate(run: GateRun, scorer: Scorer, writer: ResultsWriter, say: Callable[[str], None]) -> bool:
@@ -546,12 +565,12 @@ def _calibrate(run: GateRun, scorer: Scorer, writer: ResultsWriter, say: Callabl
             f" (first: {first.prompt_id}: {first.reason})" if first is not None else "")
         writer.write({"kind": "calibration_refused", "error": run.calibration_error, "scorer_check": None})
         return False
-    other, cross_note = _score_spec_side(run, scorer, measured)
+    other, cross_note = _score_spec_side(run, scorer, measured, writer)
     samples = [Sample(r.prompt.id, r.baseline.output_ids, r.baseline.scores, r.baseline_tf, other.get(id(r)))
                for r in measured]
     try:
         check, run.threshold = calibrate(samples, scorer=run.scorer, ceiling=config.near_tie_ceiling,
-                                         override=config.near_tie_nats, label=_calibration_label(run, len(measured)),
+                                         override=config.near_tie_nats, label=calibration_label(run, len(measured)),
                                          cross_note=cross_note)
         run.scorer_check = check.to_json()
     except (CalibrationError, ValueError) as exc:  # ValueError: no position was scored both ways
@@ -567,11 +586,14 @@ def _calibrate(run: GateRun, scorer: Scorer, writer: ResultsWriter, say: Callabl
     return True
 
 
-def _score_spec_side(run: GateRun, scorer: Scorer, measured: Sequence[PromptRecord]) -> tuple[dict[int, TokenScores], str]:
+def _score_spec_side(run: GateRun, scorer: Scorer, measured: Sequence[PromptRecord],
+                     writer: ResultsWriter) -> tuple[dict[int, TokenScores], str]:
     """The calibration baselines' tokens scored teacher-forced on the speculative server too (engines
     of two server instances): {id(record): scores}, and a note on what could not be measured ("" when
     everything was). A failure here never judges anything: without the figure the noise is the one
-    within the baseline's instance, which is the stricter bound."""
+    within the baseline's instance, which is the stricter bound. Each prompt's scores (or why they
+    failed) are journalled (``cross_instance``), so the noise can be measured again from the journal
+    (``specparity merge``)."""
     if scorer.spec_side is None or not measured:
         return {}, scorer.spec_side_note
     there = Scorer(f"{scorer.description}, on the speculative server", scorer.spec_side)
@@ -581,13 +603,21 @@ def _score_spec_side(run: GateRun, scorer: Scorer, measured: Sequence[PromptReco
     for rec, (scores, err) in dispatch(measured, lambda r: _score(there, r.request, r.baseline), run.concurrency):
         if scores is not None:  # a constrained prompt's rows as its other rows are (hide_forced_rows)
             got[id(rec)] = hide_forced_rows(scores) if rec.request.constraint is not None else scores
+            writer.write({"kind": "cross_instance", "prompt_id": rec.prompt.id, "scores": got[id(rec)].to_json()})
         else:
             failed.append(f"{rec.prompt.id}: {err}")
+            writer.write({"kind": "cross_instance", "prompt_id": rec.prompt.id, "error": err})
     run.timings["cross_instance_scoring"] += time.perf_counter() - t0
+    return got, cross_failure_note(failed, len(measured))
+
+
+def cross_failure_note(failed: Sequence[str], measured: int) -> str:
+    """What the cross-instance figure lacks, in words ("" when nothing failed): ``failed`` holds
+    ``"<prompt id>: <why>"`` per calibration prompt the speculative server could not score."""
     if not failed:
-        return got, ""
-    return got, (f"scoring on the speculative server failed for {len(failed)} of {len(measured)} calibration "
-                 f"prompt(s) (first: {sorted(failed)[0]})")
+        return ""
+    return (f"scoring on the speculative server failed for {len(failed)} of {measured} calibration "
+            f"prompt(s) (first: {sorted(failed)[0]})")
 
 
 def _check_baselines(run: GateRun, decode: Callable[[Sequence[int]], str], writer: ResultsWriter,
@@ -598,12 +628,14 @@ def _check_baselines(run: GateRun, decode: Callable[[Sequence[int]], str], write
     the configuration's fault for every prompt, never a speculative prompt "diverged"."""
     refusal = baseline_refusal(run.records + run.calibration_records,
                                run.threshold.nats if run.threshold is not None else None, decode)
-    refusal = refusal or unconstrained_baselines(run.records + run.calibration_records, decode)
+    check = "stop_or_greedy"
+    if refusal is None:
+        refusal, check = unconstrained_baselines(run.records + run.calibration_records, decode), "constraint"
     if refusal is None:
         return True
     run.calibration_error = refusal
     writer.write({"kind": "calibration_refused", "error": refusal, "scorer_check": run.scorer_check,
-                  "stage": "baselines"})
+                  "stage": "baselines", "check": check})
     for rec in run.records:
         rec.verdict = Verdict(rec.prompt.id, rec.prompt.category, "error", f"not judged: {refusal}")
         writer.write(rec.to_json())
@@ -642,16 +674,16 @@ def _speculative(engine: Engine, run: GateRun, scorer: Scorer, writer: ResultsWr
     if run.config.golden and run.config.golden_mode == "baseline":
         for rec in todo:
             _against_golden(rec, golden)
-            judge(rec, None)
+            judge(rec)
         return
     work = partial(_decode_and_score, engine, scorer, True)
     t_phase = time.perf_counter()
     for rec, (result, tf, err, t_gen, t_tf) in dispatch(todo, work, run.concurrency):
-        rec.spec, rec.spec_tf = result, tf
+        rec.spec, rec.spec_tf, rec.spec_tf_error = result, tf, err
         run.timings["spec_decode"] += t_gen
         run.timings["tf_scoring"] += t_tf
         run.coverage.add(rec.spec.spec)
-        judge(rec, err)
+        judge(rec)
     run.timings["spec_phase_wall"] = time.perf_counter() - t_phase
 
 
@@ -670,24 +702,35 @@ def _against_golden(rec: PromptRecord, golden: Golden) -> None:
 
 
 def _judge(run: GateRun, stop_ids: tuple[int, ...], decode: Callable[[Sequence[int]], str], writer: ResultsWriter,
-           say: Callable[[str], None], rec: PromptRecord, err: str | None) -> None:
+           say: Callable[[str], None], rec: PromptRecord) -> None:
     """Classify one prompt (its baseline against ``rec.spec``), journal it and say it."""
+    rec.verdict = _timed(run.timings, "comparison", lambda: judge_prompt(rec, run.threshold, stop_ids, decode))
+    writer.write(rec.to_json())
+    say(f"{rec.prompt.id}: {rec.verdict.klass}")
+
+
+def judge_prompt(rec: PromptRecord, threshold: NearTieThreshold, stop_ids: tuple[int, ...],
+                 decode: Callable[[Sequence[int]], str], constraint: dict[str, Any] | None = None) -> Verdict:
+    """A prompt's verdict from its record: its baseline against ``rec.spec`` under ``threshold``; a
+    failed scoring (the baseline's, else the speculative output's) makes it an ``error`` unless the
+    tokens already diverged; a constrained prompt's outputs are checked against its constraint —
+    or, given ``constraint`` (a verdict's recorded checks), that record is applied, as
+    ``specparity merge`` does where no tokenizer reads the text. The one classification of a run and
+    of a merge of shards."""
     p = rec.prompt
     if rec.baseline is None or rec.baseline.error or rec.spec is None:
-        rec.verdict = _baseline_error(rec)
-    else:
-        if rec.tf_error:  # the baseline's own scoring failed first: that is the cause
-            err = f"baseline {rec.tf_error}"
-        rec.verdict = _timed(run.timings, "comparison", lambda: compare(
-            p.id, p.category, rec.baseline, rec.spec, rec.spec_tf, threshold=run.threshold.nats,
-            max_new_tokens=rec.request.max_new_tokens, stop_ids=stop_ids, decode=decode,
-            baseline_tf=rec.baseline_tf, drift_nats=run.threshold.drift_nats))
-        if err and rec.verdict.klass != "diverged":
-            rec.verdict.klass, rec.verdict.reason = "error", err
-        if p.constraint is not None:
-            judge_constraint(rec.verdict, p.constraint, rec.baseline, rec.spec, decode)
-    writer.write(rec.to_json())
-    say(f"{p.id}: {rec.verdict.klass}")
+        return _baseline_error(rec)
+    err = f"baseline {rec.tf_error}" if rec.tf_error else rec.spec_tf_error
+    verdict = compare(p.id, p.category, rec.baseline, rec.spec, rec.spec_tf, threshold=threshold.nats,
+                      max_new_tokens=rec.request.max_new_tokens, stop_ids=stop_ids, decode=decode,
+                      baseline_tf=rec.baseline_tf, drift_nats=threshold.drift_nats)
+    if err and verdict.klass != "diverged":
+        verdict.klass, verdict.reason = "error", err
+    if p.constraint is not None and constraint is not None:
+        apply_constraint_checks(verdict, constraint)
+    elif p.constraint is not None:
+        judge_constraint(verdict, p.constraint, rec.baseline, rec.spec, decode)
+    return verdict
 
 
 def _aggregate_counters(engine: Engine, kind: str) -> dict[str, Any] | None:

@@ -11,6 +11,7 @@ from specparity.engines import Factory
 from specparity.engines.base import EngineOptions
 from specparity.model.gate_run import GateConfig, GatePolicy
 from specparity.model.prompts import Prompt
+from specparity.model.shards import ShardPlan
 from specparity.run.golden import Golden
 from specparity.run.journal import Journal
 
@@ -40,6 +41,9 @@ class GateSetup:
     #: The engine does not declare its counters statically (a plugin): :func:`check_counters` runs
     #: once it is built, before any prompt (:func:`specparity.run.gate_command.execute`).
     counters_pending: bool = False
+    #: ``--shard I/N``: the whole run's prompts and this shard's share (``prompts`` and ``calibration``
+    #: then hold the share only); None for a whole run.
+    plan: ShardPlan | None = None
 
 
 #: Which counter kinds (engines.base.Capabilities.counters) can check each counter-dependent rule:
@@ -70,3 +74,23 @@ def check_counters(policy: GatePolicy, counters: str, engine: str, origin: Mappi
                    if key == "require_all_paths" else "drop it, or gate an engine that reports draft counters")
             raise BadInput(f"{where} {value}: engine {engine!r} reports {COUNTER_KINDS.get(counters, counters)}, "
                            f"and this rule needs {need}; {fix}")
+
+
+def shard_share(config: GateConfig, selected: list[Prompt],
+                calibration: list[Prompt] | None) -> tuple[ShardPlan, list[Prompt], list[Prompt] | None]:
+    """The shard's share of the selected and of the calibration prompts, and its plan (what the whole
+    run was). A shard that holds no selected prompt, or — the noise measured on a set of its own — no
+    calibration prompt, is refused: it would judge nothing, or measure no noise."""
+    shard = config.shard
+    assert shard is not None
+    plan = ShardPlan.of(shard, [p.id for p in selected], [p.id for p in calibration] if calibration is not None else None)
+    if not plan.runs:
+        raise BadInput(f"--shard {shard.label}: none of the {len(selected)} selected prompt(s) falls in this shard; use "
+                       f"fewer shards than prompts (a prompt's shard is a hash of its id)")
+    if calibration is not None and not plan.calibrates and config.near_tie_nats is None:
+        raise BadInput(f"--shard {shard.label}: none of the {len(calibration)} calibration prompt(s) of --calibration "
+                       f"{config.calibration} falls in this shard, so it could measure no noise; use fewer shards or "
+                       "--calibration suite")
+    chosen = [p for p in selected if shard.holds(p.id)]
+    share = [p for p in calibration if shard.holds(p.id)] if calibration is not None else None
+    return plan, chosen, share

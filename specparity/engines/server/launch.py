@@ -16,6 +16,7 @@ import re
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -79,6 +80,18 @@ def logged_error(text: str) -> str | None:
     return found[-1] if found else None
 
 
+#: Run before a server's exec (``python -c``, argv: the parent's pid, then the server's argv): ask the
+#: kernel for SIGKILL when the parent dies (``prctl(PR_SET_PDEATHSIG)``, kept across exec), give up if the
+#: parent is already gone, then become the server.
+PARENT_DEATH_EXEC = (
+    "import ctypes, os, signal, sys\n"
+    "ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)\n"
+    "if os.getppid() != int(sys.argv[1]):\n"
+    "    os._exit(1)\n"
+    "os.execvp(sys.argv[2], sys.argv[2:])\n"
+)
+
+
 class LaunchError(RuntimeError):
     """A server that did not come up; the message carries the tail of its log."""
 
@@ -102,6 +115,10 @@ class ServerProcess:
     ready: Callable[[Endpoint], str | None] | None = None
     host_flag: str = "--host"
     port_flag: str = "--port"
+    #: Die with the process that started it (Linux: a parent-death SIGKILL set before the server's exec).
+    #: For a server started by a Ray actor: a lost actor must not leave its server serving, or the run
+    #: would never see the pair as lost (:mod:`specparity.run.ray_fleet`).
+    die_with_parent: bool = False
     process: subprocess.Popen | None = field(default=None, init=False)
     log_path: Path | None = field(default=None, init=False)
 
@@ -134,8 +151,11 @@ class ServerProcess:
         log = open(self.log_path, "w", encoding="utf-8")
         log.write("$ " + " ".join(self.argv()) + "\n")
         log.flush()
+        argv = self.argv()
+        if self.die_with_parent and sys.platform.startswith("linux"):
+            argv = [sys.executable, "-c", PARENT_DEATH_EXEC, str(os.getpid()), *argv]
         try:
-            self.process = subprocess.Popen(self.argv(), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            self.process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                             env={**os.environ, **self.env}, start_new_session=True)
         except OSError as exc:
             log.close()
