@@ -390,3 +390,30 @@ def test_power_of_two_divisor_edges():
     assert power_of_two_divisor(-0.375) == 0.125
     assert power_of_two_divisor(QUANTUM_TOLERANCE) == 1.0  # within the tolerance of 0: a multiple of every quantum
     assert power_of_two_divisor(0.3) is None
+
+
+def test_margin_quantum_is_the_rows_quantum_never_coarser_than_the_margin():
+    from specparity.judge.resolution import margin_quantum, scores_quantum
+
+    row = scores([1], [[1, 2, 3, 4]], [[-0.125, -0.25, -0.5, -0.875]])
+    assert scores_quantum(row, 0) == 0.125
+    assert margin_quantum(row, 0, None) == 0.125  # no margin: the row's own quantum
+    assert margin_quantum(row, 0, 0.0) == 0.125  # an exact tie: the row's quantum
+    assert margin_quantum(row, 0, 0.25) == 0.125
+    assert margin_quantum(row, 0, 0.0625) == 0.0625
+    assert margin_quantum(row, 0, 0.3) is None  # a margin no quantum divides
+    assert margin_quantum(row, 1, 0.25) is None  # past the end
+
+
+def test_scores_quantum_reads_every_filled_slot_and_the_chosen_token():
+    """Token id 0 is a real alternative, -1 an empty slot; the chosen token's own logprob is part of the
+    row even when the engine left it out of the top-k; an unreported row has no quantum."""
+    from specparity.judge.resolution import scores_quantum
+
+    nan = float("nan")
+    with_id_0 = scores([1], [[1, 0, 3, -1]], [[-0.125, -0.25, -0.5, -0.1875]])
+    assert scores_quantum(with_id_0, 0) == 0.125
+    chosen_outside = scores([1], [[2, 3]], [[-0.25, -0.5]], logprobs=[-0.125])
+    assert scores_quantum(chosen_outside, 0) == 0.125
+    unreported = scores([1, 1], [[1, 2], [1, 2]], [[nan, nan], [-0.125, -0.25]], logprobs=[nan, -0.125])
+    assert scores_quantum(unreported, 0) is None
