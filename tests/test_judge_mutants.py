@@ -417,3 +417,24 @@ def test_scores_quantum_reads_every_filled_slot_and_the_chosen_token():
     assert scores_quantum(chosen_outside, 0) == 0.125
     unreported = scores([1, 1], [[1, 2], [1, 2]], [[nan, nan], [-0.125, -0.25]], logprobs=[nan, -0.125])
     assert scores_quantum(unreported, 0) is None
+
+
+def test_row_quantum_counts_differences_and_reads_only_the_values_near_the_top():
+    from specparity.judge.resolution import QUANTUM_TOLERANCE, row_quantum
+
+    assert row_quantum([0.0, -0.125, -0.375]) == 0.125  # three values, two differences: enough
+    assert row_quantum([0.0, -0.125]) is None  # one difference is a multiple of anything
+    # a value within rounding of the top is the top again, not a second spacing
+    assert row_quantum([0.0, -QUANTUM_TOLERANCE, -0.125]) is None
+    # exactly NEAR_NATS below the top is still near; beyond it the values are not read
+    assert row_quantum([0.0, -0.5, -4.0, -4.3]) == 0.5
+    # two near values are enough: the far ones (another binade) are left out
+    assert row_quantum([0.0, -0.5, -1.0, -5.3]) == 0.5
+    # the tolerance is in nats: 1.5e-5 nats off a multiple of 0.5 is that multiple
+    assert row_quantum([0.0, -0.5 - 1.5e-5, -1.0]) == 0.5
+
+
+def test_absolute_remerge_offsets():
+    from specparity.judge.compare import _absolute
+
+    assert _absolute((2, 3), 10) == (12, 13) and _absolute(None, 10) is None
