@@ -438,3 +438,24 @@ def test_absolute_remerge_offsets():
     from specparity.judge.compare import _absolute
 
     assert _absolute((2, 3), 10) == (12, 13) and _absolute(None, 10) is None
+
+
+def test_find_remerge_edges():
+    """A short common run counts only when it ends both streams; a token repeated hundreds of times is
+    still matched (difflib's popularity heuristic, off here, would drop it)."""
+    from specparity.judge.compare import find_remerge
+
+    assert find_remerge([5, 1, 2], [6, 1, 2]) == (1, 1)
+    assert find_remerge([5, 1, 2], [6, 1, 2, 7]) is None
+    assert find_remerge([5, 1, 2, 8], [6, 1, 2]) is None
+    assert find_remerge([5, 6, 1, 2, 3, 4, 9], [7, 1, 2, 3, 4]) == (2, 1)
+    assert find_remerge([9] + [1] * 300, [8] + [1] * 300) == (1, 1)
+
+
+def test_batch_report_to_json():
+    from specparity.judge.invariance import BatchReport
+
+    rep = BatchReport("hf", "bfloat16", 4, "in-process left-padded batch", 0.25)
+    assert rep.to_json() == {"engine": "hf", "dtype": "bfloat16", "batch_size": 4,
+                             "how": "in-process left-padded batch", "threshold": 0.25, "classes": {},
+                             "status": "ok", "why": "every prompt identical alone and batched", "verdicts": []}
