@@ -1,0 +1,461 @@
+"""Focused unit tests of the verdict code's small functions: the ones only an end-to-end run reached,
+or reached without checking the exact figure or wording.
+
+Each test pins one behaviour a reader of a verdict relies on (which category a total comes from,
+which side of a tie a token is called, what a message says), so a change to the arithmetic or the
+wording fails here in milliseconds instead of passing silently through a whole gate run.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from specparity.gate.decision import unrecorded_steps
+from specparity.gate.parity import ParityResult, ParityRow, compare_acceptance
+from specparity.gate.policy_file import allowed_unknown, judge_unknown
+from specparity.judge.acceptance import _rate, wilson
+from specparity.judge.bias import _margins, decode_prefill_bias
+from specparity.judge.flip_budget import tie_positions
+from specparity.judge.invariance import Rejection, SelfDraftReport
+from specparity.judge.noise import abs_deltas, abs_deltas_with_margins
+from specparity.judge.resolution import (accepted_draft_positions, baseline_tie_break, describe_ulps, spec_tie_break,
+                                         ulps)
+from specparity.judge.structured import OutputCheck
+from specparity.model.gate_run import Activity
+from specparity.model.types import SpecStats, StepRecord, TokenScores
+from specparity.probes.finding import Finding, Status
+
+
+def scores(token_ids, top_ids, top_logprobs, logprobs=None) -> TokenScores:
+    top_logprobs = np.asarray(top_logprobs, np.float32)
+    if logprobs is None:
+        logprobs = top_logprobs[:, 0]
+    return TokenScores(np.asarray(token_ids), np.asarray(logprobs), np.asarray(top_ids), top_logprobs)
+
+
+# --- acceptance parity (gate/parity.py) -------------------------------------------------------------
+
+def test_compare_acceptance_keeps_shared_categories_and_sums_their_totals():
+    """Only categories both runs have are compared, sorted; the overall row is the ratio of summed
+    counters (a mean of per-category rates would weigh a category of 2 drafts like one of 200)."""
+    a = {"code": Activity(proposed=10, accepted=5, verify_steps=4, emitted=8, reported_requests=1),
+         "chat": Activity(proposed=30, accepted=27, verify_steps=10, emitted=40, reported_requests=3),
+         "only_a": Activity(proposed=100, accepted=0, verify_steps=50, emitted=50, reported_requests=9)}
+    b = {"code": Activity(proposed=20, accepted=4, verify_steps=8, emitted=12, reported_requests=2),
+         "chat": Activity(proposed=10, accepted=10, verify_steps=5, emitted=20, reported_requests=1)}
+    res = compare_acceptance(a, b, tolerance=0.25)
+    assert [r.category for r in res.rows] == ["chat", "code"]
+    chat, code = res.rows
+    assert (chat.rate_a, chat.rate_b, chat.accept_length_a, chat.accept_length_b) == (0.9, 1.0, 4.0, 4.0)
+    assert (code.rate_a, code.rate_b, code.accept_length_a, code.accept_length_b) == (0.5, 0.2, 2.0, 1.5)
+    assert res.overall.category == "all"
+    assert res.overall.rate_a == pytest.approx(32 / 40) and res.overall.rate_b == pytest.approx(14 / 30)
+    assert res.overall.accept_length_a == pytest.approx(48 / 14)
+    assert res.overall.accept_length_b == pytest.approx(32 / 13)
+    assert res.tolerance == 0.25
+    assert code.gap == pytest.approx(0.3) and chat.gap == pytest.approx(0.1)
+    assert res.failures == ["code: acceptance 0.500 vs 0.200 differs by 0.300 > 0.25",
+                            "all: acceptance 0.800 vs 0.467 differs by 0.333 > 0.25"]
+
+
+def test_compare_acceptance_default_tolerance_and_a_side_without_counters():
+    res = compare_acceptance({"x": Activity(proposed=10, accepted=9)}, {"x": Activity()})
+    assert res.tolerance == 0.10
+    assert res.rows[0].rate_b is None and res.rows[0].gap is None
+    assert res.failures == ["x: no acceptance reported by one side", "all: no acceptance reported by one side"]
+    # a gap exactly at the tolerance passes: only a larger one fails
+    edge = compare_acceptance({"x": Activity(proposed=4, accepted=2)}, {"x": Activity(proposed=4, accepted=3)},
+                              tolerance=0.25)
+    assert edge.rows[0].gap == 0.25 and edge.failures == []
+
+
+def test_parity_table_names_both_runs_and_prints_missing_figures_as_na():
+    res = ParityResult([ParityRow("code", 0.5, 0.25, 2.0, None)], ParityRow("all", 0.5, None, 2.125, 1.0), 0.1)
+    assert res.table("ref", "llama") == [
+        "| category | acceptance ref | acceptance llama | gap | accept length ref | accept length llama |",
+        "|---|---:|---:|---:|---:|---:|",
+        "| code | 0.500 | 0.250 | 0.250 | 2.00 | n/a |",
+        "| all | 0.500 | n/a | n/a | 2.12 | 1.00 |",
+    ]
+
+
+# --- decode/prefill bias (judge/bias.py) --------------------------------------------------------------
+
+def test_decode_prefill_bias_is_the_signed_mean_over_rows_both_sides_report():
+    decode = scores([1, 2, 3], [[1, 9], [2, 9], [3, 9]], [[-0.1, -1.1], [-0.2, -0.7], [-0.1, -3.1]])
+    forced = scores([1, 2], [[1, 9], [2, 9]], [[-0.1, -1.4], [-0.2, -0.5]])  # one row shorter: 2 pairs
+    bias = decode_prefill_bias([(decode, forced)])
+    # margins: decode 1.0, 0.5 ; forced 1.3, 0.3 -> deltas -0.3, +0.2
+    assert bias.rows == 2
+    assert bias.mean == pytest.approx(-0.05, abs=1e-6)
+    assert bias.mean_abs == pytest.approx(0.25, abs=1e-6)
+    assert "mean signed Δmargin (decode − teacher-forced) -0.05 nats over 2 rows (mean |Δ| 0.25)" in bias.describe()
+
+
+def test_decode_prefill_bias_skips_unreported_rows_and_is_none_without_pairs():
+    nan = float("nan")
+    decode = scores([1, 2], [[1, 9], [2, 9]], [[-0.1, -1.1], [nan, nan]])
+    forced = scores([1, 2], [[1, 9], [2, 9]], [[-0.1, -2.1], [-0.2, -0.5]])
+    bias = decode_prefill_bias([(decode, forced), (decode, forced)])
+    assert (bias.rows, bias.mean, bias.mean_abs) == (2, pytest.approx(-1.0), pytest.approx(1.0))
+    assert decode_prefill_bias([]) is None
+    one_alt = scores([1], [[1]], [[-0.1]])
+    assert np.isnan(_margins(one_alt)).all() and len(_margins(one_alt)) == 1
+    assert decode_prefill_bias([(one_alt, one_alt)]) is None
+    assert _margins(forced).tolist() == pytest.approx([2.0, 0.3])
+
+
+# --- resolution (judge/resolution.py) -------------------------------------------------------------------
+
+def test_describe_ulps_wording():
+    assert describe_ulps(None, 0.125) == "unknown"
+    assert describe_ulps(0.0, 0.125) == "0 nats (an exact tie: both tokens are the row's argmax)"
+    assert describe_ulps(-5e-7, None) == "0 nats (an exact tie: both tokens are the row's argmax)"
+    assert describe_ulps(0.3, None) == "0.3 nats"
+    assert describe_ulps(0.125, 0.125) == "0.125 nats (1 ulp of 0.125 at this row's resolution)"
+    assert describe_ulps(0.25, 0.125) == "0.25 nats (2 ulps of 0.125 at this row's resolution)"
+    assert describe_ulps(-0.0625, 0.03125) == "-0.0625 nats (2 ulps of 0.03125 at this row's resolution)"
+
+
+def test_ulps_needs_both_a_margin_and_a_quantum():
+    assert ulps(None, 0.125) is None and ulps(0.25, None) is None and ulps(None, None) is None
+    assert ulps(-0.25, 0.125) == 2.0
+
+
+def test_accepted_draft_positions_with_and_without_the_prefill_token():
+    steps = [StepRecord(proposed=3, accepted=2, emitted=3), StepRecord(proposed=3, accepted=0, emitted=1),
+             StepRecord(proposed=3, accepted=3, emitted=2, cut="limit")]
+    spec = SpecStats.from_steps(steps, "test")
+    # 6 emitted by steps + 1 from the prefill: positions start at 1
+    got = accepted_draft_positions(spec, 7)
+    assert got.dtype == bool
+    assert got.tolist() == [False, True, True, False, False, True, True]
+    # the steps account for every token: positions start at 0
+    assert accepted_draft_positions(spec, 6).tolist() == [True, True, False, False, True, True]
+    assert accepted_draft_positions(spec, 5) is None and accepted_draft_positions(spec, 8) is None
+    assert accepted_draft_positions(SpecStats(available=True, proposed=3, accepted=1), 4) is None
+    assert accepted_draft_positions(None, 4) is None
+
+
+def test_tie_breaks_name_the_lower_or_higher_id():
+    assert baseline_tie_break(3, 7) == "lower_id" and baseline_tie_break(7, 3) == "higher_id"
+    assert spec_tie_break(7, 3, 0.0, False) == "lower_id" and spec_tie_break(3, 7, 0.0, False) == "higher_id"
+    assert spec_tie_break(3, 7, 0.0, None) == "higher_id"
+    assert spec_tie_break(3, 7, 0.0, True) == "draft"
+    assert spec_tie_break(3, 7, 0.5, True) == "own_argmax"
+    assert spec_tie_break(3, 7, None, False) == "unknown"
+    assert spec_tie_break(3, 7, None, True) == "draft"
+
+
+# --- noise and flips (judge/noise.py, judge/flip_budget.py) ---------------------------------------------
+
+def test_abs_deltas_is_the_first_part_of_abs_deltas_with_margins():
+    a = scores([1, 2], [[1, 9], [2, 8]], [[-0.1, -1.1], [-0.2, -0.7]])
+    b = scores([1, 2], [[1, 9], [2, 8]], [[-0.1, -1.3], [-0.2, -0.6]])
+    d = abs_deltas(a, b)
+    assert d.tolist() == pytest.approx([0.2, 0.1], abs=1e-6)
+    assert np.array_equal(d, abs_deltas_with_margins(a, b)[0])
+    assert len(abs_deltas(a, TokenScores.empty(2))) == 0
+
+
+def test_tie_positions_counts_rows_whose_token_ties_its_best_alternative():
+    rows = scores([1, 2, 3, 4], [[1, 9], [9, 2], [3, 9], [4, 9]],
+                  [[-0.5, -0.5], [-0.5, -0.5], [-0.1, -0.9], [-0.5, -0.5000005]])
+    assert tie_positions(rows) == 3
+    assert tie_positions(TokenScores.empty(2)) == 0
+
+
+# --- small records ----------------------------------------------------------------------------------------
+
+def test_rejection_and_self_draft_report_to_json():
+    rej = Rejection("p1", 4, 0.125, "within", False)
+    out = rej.to_json()
+    assert out == {"prompt_id": "p1", "position": 4, "baseline_margin": 0.125, "against_noise": "within",
+                   "output_differs": False}
+    out["position"] = 99
+    assert rej.position == 4  # a copy: editing the JSON leaves the record alone
+    rep = SelfDraftReport("hf", "float32", "as the model", 4, prompts=2, tokens=500, proposed=40, accepted=30,
+                          verify_steps=12, threshold=0.01, drift_bound=0.1, rejections=[rej],
+                          classes={"exact": 1, "near_tie": 1})
+    j = rep.to_json()
+    assert j["rejections"] == [rej.to_json()]
+    assert j["acceptance"] == 0.75 and j["rejections_per_1k"] == 2.0 and j["outputs_differ"] == 1
+    assert (j["status"], j["why"]) == rep.status()
+    assert j["status"] == "warn"
+    assert {k: j[k] for k in ("engine", "dtype", "kv_cache_dtype", "width", "prompts", "tokens", "proposed",
+                              "accepted", "verify_steps", "threshold", "drift_bound", "classes", "reported",
+                              "located")} == {
+        "engine": "hf", "dtype": "float32", "kv_cache_dtype": "as the model", "width": 4, "prompts": 2,
+        "tokens": 500, "proposed": 40, "accepted": 30, "verify_steps": 12, "threshold": 0.01, "drift_bound": 0.1,
+        "classes": {"exact": 1, "near_tie": 1}, "reported": True, "located": True}
+
+
+def test_output_check_round_trips_through_json():
+    check = OutputCheck("invalid", "not JSON at 3")
+    assert OutputCheck.from_json(check.to_json()) == check
+    assert OutputCheck.from_json({"status": "valid"}) == OutputCheck("valid", "")
+    assert OutputCheck.from_json(None) is None and OutputCheck.from_json({}) is None
+
+
+def test_rate_prints_the_share_its_interval_and_the_counts():
+    lo, hi = wilson(3, 4)
+    assert _rate((4, 3)) == f"0.750 [{lo:.3f}, {hi:.3f}] (3/4)"
+    assert _rate(None) == "n/a" and _rate((0, 0)) == "n/a"
+
+
+# --- probes under a policy (gate/policy_file.py) ------------------------------------------------------------
+
+def test_an_unknown_probe_fails_unless_the_policy_allows_it(tmp_path):
+    path = tmp_path / "policy.toml"
+    path.write_text('[gate]\nallow_unknown = ["mamba-slots"]\n')
+    assert allowed_unknown(path) == ("mamba-slots",)
+    empty = tmp_path / "empty.toml"
+    empty.write_text("[gate]\n")
+    assert allowed_unknown(empty) == ()
+
+    unknown = Finding("draft-format", Status.UNKNOWN, "header not read", action="read the header")
+    failed = judge_unknown(unknown, ("mamba-slots",), "ci/policy.toml")
+    assert failed.status is Status.FAIL and failed.probe == "draft-format"
+    assert failed.summary == "unknown, and the policy ci/policy.toml does not allow it: header not read"
+    assert failed.action == ('read the header; make the probe answer (see its evidence), or add "draft-format" '
+                             "to allow_unknown in ci/policy.toml")
+    bare = judge_unknown(Finding("x", Status.UNKNOWN, "s"), (), "p.toml")
+    assert bare.action == 'make the probe answer (see its evidence), or add "x" to allow_unknown in p.toml'
+    assert judge_unknown(unknown, ("draft-format",), "p.toml") is unknown
+    ok = Finding("draft-format", Status.OK, "fine")
+    assert judge_unknown(ok, (), "p.toml") is ok
+
+
+# --- --require-all-paths without step records (gate/decision.py) -------------------------------------------
+
+def _answer(pid: str, spec: SpecStats, error: str | None = None):
+    from specparity.model.gate_run import PromptRecord
+    from specparity.model.prompts import Prompt
+    from specparity.model.types import GenerationResult
+
+    result = GenerationResult(pid, [1, 2], "", "length", TokenScores.empty(), spec, error=error)
+    return PromptRecord(Prompt(id=pid, category="c", lang="en", prompt="p"), spec=result)
+
+
+def test_unrecorded_steps_names_the_engine_the_first_prompt_and_both_kinds_of_answer():
+    from types import SimpleNamespace
+
+    steps = SpecStats.from_steps([StepRecord(proposed=2, accepted=1, emitted=2)], "steps")
+    totals = SpecStats(available=True, proposed=6, accepted=4, verify_steps=3, source="/metrics")
+    records = [_answer("a", steps), _answer("b", totals), _answer("c", SpecStats(available=True, proposed=1)),
+               _answer("d", SpecStats.unavailable("no counters here")), _answer("e", SpecStats.unavailable("")),
+               _answer("f", totals, error="boom")]
+    run = SimpleNamespace(records=records, fingerprint=SimpleNamespace(engine="vllm"))
+    assert unrecorded_steps(run, 2) == (
+        "--require-all-paths 2: engine 'vllm' declares per-verify-step counters but returned per-request totals "
+        "without step records for 2 (first b: 6 proposed, 4 accepted over 3 verify steps; source: /metrics) and "
+        "no speculation counters for 2 (first d: no counters here) of 5 speculative answer(s); the rule needs a "
+        "record of each verify step, so the paths those prompts took are unknown")
+    only_c = SimpleNamespace(records=[records[2], records[4]], fingerprint=None)
+    assert unrecorded_steps(only_c, 1) == (
+        "--require-all-paths 1: engine 'the engine' declares per-verify-step counters but returned per-request "
+        "totals without step records for 1 (first c: 1 proposed, 0 accepted over 0 verify steps; source: not given) "
+        "and no speculation counters for 1 (first e: no reason given) of 2 speculative answer(s); the rule needs a "
+        "record of each verify step, so the paths those prompts took are unknown")
+    assert unrecorded_steps(SimpleNamespace(records=[records[0], records[5]], fingerprint=None), 1) is None
+
+
+# --- margins and their deltas: the rows the noise figure is built from -------------------------------------
+
+def test_decode_margins_reads_each_row_on_its_own_and_skips_missing_alternatives():
+    """An alternative with id -1 (a slot the engine did not fill) is no rival; id 0 is a real token;
+    every row is measured against its own best rival; a row without any rival is NaN."""
+    from specparity.judge.flip_budget import decode_margins
+
+    rows = scores([5, 0, 7, 3], [[5, 0, -1], [0, 5, 9], [-1, 7, 2], [3, -1, -1]],
+                  [[-0.25, -1.0, -0.5], [-0.5, -0.75, -2.0], [-0.125, -0.5, -4.0], [-0.5, -0.25, -0.25]],
+                  logprobs=[-0.25, -0.5, -0.5, -0.5])
+    m = decode_margins(rows)
+    assert m.dtype == np.float64 and len(m) == 4
+    assert m[:3].tolist() == [0.75, 0.25, 3.5]
+    assert np.isnan(m[3])
+    one = scores([1], [[1, 2]], [[-0.5, -0.5]])
+    assert decode_margins(one).tolist() == [0.0] and tie_positions(one) == 1
+
+
+def test_margin_deltas_use_the_shorter_stream_and_only_pairs_both_sides_recorded():
+    """Two scorings of streams of different lengths are compared over the common prefix; an id of -1
+    or a row the engine did not report (NaN) never becomes a |Δmargin| (it would enter the noise)."""
+    nan = float("nan")
+    a = scores([1, 2, 3], [[1, 0, -1], [2, 8, -1], [3, 9, 4]],
+               [[-0.1, -1.1, -3.0], [-0.2, -0.7, -3.0], [-0.1, -0.6, -2.0]])
+    b = scores([1, 2], [[1, 0, -1], [2, 8, -1]], [[-0.1, -1.4, -3.0], [nan, nan, nan]], logprobs=[-0.1, nan])
+    d, margins = abs_deltas_with_margins(a, b)
+    assert d.tolist() == pytest.approx([0.3], abs=1e-6)  # id 0 at position 0; position 1 unreported on b
+    assert margins.tolist() == pytest.approx([1.0], abs=1e-6)  # the smaller |margin| of the pair: 1.0 vs 1.3
+    d2, m2 = abs_deltas_with_margins(b, a)
+    assert d2.tolist() == pytest.approx([0.3], abs=1e-6) and m2.tolist() == pytest.approx([1.0], abs=1e-6)
+    assert np.array_equal(abs_deltas(a, b), d)
+
+
+def test_margin_deltas_stay_quiet_on_minus_infinity():
+    """A masked alternative reported as -inf on both sides gives inf - inf: the judge drops it without
+    a numpy warning (a run under -W error must not crash on it)."""
+    import warnings
+
+    inf = float("inf")
+    a = scores([1, 2], [[1, 7], [2, 7]], [[-0.1, -inf], [-0.2, -0.9]])
+    b = scores([1, 2], [[1, 7], [2, 7]], [[-0.1, -inf], [-0.2, -0.8]])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        d, _ = abs_deltas_with_margins(a, b)
+    assert d.tolist() == pytest.approx([0.1], abs=1e-6)
+
+
+def test_decode_prefill_bias_is_computed_in_float64():
+    """The signed bias is a small difference of margins: float32 arithmetic would round it away."""
+    decode = scores([1], [[1, 9]], [[-0.1, -20.3]])
+    forced = scores([1], [[1, 9]], [[-0.1, -20.300001]])
+    top_d = decode.top_logprobs.astype(np.float64)
+    top_f = forced.top_logprobs.astype(np.float64)
+    expected = (top_d[0, 0] - top_d[0, 1]) - (top_f[0, 0] - top_f[0, 1])
+    assert decode_prefill_bias([(decode, forced)]).mean == float(expected)
+
+
+def test_a_margin_of_exactly_tie_nats_is_a_tie():
+    from specparity.judge.resolution import TIE_NATS, is_tie
+
+    assert is_tie(TIE_NATS) and is_tie(-TIE_NATS) and not is_tie(2 * TIE_NATS) and not is_tie(None)
+
+
+def test_rejected_reason_says_where_the_first_rejection_sits_against_the_split():
+    from specparity.judge.compare import OWN_ROW_REJECTED, _rejected_reason
+    from specparity.model.verdicts import TFViolation
+
+    rejected = [TFViolation(5, 11, 12, 0.5), TFViolation(9, 13, 14, 0.25)]
+    decode = lambda ids: f"<{ids[0]}>"  # noqa: E731
+    assert _rejected_reason(rejected, decode, split=3) == (
+        f"position 5 (first difference at position 3): the speculative run emitted 11 '<11>', but its own row "
+        f"there prefers 12 '<12>' by 0.5 nats: {OWN_ROW_REJECTED}; 2 such position(s)")
+    assert _rejected_reason(rejected, decode, split=5).startswith("position 5 (at the first difference): ")
+    assert _rejected_reason(rejected[1:], decode).startswith("position 9: the speculative run emitted 13")
+
+
+def test_rate_of_a_run_that_accepted_nothing_is_zero_not_unknown():
+    lo, hi = wilson(0, 8)
+    assert _rate((8, 0)) == f"0.000 [{lo:.3f}, {hi:.3f}] (0/8)" and lo == 0.0
+
+
+# --- the split: its gap and its resolution (judge/compare.py, judge/resolution.py) ---------------------------
+
+def _divergence(baseline_margin=0.5, spec_margin=None, spec_token=5, ulp_nats=None):
+    from specparity.model.verdicts import Divergence, TokenView
+
+    return Divergence(0, TokenView(7, "b"), None if spec_token is None else TokenView(spec_token, "s"),
+                      baseline_margin, 1, spec_margin, 1, "", "", "", None, ulp_nats=ulp_nats)
+
+
+def test_split_gap_adds_both_sides_margins_and_bounds_a_missing_token_by_the_rows_floor():
+    from specparity.judge.compare import split_gap
+
+    nan = float("nan")
+    rows = scores([5, 6, 6], [[5, 8], [6, 8], [6, 8]], [[-0.25, -1.0], [-0.125, -2.0], [nan, nan]],
+                  logprobs=[-0.25, -0.125, nan])
+    assert split_gap(_divergence(spec_margin=0.25), rows, 0) == 0.75
+    # no spec margin: the speculative token's own logprob over the row's lowest recorded value
+    assert split_gap(_divergence(), rows, 0) == 0.5 + (-0.25 + 1.0)
+    assert split_gap(_divergence(spec_token=9), rows, 0) is None  # its token is nowhere in the row
+    assert split_gap(_divergence(spec_margin=0.25), rows, 2) is None  # unreported row
+    assert split_gap(_divergence(spec_margin=0.25), rows, 3) is None  # past the end
+    assert split_gap(_divergence(spec_margin=0.25), rows, 4) is None
+    assert split_gap(_divergence(baseline_margin=None, spec_margin=0.25), rows, 0) is None
+    assert split_gap(_divergence(spec_token=None, spec_margin=0.25), rows, 0) is None
+    no_alternatives = TokenScores(np.array([5]), np.array([-0.25]), np.zeros((1, 0)), np.zeros((1, 0)))
+    assert split_gap(_divergence(), no_alternatives, 0) is None
+
+
+def test_resolution_words_count_ulps_in_the_singular_and_the_plural():
+    from specparity.judge.compare import _resolution_words
+
+    assert _resolution_words(_divergence(baseline_margin=0.125, ulp_nats=0.125)) == " (1 ulp of 0.125)"
+    assert _resolution_words(_divergence(baseline_margin=0.25, ulp_nats=0.125)) == " (2 ulps of 0.125)"
+    assert _resolution_words(_divergence(baseline_margin=-0.375, ulp_nats=0.125)) == " (3 ulps of 0.125)"
+    assert _resolution_words(_divergence(baseline_margin=0.25, ulp_nats=None)) == ""
+
+
+def test_power_of_two_divisor_edges():
+    """Non-finite and zero differences have no quantum; the tolerance is inclusive and measured in nats
+    (a difference 1.5e-5 nats off a multiple of 0.5 is that multiple)."""
+    from specparity.judge.resolution import QUANTUM_TOLERANCE, power_of_two_divisor
+
+    assert power_of_two_divisor(float("inf")) is None and power_of_two_divisor(float("nan")) is None
+    assert power_of_two_divisor(0.0) is None
+    assert power_of_two_divisor(0.5 + 1.5e-5) == 0.5
+    assert power_of_two_divisor(-0.375) == 0.125
+    assert power_of_two_divisor(QUANTUM_TOLERANCE) == 1.0  # within the tolerance of 0: a multiple of every quantum
+    assert power_of_two_divisor(0.3) is None
+
+
+def test_margin_quantum_is_the_rows_quantum_never_coarser_than_the_margin():
+    from specparity.judge.resolution import margin_quantum, scores_quantum
+
+    row = scores([1], [[1, 2, 3, 4]], [[-0.125, -0.25, -0.5, -0.875]])
+    assert scores_quantum(row, 0) == 0.125
+    assert margin_quantum(row, 0, None) == 0.125  # no margin: the row's own quantum
+    assert margin_quantum(row, 0, 0.0) == 0.125  # an exact tie: the row's quantum
+    assert margin_quantum(row, 0, 0.25) == 0.125
+    assert margin_quantum(row, 0, 0.0625) == 0.0625
+    assert margin_quantum(row, 0, 0.3) is None  # a margin no quantum divides
+    assert margin_quantum(row, 1, 0.25) is None  # past the end
+
+
+def test_scores_quantum_reads_every_filled_slot_and_the_chosen_token():
+    """Token id 0 is a real alternative, -1 an empty slot; the chosen token's own logprob is part of the
+    row even when the engine left it out of the top-k; an unreported row has no quantum."""
+    from specparity.judge.resolution import scores_quantum
+
+    nan = float("nan")
+    with_id_0 = scores([1], [[1, 0, 3, -1]], [[-0.125, -0.25, -0.5, -0.1875]])
+    assert scores_quantum(with_id_0, 0) == 0.125
+    chosen_outside = scores([1], [[2, 3]], [[-0.25, -0.5]], logprobs=[-0.125])
+    assert scores_quantum(chosen_outside, 0) == 0.125
+    unreported = scores([1, 1], [[1, 2], [1, 2]], [[nan, nan], [-0.125, -0.25]], logprobs=[nan, -0.125])
+    assert scores_quantum(unreported, 0) is None
+
+
+def test_row_quantum_counts_differences_and_reads_only_the_values_near_the_top():
+    from specparity.judge.resolution import QUANTUM_TOLERANCE, row_quantum
+
+    assert row_quantum([0.0, -0.125, -0.375]) == 0.125  # three values, two differences: enough
+    assert row_quantum([0.0, -0.125]) is None  # one difference is a multiple of anything
+    # a value within rounding of the top is the top again, not a second spacing
+    assert row_quantum([0.0, -QUANTUM_TOLERANCE, -0.125]) is None
+    # exactly NEAR_NATS below the top is still near; beyond it the values are not read
+    assert row_quantum([0.0, -0.5, -4.0, -4.3]) == 0.5
+    # two near values are enough: the far ones (another binade) are left out
+    assert row_quantum([0.0, -0.5, -1.0, -5.3]) == 0.5
+    # the tolerance is in nats: 1.5e-5 nats off a multiple of 0.5 is that multiple
+    assert row_quantum([0.0, -0.5 - 1.5e-5, -1.0]) == 0.5
+
+
+def test_absolute_remerge_offsets():
+    from specparity.judge.compare import _absolute
+
+    assert _absolute((2, 3), 10) == (12, 13) and _absolute(None, 10) is None
+
+
+def test_find_remerge_edges():
+    """A short common run counts only when it ends both streams; a token repeated hundreds of times is
+    still matched (difflib's popularity heuristic, off here, would drop it)."""
+    from specparity.judge.compare import find_remerge
+
+    assert find_remerge([5, 1, 2], [6, 1, 2]) == (1, 1)
+    assert find_remerge([5, 1, 2], [6, 1, 2, 7]) is None
+    assert find_remerge([5, 1, 2, 8], [6, 1, 2]) is None
+    assert find_remerge([5, 6, 1, 2, 3, 4, 9], [7, 1, 2, 3, 4]) == (2, 1)
+    assert find_remerge([9] + [1] * 300, [8] + [1] * 300) == (1, 1)
+
+
+def test_batch_report_to_json():
+    from specparity.judge.invariance import BatchReport
+
+    rep = BatchReport("hf", "bfloat16", 4, "in-process left-padded batch", 0.25)
+    assert rep.to_json() == {"engine": "hf", "dtype": "bfloat16", "batch_size": 4,
+                             "how": "in-process left-padded batch", "threshold": 0.25, "classes": {},
+                             "status": "ok", "why": "every prompt identical alone and batched", "verdicts": []}
