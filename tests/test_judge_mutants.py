@@ -311,7 +311,7 @@ def test_margin_deltas_stay_quiet_on_minus_infinity():
 def test_decode_prefill_bias_is_computed_in_float64():
     """The signed bias is a small difference of margins: float32 arithmetic would round it away."""
     decode = scores([1], [[1, 9]], [[-0.1, -20.3]])
-    forced = scores([1], [[1, 9]], [[-0.1, -20.300001]])
+    forced = scores([1], [[1, 9]], [[-0.3, -20.7]])
     top_d = decode.top_logprobs.astype(np.float64)
     top_f = forced.top_logprobs.astype(np.float64)
     expected = (top_d[0, 0] - top_d[0, 1]) - (top_f[0, 0] - top_f[0, 1])

@@ -28,6 +28,10 @@ import collections, glob, json
 PARTS = {"judge": "mutants/specparity/judge/", "gate": "mutants/specparity/gate/",
          "threshold": "mutants/specparity/model/threshold.py"}
 WORDS = {1: "killed", 0: "survived", 33: "no tests", None: "not run"}
+try:  # which functions the selected tests reach: a "no tests" result for one of them is stale
+    covered = {f for f, t in json.load(open("mutants/mutmut-stats.json"))["tests_by_mangled_function_name"].items() if t}
+except (OSError, KeyError, ValueError):
+    covered = set()
 total = collections.Counter()
 survivors = []
 for name, prefix in PARTS.items():
@@ -36,6 +40,8 @@ for name, prefix in PARTS.items():
         if not meta.startswith(prefix):
             continue
         for key, code in json.load(open(meta))["exit_code_by_key"].items():
+            if code == 33 and key.rsplit("__mutmut_", 1)[0] in covered:
+                code = None
             word = WORDS.get(code, "timeout" if code in (-24, 24, 36, -9) else f"exit {code}")
             counts[word] += 1
             if word in ("survived", "no tests"):
