@@ -20,7 +20,14 @@ import os
 import sys
 from pathlib import Path
 
-from specparity.cli.outcome import EXIT_CODES_EPILOG, VERBOSE_HELP, add_outcome_options, print_outcome
+from specparity.cli.outcome import (
+    EXIT_CODES_EPILOG,
+    RUN_JSON_SCHEMA,
+    VERBOSE_HELP,
+    add_outcome_options,
+    print_outcome,
+    print_result,
+)
 from typing import Any, Callable, Sequence
 
 from specparity.engines.libraries import configure_libraries
@@ -119,9 +126,6 @@ def add_probe_command(sub: Any) -> None:
     p.set_defaults(func=_run_probe)
 
 
-#: ``specparity run --json``: the version of the document's layout (bumped on an incompatible change).
-RUN_JSON_SCHEMA = 1
-
 #: The package holding the gate's test module (``specparity lossless`` runs pytest on it; a directory, so
 #: node ids outside the rootdir read ``test_lossless.py::test_lossless[<id>]``).
 SUITE_DIR = Path(__file__).resolve().parents[1] / "suite"
@@ -198,60 +202,10 @@ def _progress_wanted(args: argparse.Namespace, stream: Any) -> bool:
     return not (args.json or args.quiet) and callable(isatty) and bool(isatty())
 
 
-def run_json(result: Any) -> dict[str, Any]:
-    """``specparity run --json``: the decision and what a machine needs to act on it (schema in README)."""
-    from specparity.gate.decision import near_tie_policy
-
-    run, decision = result.run, result.decision
-    act = run.activity()
-    prompts = []
-    for r in run.records:
-        v = r.verdict
-        prompts.append({
-            "id": r.prompt.id,
-            "category": r.prompt.category,
-            "class": v.klass if v is not None else None,
-            "reason": v.reason if v is not None else "never finished",
-            "position": v.divergence.position if v is not None and v.divergence is not None else None,
-        })
-    return {
-        "schema": RUN_JSON_SCHEMA,
-        "status": decision.status,
-        "exit_code": decision.exit_code,
-        "passed": decision.passed,
-        "counts": dict(decision.counts),
-        "total": len(run.records),
-        "failures": list(decision.failures),
-        "warnings": list(decision.warnings),
-        "decision": decision.to_json(),
-        "threshold": run.threshold.to_json() if run.threshold is not None else None,
-        "near_tie_policy": near_tie_policy(run),
-        "fingerprint": run.fingerprint.to_json() if run.fingerprint is not None else None,
-        "activity": {"proposed": act.proposed, "accepted": act.accepted, "verify_steps": act.verify_steps,
-                     "mean_accept_length": act.mean_accept_length, "reported_requests": act.reported_requests},
-        "prompts": prompts,
-        "report": {"dir": run.config.report_dir, "files": [str(p) for p in result.paths if p.exists()]},
-    }
-
-
 def _error_json(status: str, code: int, message: str) -> dict[str, Any]:
     """``--json`` when no run concluded (bad input, the engine did not load): the same keys a
     machine branches on, no verdict."""
     return {"schema": RUN_JSON_SCHEMA, "status": status, "exit_code": code, "passed": False, "error": message}
-
-
-def _print_result(args: argparse.Namespace, result: Any) -> None:
-    from specparity.report.render import terminal_lines
-
-    if args.json:
-        print(json.dumps(run_json(result), indent=1, default=str))
-        return
-    lines = terminal_lines(result.run, result.decision)
-    if args.quiet:
-        lines = lines[:1] + [line for line in lines if line.startswith("FAIL: ")]
-    else:
-        lines += [f"report: {p}" for p in result.paths if p.exists()]
-    print("\n".join(lines))
 
 
 def _run_gate(args: argparse.Namespace) -> int:
@@ -285,14 +239,14 @@ def _run_gate(args: argparse.Namespace) -> int:
                 result = execute(setup, progress=progress, on_finish=finished.append)
     except GateInterrupted:
         if finished:  # the partial run, concluded: the summary and the journal say INTERRUPTED
-            _print_result(args, finished[-1])
+            print_result(args, finished[-1])
         raise
     except RunRefused as exc:
         if args.json:
             status = "BAD_INPUT" if exc.exit_code == exitcodes.BAD_INPUT else "ERROR"
             print(json.dumps(_error_json(status, exc.exit_code, str(exc))))
         raise
-    _print_result(args, result)
+    print_result(args, result)
     return result.decision.exit_code
 
 
@@ -329,8 +283,7 @@ def _ray_options(args: argparse.Namespace) -> Any:
 
 def _run_on_ray(args: argparse.Namespace, setup: Any, ray: Any) -> int:
     """``specparity run --ray``: the shards on the cluster's server pairs, merged into ``--report``."""
-    from specparity.cli.merge import print_merged
-    from specparity.run.gate_command import write_failed
+    from specparity.run.gate_command import SessionResult, report_paths_of, write_failed
     from specparity.run.merge import MergeRefused
     from specparity.run.ray_fleet import check_ray_options, run_on_ray
     from specparity.run.runner import conclude
@@ -354,7 +307,7 @@ def _run_on_ray(args: argparse.Namespace, setup: Any, ray: Any) -> int:
         from specparity.gate.decision import decide
 
         raise write_failed(f"--report {setup.config.report_dir}", exc, decide(merged.run).status) from None
-    print_merged(args, merged.run, decision, setup.config.report_dir)
+    print_result(args, SessionResult(merged.run, decision, report_paths_of(setup.config.report_dir)))
     return decision.exit_code
 
 

@@ -21,7 +21,8 @@ DEFAULT_MERGED_REPORT = "reports/merged"
 
 def _run_merge(args: argparse.Namespace) -> int:
     from specparity.cli.options import check_report_dir
-    from specparity.run.gate_command import write_failed
+    from specparity.cli.outcome import print_result
+    from specparity.run.gate_command import SessionResult, report_paths_of, write_failed
     from specparity.run.merge import MergeRefused, merge_parts, read_parts
     from specparity.run.runner import conclude
 
@@ -44,29 +45,12 @@ def _run_merge(args: argparse.Namespace) -> int:
         from specparity.gate.decision import decide
 
         raise write_failed(f"--report {out}", exc, decide(merged.run).status) from None
-    print_merged(args, merged.run, decision, out)
+    print_result(args, SessionResult(merged.run, decision, report_paths_of(out)))
     return decision.exit_code
 
 
-def print_merged(args: argparse.Namespace, run: Any, decision: Any, out: str | None) -> None:
-    """A merged run's outcome, as ``specparity run`` prints a run's (``--json``, ``-q``)."""
-    from specparity.cli.commands import run_json
-    from specparity.report.render import terminal_lines
-    from specparity.run.gate_command import SessionResult, report_paths_of
-
-    if args.json:
-        print(json.dumps(run_json(SessionResult(run, decision, report_paths_of(out))), indent=1, default=str))
-        return
-    lines = terminal_lines(run, decision)
-    if args.quiet:
-        lines = lines[:1] + [line for line in lines if line.startswith("FAIL: ")]
-    else:
-        lines += [f"report: {p}" for p in report_paths_of(out) if p.exists()]
-    print("\n".join(lines))
-
-
 def add_merge_command(sub: Any) -> None:
-    from specparity.cli.commands import EXIT_CODES_EPILOG
+    from specparity.cli.outcome import EXIT_CODES_EPILOG
 
     p = sub.add_parser(
         "merge",

@@ -1,5 +1,6 @@
-"""What the commands print and take alike: the exit codes' epilog of every ``--help``, and the output
-options and printing of the commands that run the gate several times (``sweep``, ``arms``). A module of
+"""What the commands print and take alike: the exit codes' epilog of every ``--help``, a run's outcome
+(``run``, ``merge``, ``run --ray``: its ``--json`` document or its lines), and the output options and
+printing of the commands that run the gate several times (``sweep``, ``arms``). A module of
 its own so that those commands and :mod:`specparity.cli.commands`, which registers them, import it
 rather than each other."""
 
@@ -47,14 +48,70 @@ def add_outcome_options(p: argparse.ArgumentParser, report: str, report_holds: s
     out.add_argument("-v", "--verbose", action="store_true", help=VERBOSE_HELP)
 
 
+#: ``specparity run --json``: the version of the document's layout (bumped on an incompatible change).
+RUN_JSON_SCHEMA = 1
+
+
+def run_json(result: Any) -> dict[str, Any]:
+    """``specparity run --json``: the decision and what a machine needs to act on it (schema in README)."""
+    from specparity.gate.decision import near_tie_policy
+
+    run, decision = result.run, result.decision
+    act = run.activity()
+    prompts = []
+    for r in run.records:
+        v = r.verdict
+        prompts.append({
+            "id": r.prompt.id,
+            "category": r.prompt.category,
+            "class": v.klass if v is not None else None,
+            "reason": v.reason if v is not None else "never finished",
+            "position": v.divergence.position if v is not None and v.divergence is not None else None,
+        })
+    return {
+        "schema": RUN_JSON_SCHEMA,
+        "status": decision.status,
+        "exit_code": decision.exit_code,
+        "passed": decision.passed,
+        "counts": dict(decision.counts),
+        "total": len(run.records),
+        "failures": list(decision.failures),
+        "warnings": list(decision.warnings),
+        "decision": decision.to_json(),
+        "threshold": run.threshold.to_json() if run.threshold is not None else None,
+        "near_tie_policy": near_tie_policy(run),
+        "fingerprint": run.fingerprint.to_json() if run.fingerprint is not None else None,
+        "activity": {"proposed": act.proposed, "accepted": act.accepted, "verify_steps": act.verify_steps,
+                     "mean_accept_length": act.mean_accept_length, "reported_requests": act.reported_requests},
+        "prompts": prompts,
+        "report": {"dir": run.config.report_dir, "files": [str(p) for p in result.paths if p.exists()]},
+    }
+
+
+def shown_lines(args: argparse.Namespace, lines: list[str], reports: Sequence[Path]) -> list[str]:
+    """The terminal lines to print: under ``--quiet`` the verdict line and the failures only, otherwise
+    every line with the report paths after them."""
+    if args.quiet:
+        return lines[:1] + [line for line in lines if line.startswith("FAIL: ")]
+    return lines + [f"report: {p}" for p in reports]
+
+
+def print_result(args: argparse.Namespace, result: Any) -> None:
+    """A run's outcome (``run``, ``merge``, ``run --ray``): its ``--json`` document, else its terminal
+    lines with the report files that were written."""
+    from specparity.report.render import terminal_lines
+
+    if args.json:
+        print(json.dumps(run_json(result), indent=1, default=str))
+        return
+    print("\n".join(shown_lines(args, terminal_lines(result.run, result.decision),
+                                [p for p in result.paths if p.exists()])))
+
+
 def print_outcome(args: argparse.Namespace, result: Any, lines: list[str], paths: Sequence[Path]) -> None:
     """A multi-run command's outcome (``sweep``, ``arms``): its JSON under ``--json``; else its terminal
     lines — under ``--quiet`` the verdict line and the failures only, otherwise with the report paths."""
     if args.json:
         print(json.dumps(result.to_json(), indent=1, default=str))
         return
-    if args.quiet:
-        lines = lines[:1] + [line for line in lines if line.startswith("FAIL: ")]
-    else:
-        lines = lines + [f"report: {p}" for p in paths]
-    print("\n".join(lines))
+    print("\n".join(shown_lines(args, lines, paths)))

@@ -39,7 +39,7 @@ from specparity.model.types import Fingerprint, GenerationRequest, SpecStats, To
 from specparity.model.verdicts import Verdict
 from specparity.run.golden import VOLATILE_EXTRA, describe_difference
 from specparity.run.journal import JOURNAL, RESULTS_SCHEMA, Journal, JournalError, load_run, read_journal
-from specparity.run.runner import ResultsWriter, calibration_label, cross_failure_note, judge_prompt
+from specparity.run.runner import ResultsWriter, calibration_label, calibration_measured, cross_failure_note, judge_prompt
 
 #: Run settings every shard must share (else their prompts answer other requests, or their noise is
 #: another measurement), with the flag that sets each.
@@ -310,12 +310,7 @@ def merge_parts(parts: Sequence[Part], out: str | None, *, tokenizer: str | None
 def _samples(run: GateRun, parts: Sequence[Part], owners: dict[str, Part]) -> tuple[list[Sample], str]:
     """The calibration samples of the merged run, as the runner's ``_calibrate`` takes them, with the
     cross-instance scores the shards journalled, and the note on what those lack."""
-    if run.calibrated_apart:
-        reused = set(run.calibration_reused)
-        pool = [r for r in run.records if r.prompt.id in reused] + run.calibration_records
-    else:
-        pool = run.records
-    measured = [r for r in pool if r.baseline is not None and not r.baseline.error and r.baseline_tf is not None]
+    measured = calibration_measured(run)
     cross_lines = {pid: line for p in parts for pid, line in p.journal.cross_instance.items() if owners.get(pid) is p}
     samples, failed = [], []
     for r in measured:

@@ -542,18 +542,25 @@ def calibration_label(run: GateRun, n: int) -> str:
     return label
 
 
+def calibration_measured(run: GateRun) -> list[PromptRecord]:
+    """The records the noise is measured on: the calibration set (the selected prompts it reuses and its
+    own), or the selected prompts when it is not apart; only those whose baseline decoded and was scored.
+    The one choice of a run and of a merge of its shards."""
+    if run.calibrated_apart:
+        reused = set(run.calibration_reused)
+        pool = [r for r in run.records if r.prompt.id in reused] + run.calibration_records
+    else:
+        pool = run.records
+    return [r for r in pool if r.baseline is not None and not r.baseline.error and r.baseline_tf is not None]
+
+
 def _calibrate(run: GateRun, scorer: Scorer, writer: ResultsWriter, say: Callable[[str], None]) -> bool:
     """Measure the noise on the calibration set, check the scorer, derive the threshold.
 
     Returns False when nothing can be judged: no baseline could be measured (each prompt is then an
     ``error`` with its own cause), or the calibration was refused (``run.calibration_error``)."""
     config = run.config
-    if run.calibrated_apart:
-        reused = set(run.calibration_reused)
-        pool = [r for r in run.records if r.prompt.id in reused] + run.calibration_records
-    else:
-        pool = run.records
-    measured = [r for r in pool if r.baseline is not None and not r.baseline.error and r.baseline_tf is not None]
+    measured = calibration_measured(run)
     if not measured and config.near_tie_nats is None:
         for rec in run.records:
             rec.verdict = _baseline_error(rec)
