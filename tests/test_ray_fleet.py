@@ -2,8 +2,8 @@
 
 The live test starts a cluster of two nodes on this machine (``ray start --head`` and a second node with
 ``ray start --address``, one CPU each, no dashboard), gates llama-server pairs the cluster launches as
-actors (one per node), kills the worker process holding the pair on the second node once its shard
-has judged a prompt, and shows that nothing is lost: the prompts that shard finished are kept, the rest
+actors (one per node), freezes the servers of the pair on the second node once its shard has judged a
+prompt and kills the worker process holding them, and shows that nothing is lost: the prompts that shard finished are kept, the rest
 rerun on the other pair, every selected prompt is judged and the merged gate passes; the killed pair's
 servers died with it. Skipped only when Ray is not importable (CI installs the ``[ray]`` extra); the
 cluster is always stopped (``ray stop``).
@@ -97,6 +97,17 @@ def _journal(path: Path) -> list[dict]:
     return out
 
 
+def _children(pid: int) -> list[int]:
+    """The direct child processes of ``pid`` (the pair actor's two servers), from ``/proc``."""
+    out = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            out += [int(c) for c in (task / "children").read_text().split()]
+        except OSError:  # a thread that ended meanwhile
+            continue
+    return out
+
+
 def _refused(url: str) -> bool:
     import urllib.request
 
@@ -123,6 +134,12 @@ def test_a_worker_killed_mid_run_loses_no_prompt(cluster, tmp_path):
         shard_dir = report / "shards" / str(victim["index"])
         before = _wait_for("a verdict of the worker node's shard", lambda: [
             x for x in _journal(shard_dir / "results.jsonl") if x["kind"] == "prompt"], deadline, proc)
+        # Freeze the pair's servers at once, so the shard cannot judge the rest of its prompts while the
+        # machine is busy; then kill the worker process (its servers die with it).
+        servers = _children(victim["actor_pid"])
+        for pid in servers:
+            os.kill(pid, signal.SIGSTOP)
+        frozen = _journal(shard_dir / "results.jsonl")
         os.kill(victim["actor_pid"], signal.SIGKILL)
         out, _ = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
     finally:
@@ -138,6 +155,9 @@ def test_a_worker_killed_mid_run_loses_no_prompt(cluster, tmp_path):
     assert fleet["lost_pairs"] == [victim["index"]]
     parts = {(s["shard"], s["part"]): s for s in fleet["shards"]}
     label = f"{victim['index']}/2"
+    assert len(servers) == 2, servers
+    planned = [x for x in frozen if x["kind"] == "shard"][-1]["runs"]
+    assert len([x for x in frozen if x["kind"] == "prompt"]) < len(planned), "the shard ended before the kill"
     retry = parts[(label, "retry")]
     assert retry["pair"] != victim["index"] and retry["selected"] > 0
     # what the lost pair finished was kept, the rest rerun: together the shard's prompts, once each
