@@ -70,7 +70,7 @@ def test_the_flags_keep_amx_out_where_march_enables_it(tmp_path):
 
 
 #: /proc/cpuinfo's names where they are not the compiler's macro name in lower case.
-CPUINFO_NAMES = {"SSE3": "pni", "BMI": "bmi1"}
+CPUINFO_NAMES = {"SSE3": "pni", "BMI": "bmi1", "AVXVNNI": "avx_vnni"}
 
 
 def test_the_build_states_its_cpu_features_and_this_cpu_has_them():
