@@ -21,7 +21,7 @@ import pytest
 
 from fakes import Rule, SGLangServer
 from fakes.backend import TARGET
-from prompt_subsets import first_of_categories
+from prompt_subsets import first_of_categories, write_subset
 from specparity.gate import exitcodes
 from specparity.cli.commands import main
 from specparity.cli.sweep import LEVEL_DIR, SWEEP_JSON, SWEEP_MD, parse_levels
@@ -265,19 +265,42 @@ def test_batch_near_tie_flips_within_the_budget_from_the_data_pass(capsys, tmp_p
     assert top["flip_budget_failure"] is None and top["flip_budget"] == budget.text
 
 
+#: The calibration of the beyond-budget case: the selected prompts and this many other prompts of the
+#: default suite. Its budget then allows fewer flips than the batch kernels make, in under half the decodes
+#: of the whole default suite (each decode waits the fake's batch window).
+CALIBRATION_OTHERS = 16
+
+
+def _calibration(path: Path, prompt_file: Path, chosen: set[str]) -> Path:
+    """The first ``CALIBRATION_OTHERS`` prompts of the default suite that are not selected, then the selected ones."""
+    taken = []
+
+    def keep(row: dict) -> bool:
+        if row["id"] in chosen or len(taken) >= CALIBRATION_OTHERS:
+            return False
+        taken.append(row["id"])
+        return True
+
+    write_subset(path, keep)
+    selected = [line for line in prompt_file.read_text(encoding="utf-8").splitlines() if '"id"' in line]
+    path.write_text(path.read_text(encoding="utf-8") + "\n".join(selected) + "\n", encoding="utf-8")
+    return path
+
+
 @pytest.mark.slow
 def test_more_batch_near_tie_flips_than_the_budget_from_the_data_allows_fail(capsys, tmp_path, prompts):
-    """The same flips with every default prompt's baseline as the calibration: the flip rate is then
+    """The same flips with a larger calibration (the selected prompts and 16 others): the flip rate is then
     measured over many positions where decode and teacher-forced scoring agree, its interval is
     tight, and the budget allows fewer near-tie flips than the batch-dependent kernels make. The case
     is checked to exceed the budget (computed from the journals, apart from the sweep), and then the
     sweep must fail with the level's line, as a gate run with those near ties would."""
     prompt_file, chosen = prompts
     high = len(chosen)
+    calibration = _calibration(tmp_path / "calibration.jsonl", prompt_file, {p.id for p in chosen})
     base, spec = _servers(batch_flip_above=1)
     with base, spec:
         args = [*_gate_args(base, spec, prompt_file, tmp_path), *WIDE]
-        args[args.index("--calibration") + 1] = str(REPO_ROOT / "prompts" / "default.jsonl")
+        args[args.index("--calibration") + 1] = str(calibration)
         code, out, err = sweep(capsys, "--levels", f"1,{high}", *args)
     doc = load_sweep(tmp_path)
     low, top = doc["results"]
