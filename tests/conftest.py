@@ -35,6 +35,7 @@ def _cost_rank(item: pytest.Item) -> int:
     return 1 if item.get_closest_marker("slow") else 2
 
 
+@pytest.hookimpl(optionalhook=True)  # an xdist hook: unknown to a session run with -p no:xdist
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
     """``-n auto``: one worker more than the CPUs this process may run on. About a fifth of the suite's
     test time is spent waiting (servers starting and stopping, the fakes' batch windows, timeouts
