@@ -4,6 +4,11 @@ for gating llama.cpp at 32K+ tokens of context on a CPU.
 
     python tools/build_long_fixture.py --manifest            # the committed build (seconds)
     python tools/build_long_fixture.py --out DIR             # elsewhere, manifest untouched
+    python tools/build_long_fixture.py --out DIR --max-position-embeddings 131584   # the 128K variant
+
+The 128K variant has the same weights (RoPE has no parameters; only the context the config declares
+differs): the ``long`` arm sends 131,072-token prompts to a target whose context allows them plus the
+output, which is what a GPU engine gates; it is not committed (the CPU suite gates 32K).
 
 Why this model: llama-server caps a slot's context at the model's training context
 (``max_position_embeddings``: 4,096 for the fixture target), and a 32K-token prefill of the
@@ -65,7 +70,7 @@ SCALES = {
 SPECIAL_IDS = {"bos_token_id": None, "eos_token_id": [0, 2], "pad_token_id": 4}
 
 
-def build(out: Path, seed: int) -> None:
+def build(out: Path, seed: int, positions: int = ARCH["max_position_embeddings"]) -> None:
     import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
@@ -74,7 +79,7 @@ def build(out: Path, seed: int) -> None:
         vocab_size=ARCH["vocab_size"], hidden_size=ARCH["hidden_size"], intermediate_size=ARCH["intermediate_size"],
         num_hidden_layers=ARCH["num_hidden_layers"], num_attention_heads=ARCH["num_attention_heads"],
         num_key_value_heads=ARCH["num_key_value_heads"], head_dim=ARCH["head_dim"],
-        max_position_embeddings=ARCH["max_position_embeddings"],
+        max_position_embeddings=positions,
         rope_parameters={"rope_type": "default", "rope_theta": ARCH["rope_theta"]},
         tie_word_embeddings=False, rms_norm_eps=1e-6, bos_token_id=None, eos_token_id=2, pad_token_id=4,
         architectures=["Qwen3ForCausalLM"],
@@ -116,9 +121,13 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--max-position-embeddings", type=int, default=ARCH["max_position_embeddings"],
+                    help="the context the config declares (default %(default)s; 131584 for 128K prompts)")
     ap.add_argument("--manifest", action="store_true", help="update fixtures/MANIFEST.sha256 for --out")
     args = ap.parse_args()
-    build(args.out.resolve(), args.seed)
+    if args.max_position_embeddings < 1:
+        ap.error(f"--max-position-embeddings: expected a positive integer, got {args.max_position_embeddings}")
+    build(args.out.resolve(), args.seed, args.max_position_embeddings)
     print(f"build_long_fixture: wrote {args.out}", file=sys.stderr)
     if args.manifest:
         sys.path.insert(0, str(REPO / "tools"))
