@@ -1,0 +1,148 @@
+"""The gate's decision code (``specparity/gate/decision.py``) pinned where its other tests read only
+fragments: the decision's JSON, the near-tie failure line of every policy word for word, which policy
+that line is decided by, the per-prompt checks of a run without a threshold, and the acceptance rule's
+edges (a drop exactly at ``max_accept_drop``, an interval that touches 0). Constructed runs, no engine."""
+
+from __future__ import annotations
+
+import pytest
+
+from specparity.gate import exitcodes
+from specparity.gate.decision import decide, judge_acceptance, near_tie_failure, prompt_checks
+from specparity.judge.acceptance import MIN_PROMPTS, Comparison, Row
+from specparity.judge.flip_budget import FlipExpectation
+from specparity.model.gate_run import GateConfig, GatePolicy, GateRun, PromptRecord
+from specparity.model.prompts import Prompt
+from specparity.model.types import GenerationResult, SpecStats, StepRecord, TokenScores
+from specparity.model.verdicts import Divergence, Verdict
+
+DECLARED = "sglang /server_info enable_deterministic_inference=true"
+
+
+def _divergence(tie: bool) -> Divergence:
+    return Divergence(position=3, baseline_token=None, spec_token=None, baseline_margin=0.0 if tie else 0.01,
+                      spec_rank_in_baseline=1, spec_margin=None, baseline_rank_in_spec=None, context_before="",
+                      baseline_after="", spec_after="", remerge=None, tie=tie)
+
+
+def _run(classes: list[str], *, ties: tuple[int, ...] = (), config: GateConfig | None = None) -> GateRun:
+    recs = []
+    for i, klass in enumerate(classes):
+        p = Prompt(id=f"p-{i}", category="c", lang="en", prompt="x")
+        spec = SpecStats.from_steps([StepRecord(4, 2, 3)], "t")
+        res = GenerationResult(p.id, [1], "", "length", TokenScores.empty(), spec)
+        div = _divergence(i in ties) if klass == "near_tie" else None
+        recs.append(PromptRecord(p, spec=res, verdict=Verdict(p.id, "c", klass, "r", divergence=div)))
+    run = GateRun(None, config or GateConfig(), recs)
+    for r in recs:
+        run.coverage.add(r.spec.spec)
+    return run
+
+
+def _expectation(observed: int) -> FlipExpectation:
+    return FlipExpectation(observed=observed, expected=0.25, low=0, high=2, limit=1, prompts=4, at_risk_prompts=3,
+                           rate=None)
+
+
+# --------------------------------------------------------------------------- the decision's JSON
+
+
+def test_the_decision_json_has_every_field():
+    d = decide(_run(["exact", "diverged"]))
+    assert d.to_json() == {"status": "FAIL", "passed": False, "exit_code": exitcodes.GATE_FAILED,
+                           "failures": d.failures, "warnings": d.warnings,
+                           "counts": {"exact": 1, "near_tie": 0, "drifted": 0, "diverged": 1, "error": 0}}
+    assert d.failures
+
+
+# --------------------------------------------------------------------------- near_tie_failure, word for word
+
+
+def test_bit_exact_line_counts_zero_when_the_counts_hold_no_near_tie_key():
+    run = _run(["exact"])
+    line = near_tie_failure(run, {"exact": 1}, GatePolicy(bit_exact=True), None)
+    assert line == "--bit-exact: 0 near-tie flip(s) where bit-exactness is required: "
+
+
+def test_unknown_declaration_line_under_a_policy():
+    run = _run(["exact", "near_tie"])
+    run.deterministic_unknown = "spec http://s: no /server_info"
+    line = near_tie_failure(run, {"exact": 1, "near_tie": 1}, GatePolicy(unknown_fails=True), None)
+    assert line == ("determinism declaration unknown on some servers (spec http://s: no /server_info): under a "
+                    "policy an unknown is not lenient, so the run is bit-exact and 1 near-tie flip(s) fail (make "
+                    "every server show its setting, or pass --allow-near-tie to allow): p-1")
+
+
+def test_declared_line():
+    run = _run(["exact", "near_tie", "near_tie"])
+    run.deterministic = DECLARED
+    line = near_tie_failure(run, {"exact": 1, "near_tie": 2}, GatePolicy(), None)
+    assert line == (f"engine declares deterministic inference ({DECLARED}): 2 near-tie flip(s) are a failure — the "
+                    "engine promised bit-exact output (pass --allow-near-tie to allow): p-1, p-2")
+
+
+def test_the_policy_given_decides_not_the_runs_own():
+    """--allow-near-tie in the policy handed over overrides a declaration the run's own (default) policy
+    would enforce: the line is the fixed share's, not the declaration's."""
+    run = _run(["exact", "near_tie"])
+    run.deterministic = DECLARED
+    line = near_tie_failure(run, {"exact": 1, "near_tie": 1}, GatePolicy(bit_exact=False, max_near_tie=0.25), None)
+    assert line == "1/2 near-tie prompts (50%) exceed --max-near-tie 25%"
+
+
+def test_fixed_budget_line_when_no_flip_rate_was_measured():
+    run = _run(["exact"] * 3 + ["near_tie"])
+    line = near_tie_failure(run, {"exact": 3, "near_tie": 1}, GatePolicy(), None)
+    assert line.startswith("1/4 near-tie prompts (25%) exceed --max-near-tie ")
+    assert line.endswith(" (the fixed budget: no flip rate was measured)")
+
+
+def test_budget_from_the_data_line_names_the_flips_that_are_not_exact_ties():
+    run = _run(["near_tie", "exact", "near_tie", "near_tie"], ties=(2,))
+    line = near_tie_failure(run, {"exact": 1, "near_tie": 3}, GatePolicy(), _expectation(2))
+    assert line == ("2 near-tie flip(s) that are not exact ties, more than the 1 the baseline's own numerics explain "
+                    "(expected 0.2, 95 % interval 0–2): the verify numerics flip tokens the target's own two "
+                    "computations do not: p-0, p-3")
+
+
+# --------------------------------------------------------------------------- per-prompt checks
+
+
+def test_prompt_checks_of_a_run_without_a_threshold():
+    run = _run(["exact"])
+    assert run.threshold is None
+    checks = prompt_checks(run.records[0].verdict, run)
+    assert isinstance(checks, list)
+
+
+# --------------------------------------------------------------------------- the acceptance rule's edges
+
+
+def _comparison(old: float, new: float, low: float, high: float) -> Comparison:
+    row = Row("all", MIN_PROMPTS, old, new, low, high)
+    return Comparison("accept_length", "OLD", "NEW", [row], [row], {}, None)
+
+
+def test_acceptance_rule_words():
+    where = f"per category of at least {MIN_PROMPTS} prompts and overall, without the flagged prompts"
+    c = judge_acceptance(_comparison(4.0, 4.0, -0.1, 0.1), max_drop=0.5)
+    assert c.rule == (f"FAIL when NEW is more than max_accept_drop 0.5 below OLD and the whole interval of the "
+                      f"difference lies below 0 ({where})")
+    c = judge_acceptance(_comparison(4.0, 4.0, -0.1, 0.1), tolerance=0.25)
+    assert c.rule == (f"FAIL when the runs differ by more than the tolerance 0.25 and the interval of the "
+                      f"difference excludes 0 ({where})")
+
+
+def test_a_drop_of_exactly_max_accept_drop_passes_and_more_fails():
+    assert not judge_acceptance(_comparison(4.0, 3.5, -0.75, -0.25), max_drop=0.5).failures
+    c = judge_acceptance(_comparison(4.0, 3.25, -1.0, -0.5), max_drop=0.5)
+    assert c.failures == [f"acceptance all: 4.000 → 3.250 dropped by 0.750 > max_accept_drop 0.5 "
+                          f"(interval of the difference [-1.000, -0.500], {MIN_PROMPTS} prompts)"]
+
+
+@pytest.mark.parametrize("low, high, fails", [(0.0, 1.0, False), (0.25, 1.0, True), (-1.0, 0.0, False),
+                                              (-1.0, -0.25, True)])
+def test_a_tolerance_interval_touching_zero_does_not_exclude_it(low, high, fails):
+    new = 4.5 if low >= 0 else 3.5
+    c = judge_acceptance(_comparison(4.0, new, low, high), tolerance=0.25)
+    assert bool(c.failures) == fails, c.failures
