@@ -11,7 +11,7 @@ from specparity.gate import exitcodes
 from specparity.gate.decision import decide, judge_acceptance, near_tie_failure, prompt_checks
 from specparity.judge.acceptance import MIN_PROMPTS, Comparison, Row
 from specparity.judge.flip_budget import FlipExpectation
-from specparity.model.gate_run import GateConfig, GatePolicy, GateRun, PromptRecord
+from specparity.model.gate_run import DEFAULT_MAX_NEAR_TIE, GateConfig, GatePolicy, GateRun, PromptRecord
 from specparity.model.prompts import Prompt
 from specparity.model.types import GenerationResult, SpecStats, StepRecord, TokenScores
 from specparity.model.verdicts import Divergence, Verdict
@@ -64,6 +64,12 @@ def test_bit_exact_line_counts_zero_when_the_counts_hold_no_near_tie_key():
     assert line == "--bit-exact: 0 near-tie flip(s) where bit-exactness is required: "
 
 
+def test_bit_exact_line_names_the_near_tie_prompts():
+    run = _run(["near_tie", "exact", "near_tie", "diverged"])
+    line = near_tie_failure(run, {"exact": 1, "near_tie": 2, "diverged": 1}, GatePolicy(bit_exact=True), None)
+    assert line == "--bit-exact: 2 near-tie flip(s) where bit-exactness is required: p-0, p-2"
+
+
 def test_unknown_declaration_line_under_a_policy():
     run = _run(["exact", "near_tie"])
     run.deterministic_unknown = "spec http://s: no /server_info"
@@ -93,8 +99,14 @@ def test_the_policy_given_decides_not_the_runs_own():
 def test_fixed_budget_line_when_no_flip_rate_was_measured():
     run = _run(["exact"] * 3 + ["near_tie"])
     line = near_tie_failure(run, {"exact": 3, "near_tie": 1}, GatePolicy(), None)
-    assert line.startswith("1/4 near-tie prompts (25%) exceed --max-near-tie ")
-    assert line.endswith(" (the fixed budget: no flip rate was measured)")
+    assert line == (f"1/4 near-tie prompts (25%) exceed --max-near-tie {DEFAULT_MAX_NEAR_TIE:.0%} (the fixed budget: "
+                    "no flip rate was measured)")
+
+
+def test_max_near_tie_line_wins_over_a_measured_flip_rate():
+    run = _run(["exact"] * 3 + ["near_tie"])
+    line = near_tie_failure(run, {"exact": 3, "near_tie": 1}, GatePolicy(max_near_tie=0.1), _expectation(1))
+    assert line == "1/4 near-tie prompts (25%) exceed --max-near-tie 10%"
 
 
 def test_budget_from_the_data_line_names_the_flips_that_are_not_exact_ties():
@@ -140,9 +152,32 @@ def test_a_drop_of_exactly_max_accept_drop_passes_and_more_fails():
                           f"(interval of the difference [-1.000, -0.500], {MIN_PROMPTS} prompts)"]
 
 
+@pytest.mark.parametrize("high", [0.0, 0.5])
+def test_a_drop_whose_interval_reaches_zero_passes(high):
+    assert not judge_acceptance(_comparison(4.0, 3.0, -2.0, high), max_drop=0.5).failures
+
+
 @pytest.mark.parametrize("low, high, fails", [(0.0, 1.0, False), (0.25, 1.0, True), (-1.0, 0.0, False),
                                               (-1.0, -0.25, True)])
 def test_a_tolerance_interval_touching_zero_does_not_exclude_it(low, high, fails):
     new = 4.5 if low >= 0 else 3.5
     c = judge_acceptance(_comparison(4.0, new, low, high), tolerance=0.25)
     assert bool(c.failures) == fails, c.failures
+
+
+def test_a_difference_of_exactly_the_tolerance_passes_and_more_fails():
+    assert not judge_acceptance(_comparison(4.0, 4.25, 0.125, 0.375), tolerance=0.25).failures
+    c = judge_acceptance(_comparison(4.0, 4.5, 0.25, 0.75), tolerance=0.25)
+    assert c.failures == [f"acceptance all: 4.000 → 4.500 differs by 0.500 > tolerance 0.25 "
+                          f"(interval of the difference [+0.250, +0.750], {MIN_PROMPTS} prompts)"]
+
+
+@pytest.mark.parametrize("row", [
+    Row("all", MIN_PROMPTS - 1, 4.0, 2.0, -3.0, -1.0),   # too few prompts to judge, however large the drop
+    Row("all", MIN_PROMPTS, None, 2.0, -3.0, -1.0),      # one side has no estimate
+    Row("all", MIN_PROMPTS, 4.0, 2.0, None, None),       # no interval
+], ids=["few-prompts", "no-old", "no-interval"])
+def test_rows_the_rule_cannot_judge_are_shown_not_judged(row):
+    for rule in ({"max_drop": 0.5}, {"tolerance": 0.25}):
+        c = judge_acceptance(Comparison("accept_length", "OLD", "NEW", [row], [row], {}, None), **rule)
+        assert not c.failures and not row.failed

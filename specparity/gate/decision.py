@@ -277,10 +277,10 @@ def near_tie_failure(run: GateRun, counts: Mapping[str, int], policy: GatePolicy
         return (f"engine declares deterministic inference ({run.deterministic}): {n} near-tie flip(s) are a failure — "
                 f"the engine promised bit-exact output (pass --allow-near-tie to allow): {_ids(run, 'near_tie')}")
     if policy.max_near_tie is not None or expectation is None:
-        allowed = policy.max_near_tie if policy.max_near_tie is not None else DEFAULT_MAX_NEAR_TIE
-        why = "--max-near-tie" if policy.max_near_tie is not None else "the fixed budget: no flip rate was measured"
-        return (f"{n}/{total} near-tie prompts ({n / total:.0%}) exceed --max-near-tie {allowed:.0%}"
-                + ("" if policy.max_near_tie is not None else f" ({why})"))
+        share = f"{n}/{total} near-tie prompts ({n / total:.0%}) exceed --max-near-tie"
+        if policy.max_near_tie is not None:
+            return f"{share} {policy.max_near_tie:.0%}"
+        return f"{share} {DEFAULT_MAX_NEAR_TIE:.0%} (the fixed budget: no flip rate was measured)"
     flipped = ", ".join(r.prompt.id for r in run.records if r.verdict and r.verdict.klass == "near_tie"
                         and not (r.verdict.divergence is not None and r.verdict.divergence.tie))
     return (f"{expectation.observed} near-tie flip(s) that are not exact ties, more than the {expectation.limit} the "
