@@ -8,11 +8,13 @@ from __future__ import annotations
 import pytest
 
 from specparity.gate import exitcodes
-from specparity.gate.decision import decide, judge_acceptance, near_tie_failure, prompt_checks
+from specparity.gate.decision import (DATA_BUDGET, decide, judge_acceptance, near_tie_failure, near_tie_policy,
+                                      prompt_checks, reject_share)
 from specparity.judge.acceptance import MIN_PROMPTS, Comparison, Row
 from specparity.judge.flip_budget import FlipExpectation
 from specparity.model.gate_run import DEFAULT_MAX_NEAR_TIE, GateConfig, GatePolicy, GateRun, PromptRecord
 from specparity.model.prompts import Prompt
+from specparity.model.threshold import FlipRate, NearTieThreshold
 from specparity.model.types import GenerationResult, SpecStats, StepRecord, TokenScores
 from specparity.model.verdicts import Divergence, Verdict
 
@@ -181,3 +183,48 @@ def test_rows_the_rule_cannot_judge_are_shown_not_judged(row):
     for rule in ({"max_drop": 0.5}, {"tolerance": 0.25}):
         c = judge_acceptance(Comparison("accept_length", "OLD", "NEW", [row], [row], {}, None), **rule)
         assert not c.failures and not row.failed
+
+
+# --------------------------------------------------------------------------- which near-tie policy applies
+
+
+def _with_flip_rate(run: GateRun) -> GateRun:
+    run.threshold = NearTieThreshold(0.01, "measured", None, 1.5,
+                                     flip_rate=FlipRate(window=0.01, positions=100, flips=1.0, ties=0,
+                                                        measured_positions=400))
+    return run
+
+
+def test_policy_line_without_a_flip_rate():
+    assert near_tie_policy(_run(["exact"])) == (
+        f"near ties allowed up to {DEFAULT_MAX_NEAR_TIE * 100:g}% of the prompts (no flip rate was measured, so the "
+        "budget cannot follow the data)")
+
+
+def test_policy_line_with_a_flip_rate_is_the_budget_from_the_data():
+    run = _with_flip_rate(_run(["exact"]))
+    assert near_tie_policy(run) == DATA_BUDGET
+    run.deterministic_unknown = "spec http://s: no /server_info"
+    assert near_tie_policy(run) == (f"{DATA_BUDGET}; not bit-exact without a policy, since the declaration is "
+                                    "unknown on some servers: spec http://s: no /server_info")
+
+
+def test_policy_line_under_bit_exact_says_whether_the_engine_declares_it_too():
+    run = _run(["exact"], config=GateConfig(policy=GatePolicy(bit_exact=True)))
+    assert near_tie_policy(run) == "bit-exact: --bit-exact"
+    run.deterministic = DECLARED
+    assert near_tie_policy(run) == f"bit-exact: --bit-exact (the engine declares it too: {DECLARED})"
+
+
+def test_allow_near_tie_without_a_declaration_is_the_plain_budget():
+    run = _run(["exact"], config=GateConfig(policy=GatePolicy(bit_exact=False, max_near_tie=0.5)))
+    assert near_tie_policy(run) == "near ties allowed up to 50% of the prompts (--max-near-tie)"
+
+
+# --------------------------------------------------------------------------- forced rejection's share
+
+
+def test_reject_share_only_under_force_reject():
+    assert reject_share(_run(["exact"])) is None
+    share = reject_share(_run(["exact"], config=GateConfig(force_reject="all")))
+    assert share is not None and share.mode == "all" and share.steps == 1 and share.partial == 1
