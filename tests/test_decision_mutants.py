@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 
 from specparity.gate import exitcodes
-from specparity.gate.decision import (DATA_BUDGET, decide, judge_acceptance, near_tie_failure, near_tie_policy,
-                                      prompt_checks, reject_share)
+from specparity.gate.decision import (DATA_BUDGET, decide, flip_expectation, judge_acceptance, near_tie_failure,
+                                      near_tie_policy, prompt_checks, reject_share)
 from specparity.judge.acceptance import MIN_PROMPTS, Comparison, Row
 from specparity.judge.flip_budget import FlipExpectation
 from specparity.model.gate_run import DEFAULT_MAX_NEAR_TIE, GateConfig, GatePolicy, GateRun, PromptRecord
@@ -228,3 +228,23 @@ def test_reject_share_only_under_force_reject():
     assert reject_share(_run(["exact"])) is None
     share = reject_share(_run(["exact"], config=GateConfig(force_reject="all")))
     assert share is not None and share.mode == "all" and share.steps == 1 and share.partial == 1
+
+
+# --------------------------------------------------------------------------- the flips the baseline predicts
+
+
+def test_the_prediction_covers_judged_prompts_with_a_baseline_only():
+    """Positions at risk are counted on prompts judged (not ``error``, not unjudged) that have a
+    baseline: an errored prompt's or an unjudged prompt's risky positions predict nothing."""
+    import numpy as np
+
+    risky = TokenScores(np.array([0, 0, 0]), np.array([-0.6, -0.6, -0.6], np.float32),
+                        np.array([[0, 1]] * 3), np.array([[-0.6, -0.605]] * 3, np.float32))  # margins 0.005
+    run = _with_flip_rate(_run(["exact", "error", "exact"]))
+    for r in run.records:
+        r.baseline = GenerationResult(r.prompt.id, [0, 0, 0], "", "length", risky, SpecStats.unavailable("n/a"))
+    run.records[2].verdict = None
+    exp = flip_expectation(run)
+    assert exp is not None and exp.prompts == 1 and exp.at_risk_prompts == 1
+    run.records[0].baseline = None
+    assert flip_expectation(run).prompts == 0
