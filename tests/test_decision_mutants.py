@@ -9,8 +9,9 @@ import pytest
 
 from specparity.gate import exitcodes
 from specparity.gate.decision import (DATA_BUDGET, decide, flip_expectation, judge_acceptance, near_tie_failure,
-                                      near_tie_policy, prompt_checks, reject_share)
+                                      near_tie_budget, near_tie_policy, prompt_checks, reject_share)
 from specparity.judge.acceptance import MIN_PROMPTS, Comparison, Row
+from specparity.judge.checks import Check
 from specparity.judge.flip_budget import FlipExpectation
 from specparity.model.gate_run import DEFAULT_MAX_NEAR_TIE, GateConfig, GatePolicy, GateRun, PromptRecord
 from specparity.model.prompts import Prompt
@@ -248,3 +249,19 @@ def test_the_prediction_covers_judged_prompts_with_a_baseline_only():
     assert exp is not None and exp.prompts == 1 and exp.at_risk_prompts == 1
     run.records[0].baseline = None
     assert flip_expectation(run).prompts == 0
+
+
+# --------------------------------------------------------------------------- the near-tie budget as a check
+
+
+def test_bit_exact_budget_check_word_for_word():
+    """Under the policy handed over (not the run's own), with one exact-tie flip among two near ties;
+    and a bit-exact run with no near tie is ``ok``."""
+    run = _run(["near_tie", "near_tie", "exact"], ties=(1,))
+    policy = GatePolicy(bit_exact=True)
+    check = near_tie_budget(run, {"near_tie": 2, "exact": 1}, policy)
+    assert check == Check("fail", "bit-exact run (bit-exact: --bit-exact): any near tie fails, an exact tie too; "
+                                  "this run has 2 (1 at exact ties)", "near_tie_budget",
+                          numbers={"near_tie": 2, "ties": 1, "judged": 3})
+    clean = near_tie_budget(_run(["exact"]), {"exact": 1}, policy)
+    assert clean.state == "ok" and clean.numbers == {"near_tie": 0, "ties": 0, "judged": 1}
