@@ -269,10 +269,10 @@ def test_bit_exact_budget_check_word_for_word():
 
 def test_fixed_share_budget_check_word_for_word():
     run = _run(["near_tie", "near_tie", "exact", "exact"], ties=(0,))
-    check = near_tie_budget(run, {"near_tie": 2, "exact": 2}, GatePolicy(max_near_tie=0.25))
-    assert check == Check("fail", "near ties are allowed up to 25% of the prompts (--max-near-tie): this run has 2 of 4 "
+    check = near_tie_budget(run, {"near_tie": 2, "exact": 2}, GatePolicy(max_near_tie=0.4))
+    assert check == Check("fail", "near ties are allowed up to 40% of the prompts (--max-near-tie): this run has 2 of 4 "
                                   "judged (50%; 1 at exact ties)", "near_tie_budget",
-                          numbers={"near_tie": 2, "ties": 1, "judged": 4, "fraction": 0.5, "allowed": 0.25})
+                          numbers={"near_tie": 2, "ties": 1, "judged": 4, "fraction": 0.5, "allowed": 0.4})
     check = near_tie_budget(_run(["exact"]), {"exact": 1}, GatePolicy())
     assert check == Check("ok", f"near ties are allowed up to {DEFAULT_MAX_NEAR_TIE:.0%} of the prompts (no flip rate "
                                 "was measured): this run has 0 of 1 judged (0%)", "near_tie_budget",
@@ -291,3 +291,11 @@ def test_budget_from_the_data_check_uses_the_expectation_handed_over():
                                   f"{exp.describe()}", "near_tie_budget",
                           numbers={"near_tie": 2, "ties": 1, "judged": 3, **exp.to_json()})
     assert near_tie_budget(run, {"near_tie": 2, "exact": 1}, GatePolicy(), _expectation(1)).state == "ok"
+
+
+def test_budget_from_the_data_is_computed_when_not_handed_over():
+    run = _with_flip_rate(_run(["exact", "exact"]))
+    check = near_tie_budget(run, {"exact": 2}, GatePolicy())
+    assert check.text.startswith("0 flip(s) at exact ties (allowed: greedy decoding permits either tied token); "
+                                 "0 near-tie flip(s) that are not exact ties"), check.text
+    assert check.state == "ok" and check.numbers["observed"] == 0
