@@ -16,6 +16,7 @@ from specparity.gate.parity import ParityResult, ParityRow, compare_acceptance
 from specparity.gate.policy_file import allowed_unknown, judge_unknown
 from specparity.judge.acceptance import _rate, wilson
 from specparity.judge.bias import _margins, decode_prefill_bias
+from specparity.judge.compare import _describe_divergence
 from specparity.judge.flip_budget import tie_positions
 from specparity.judge.invariance import Rejection, SelfDraftReport
 from specparity.judge.noise import abs_deltas, abs_deltas_with_margins
@@ -23,7 +24,8 @@ from specparity.judge.resolution import (accepted_draft_positions, baseline_tie_
                                          ulps)
 from specparity.judge.structured import OutputCheck
 from specparity.model.gate_run import Activity
-from specparity.model.types import SpecStats, StepRecord, TokenScores
+from specparity.model.types import GenerationResult, SpecStats, StepRecord, TokenScores
+from specparity.model.verdicts import TokenView
 from specparity.probes.finding import Finding, Status
 
 
@@ -459,3 +461,136 @@ def test_batch_report_to_json():
     assert rep.to_json() == {"engine": "hf", "dtype": "bfloat16", "batch_size": 4,
                              "how": "in-process left-padded batch", "threshold": 0.25, "classes": {},
                              "status": "ok", "why": "every prompt identical alone and batched", "verdicts": []}
+
+
+# --- the split's description: where the baseline margin is read from (judge/compare.py) ----------------------
+# The property tests of test_compare.py build every row from the decode scores; these pin the other sources
+# (the baseline's teacher-forced row when the engine left its decode row out, the speculative stream's
+# teacher-forced row when the speculative token is outside the baseline's top-k) and rows shorter than the
+# streams.
+
+_NAN = float("nan")
+_SAME_PREFIX = "teacher-forced (the speculative stream's row at the split: same prefix)"
+
+
+def _stream(ids, rows, spec=None) -> GenerationResult:
+    return GenerationResult("p", list(ids), "", "length", rows, spec or SpecStats.unavailable("test"))
+
+
+def _decode(ids) -> str:
+    return "".join(f"<{t}>" for t in ids)
+
+
+def _f32(x: float) -> float:
+    return float(np.float32(x))
+
+
+#: The baseline's decode rows of [1, 2, 3]; at the split (position 1) the row is bf16-like (0.125
+#: steps near the top) with one far alternative, token 8, 5.175 nats down.
+_BASE_IDS = [1, 2, 3]
+_UNREPORTED = ([-1, -1, -1, -1], [_NAN] * 4)
+
+
+def _base_rows(row1=([2, 5, 7, 8], [-0.125, -0.25, -0.5, -5.3]), n=3) -> TokenScores:
+    table = [([1, 9, 8, 7], [-0.1, -3.0, -4.0, -5.0]), row1, ([3, 9, 8, 7], [-0.2, -3.0, -4.0, -5.0])][:n]
+    lp = [r[1][0] for r in table]
+    return scores(_BASE_IDS[:n], [r[0] for r in table], [r[1] for r in table], logprobs=lp)
+
+
+def _spec_rows(spec_token: int) -> TokenScores:
+    """The speculative run's own rows: at the split it prefers its token over 2 by 0.2 nats."""
+    return scores([1, spec_token, 3], [[1, 9, 8, 7], [spec_token, 2, 9, 4], [3, 9, 8, 7]],
+                  [[-0.1, -3.0, -4.0, -5.0], [-0.1, -0.3, -4.0, -5.0], [-0.2, -3.0, -4.0, -5.0]])
+
+
+#: The baseline's teacher-forced rows: at the split 2 over 5 by 0.25 nats (not the decode row's 0.125).
+_BASE_TF = scores(_BASE_IDS, [[1, 9, 8, 7], [2, 5, 7, 8], [3, 9, 8, 7]],
+                  [[-0.1, -3.0, -4.0, -5.0], [-0.125, -0.375, -0.5, -6.0], [-0.2, -3.0, -4.0, -5.0]])
+
+
+def _spec_tf_rows(spec_token: int, own: float = -3.125, argmax: int = 2, scored: int | None = None) -> TokenScores:
+    """The target's teacher-forced scoring of the speculative stream: at the split its argmax is the
+    baseline's token (same prefix) and the speculative token carries ``own`` (3 nats down by default;
+    ``scored``: the row holds another token's logprob instead)."""
+    return scores([1, spec_token if scored is None else scored, 3], [[1, 9, 8, 7], [argmax, 5, 7, 11], [3, 9, 8, 7]],
+                  [[-0.1, -3.0, -4.0, -5.0], [-0.125, -0.25, -0.5, -5.0], [-0.2, -3.0, -4.0, -5.0]],
+                  logprobs=[-0.1, own, -0.2])
+
+
+def _split(spec_token=5, baseline=None, baseline_tf=None, spec_tf=None, spec_ids=None, spec_scores=None):
+    base = _stream(_BASE_IDS, _base_rows() if baseline is None else baseline)
+    ids = [1, spec_token, 3] if spec_ids is None else spec_ids
+    spec = _stream(ids, _spec_rows(spec_token) if spec_scores is None else spec_scores)
+    return _describe_divergence(1, base, spec, _decode, baseline_tf, spec_tf)
+
+
+#: Rows that stop before the split (one row, position 0 only).
+_ONE_ROW = scores([1], [[1, 9]], [[-0.1, -3.0]])
+
+
+def test_the_margin_comes_from_the_baseline_decode_row_when_it_holds_both_tokens():
+    """The decode row wins over both teacher-forced scorings, which would give other margins here."""
+    d = _split(baseline_tf=_BASE_TF, spec_tf=_spec_tf_rows(5))
+    assert d.position == 1
+    assert (d.baseline_token, d.spec_token) == (TokenView(2, "<2>"), TokenView(5, "<5>"))
+    assert d.margin_source == "decode"
+    assert d.baseline_margin == 0.125 and d.spec_rank_in_baseline == 1
+    assert d.ulp_nats == 0.125 and not d.tie
+    # the speculative run's own row at the split: its token over the baseline's
+    assert d.spec_margin == pytest.approx(_f32(-0.1) - _f32(-0.3)) and d.baseline_rank_in_spec == 1
+
+
+def test_a_far_alternative_gives_a_margin_no_quantum_divides():
+    """5.175 nats is no whole number of the row's 0.125 steps (the far value sits in another binade):
+    the margin has no ulp, and the record does not claim one."""
+    d = _split(spec_token=8)
+    assert d.baseline_margin == pytest.approx(_f32(-0.125) - _f32(-5.3))
+    assert d.spec_rank_in_baseline == 3
+    assert d.ulp_nats is None
+
+
+def test_an_unreported_decode_row_takes_the_margin_from_the_baseline_teacher_forced_row():
+    d = _split(baseline=_base_rows(_UNREPORTED), baseline_tf=_BASE_TF)
+    assert d.margin_source == "teacher-forced"
+    assert d.baseline_margin == 0.25 and d.spec_rank_in_baseline == 1 and d.ulp_nats == 0.125
+    # decode rows that stop before the split: the same
+    short = _split(baseline=_base_rows(n=1), baseline_tf=_BASE_TF)
+    assert (short.margin_source, short.baseline_margin, short.spec_rank_in_baseline) == ("teacher-forced", 0.25, 1)
+
+
+def test_rows_that_stop_before_the_split_give_no_margin():
+    """Decode rows or teacher-forced rows shorter than the streams are read only where they exist."""
+    for kwargs in ({"baseline": _base_rows(n=1)}, {"baseline": TokenScores.empty(4)},
+                   {"baseline": _base_rows(_UNREPORTED), "baseline_tf": _ONE_ROW},
+                   {"baseline": _base_rows(n=1), "spec_tf": _ONE_ROW}):
+        d = _split(**kwargs)
+        assert (d.baseline_margin, d.spec_rank_in_baseline, d.ulp_nats, d.margin_source) == (None, None, None,
+                                                                                             "decode"), kwargs
+    # the speculative run's own rows stopping before the split: no margin of its own, no rank
+    d = _split(spec_scores=_ONE_ROW)
+    assert (d.baseline_margin, d.spec_margin, d.baseline_rank_in_spec) == (0.125, None, None)
+
+
+def test_a_token_outside_the_baseline_top_k_takes_its_margin_from_the_speculative_teacher_forced_row():
+    """Up to the split both streams share the prefix, so the row that scored the speculative token is the
+    baseline's row too: its argmax over the speculative token's exact logprob is the margin."""
+    d = _split(spec_token=6, spec_tf=_spec_tf_rows(6))
+    assert d.spec_rank_in_baseline is None
+    assert d.margin_source == _SAME_PREFIX
+    assert d.baseline_margin == 3.0 and d.ulp_nats == 0.125
+    # a row whose argmax is not the baseline's token is another prefix's row: not read
+    other = _split(spec_token=6, spec_tf=_spec_tf_rows(6, argmax=9))
+    assert (other.baseline_margin, other.margin_source) == (None, "decode")
+    # a row without the speculative token's own logprob gives no margin either
+    unscored = _split(spec_token=6, spec_tf=_spec_tf_rows(6, scored=4))
+    assert (unscored.baseline_margin, unscored.margin_source, unscored.ulp_nats) == (None, "decode", None)
+    # 5.175 nats is no whole number of that row's 0.125 steps: no ulp is claimed
+    far = _split(spec_token=6, spec_tf=_spec_tf_rows(6, own=-5.3))
+    assert far.baseline_margin == pytest.approx(_f32(-0.125) - _f32(-5.3)) and far.ulp_nats is None
+
+
+def test_a_stream_that_ends_at_the_split_has_no_margin_and_no_source():
+    """Where the speculative run ended, there is no second token: no margin is read from any row."""
+    d = _split(baseline=_base_rows(_UNREPORTED), baseline_tf=_BASE_TF, spec_ids=[1], spec_scores=_ONE_ROW)
+    assert d.spec_token is None and d.baseline_token == TokenView(2, "<2>")
+    assert (d.baseline_margin, d.spec_rank_in_baseline, d.margin_source, d.remerge) == (None, None, "decode", None)
