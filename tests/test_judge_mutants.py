@@ -594,3 +594,173 @@ def test_a_stream_that_ends_at_the_split_has_no_margin_and_no_source():
     d = _split(baseline=_base_rows(_UNREPORTED), baseline_tf=_BASE_TF, spec_ids=[1], spec_scores=_ONE_ROW)
     assert d.spec_token is None and d.baseline_token == TokenView(2, "<2>")
     assert (d.baseline_margin, d.spec_rank_in_baseline, d.margin_source, d.remerge) == (None, None, "decode", None)
+
+
+# --- the noise figures and the threshold derived from them (judge/noise.py) ---------------------------------
+
+def _noise_pairs():
+    """Two (decode, teacher-forced) pairs with exact binary logprobs. Pair one: two positions whose four
+    alternatives move by 0.125, 0, 0 and 0.5 nats (their margins 0.5, 2.5, 2.0 and 5.75 on the closer side);
+    pair two: three decode rows against one teacher-forced row, one alternative moved by 0.0625 (margin 0.25)."""
+    a1 = scores([1, 2], [[1, 5, 6], [2, 5, 6]], [[-0.5, -1.0, -3.0], [-0.25, -2.25, -6.0]])
+    b1 = scores([1, 2], [[1, 5, 6], [2, 5, 6]], [[-0.5, -1.125, -3.0], [-0.25, -2.25, -6.5]])
+    a2 = scores([3, 4, 5], [[3, 7], [4, 7], [5, 7]], [[-0.125, -0.375], [-0.1, -0.2], [-0.1, -0.2]])
+    b2 = scores([3], [[3, 7]], [[-0.125, -0.4375]])
+    return [(a1, b1), (a2, b2)]
+
+
+def test_measure_noise_counts_every_shared_pair_and_the_near_ones_up_to_the_window():
+    from specparity.judge.noise import measure_noise
+    from specparity.model.threshold import NoiseStats
+
+    deltas = np.array([0.125, 0.0, 0.0, 0.5, 0.0625], np.float32)
+    p99 = float(np.quantile(deltas, 0.99))
+    got = measure_noise(_noise_pairs(), window=2.0)
+    # positions: 2 + min(3, 1); a margin of exactly the window is near (0.125, 0.0 at 2.0, 0.0625)
+    assert got == NoiseStats(0.5, p99, 3, 5, 2.0, near_pairs=3, near_max_abs_delta=0.125, robust_abs_delta=0.5,
+                             near_robust_abs_delta=0.125, moved_pairs=3)
+    # no window: the near figures stay unset
+    assert measure_noise(_noise_pairs()) == NoiseStats(0.5, p99, 3, 5, None, robust_abs_delta=0.5, moved_pairs=3)
+    # a window no pair is within: no near pair, near figures 0
+    assert measure_noise(_noise_pairs(), window=0.1) == NoiseStats(0.5, p99, 3, 5, 0.1, near_pairs=0,
+                                                                   near_max_abs_delta=0.0, robust_abs_delta=0.5,
+                                                                   near_robust_abs_delta=0.0, moved_pairs=3)
+
+
+def test_measure_noise_with_nothing_shared_counts_the_positions_and_no_pair():
+    from specparity.judge.noise import measure_noise
+    from specparity.model.threshold import NoiseStats
+
+    assert measure_noise([]) == NoiseStats(0.0, 0.0, 0, 0, None, moved_pairs=0)
+    apart = (scores([1, 2], [[1, 5], [2, 5]], [[-0.5, -1.0], [-0.5, -1.0]]),
+             scores([1, 2], [[1, 6], [2, 6]], [[-0.5, -1.0], [-0.5, -1.0]]))  # no alternative in common
+    assert measure_noise([apart], window=2.0) == NoiseStats(0.0, 0.0, 2, 0, 2.0, moved_pairs=0)
+
+
+def test_derive_threshold_takes_an_override_from_zero_up_to_the_ceiling_and_keeps_every_setting():
+    from specparity.judge.noise import CalibrationError, derive_threshold, near_tie_above_ceiling
+    from specparity.model.threshold import NoiseStats
+
+    noise, cross = NoiseStats(0.25, 0.125, 10, 40), NoiseStats(0.5, 0.25, 10, 40)
+    t = derive_threshold(noise, override=1.0, multiplier=3.0, ceiling=1.0, calibration="2 prompts", cross=cross,
+                         cross_note="a note")
+    assert (t.nats, t.source, t.noise, t.multiplier, t.ceiling, t.calibration, t.cross, t.cross_note) == (
+        1.0, "override", noise, 3.0, 1.0, "2 prompts", cross, "a note")
+    assert type(t.nats) is float and derive_threshold(None, override=1).nats == 1.0
+    zero = derive_threshold(None, override=0.0)
+    assert (zero.nats, zero.source, zero.calibration, zero.cross_note, zero.cross) == (0.0, "override", "", "", None)
+    assert derive_threshold(None, override=0.5).nats == 0.5
+    with pytest.raises(ValueError) as negative:
+        derive_threshold(noise, override=-0.25)
+    assert str(negative.value) == "--near-tie-nats: expected a non-negative number of nats, got -0.25"
+    with pytest.raises(CalibrationError) as above:
+        derive_threshold(noise, override=1.5, ceiling=1.25)
+    assert str(above.value) == near_tie_above_ceiling(1.5, 1.25)
+
+
+def test_derive_threshold_from_the_noise_up_to_the_ceiling():
+    from specparity.judge.noise import NO_NOISE, derive_threshold
+    from specparity.model.threshold import FLOOR_NATS, NoiseStats
+
+    for missing in (None, NoiseStats(0.0, 0.0, 5, 0)):
+        with pytest.raises(ValueError) as no_noise:
+            derive_threshold(missing)
+        assert str(no_noise.value) == NO_NOISE
+    noise = NoiseStats(0.25, 0.125, 10, 1)  # one pair is a measurement
+    t = derive_threshold(noise, multiplier=2.0, ceiling=1.0, calibration="2 prompts", cross_note="a note")
+    assert (t.nats, t.source, t.noise, t.multiplier, t.ceiling, t.calibration, t.cross, t.cross_note) == (
+        0.5, "measured", noise, 2.0, 1.0, "2 prompts", None, "a note")
+    assert derive_threshold(noise).calibration == "" and derive_threshold(noise).cross_note == ""
+    # exactly at the ceiling is allowed; noise 0 gives the float32 floor
+    assert derive_threshold(NoiseStats(1.0, 0.5, 10, 40), multiplier=2.0, ceiling=2.0).nats == 2.0
+    assert derive_threshold(NoiseStats(0.0, 0.0, 10, 40), multiplier=2.0).nats == FLOOR_NATS
+
+
+def test_derive_threshold_says_which_noise_broke_the_ceiling():
+    from specparity.judge.noise import CalibrationError, derive_threshold
+    from specparity.model.threshold import NoiseStats
+
+    within = NoiseStats(2.0, 1.0, 10, 40)
+    with pytest.raises(CalibrationError) as err:
+        derive_threshold(within)
+    assert str(err.value) == (
+        f"the measured near-tie threshold 3 nats (1.5 × |Δmargin| 2 between decode and teacher-forced scoring: "
+        f"{within.describe_flip()}) exceeds the ceiling 2 nats: a flip that large is not numeric noise, so either "
+        f"the scorer or the target is not fit to judge near ties; raise --near-tie-ceiling only if this noise is real")
+    # the noise between two server instances, as far as the allowance takes it (2 × 0.75 here), is the larger
+    small, cross = NoiseStats(0.75, 0.5, 10, 40), NoiseStats(1.5, 1.0, 10, 40)
+    with pytest.raises(CalibrationError) as err:
+        derive_threshold(small, cross=cross)
+    assert (f"(1.5 × |Δmargin| 1.5 between the two server instances: {cross.describe_flip()}) exceeds the ceiling"
+            in str(err.value))
+
+
+# --- the flip budget: the baseline's own flip rate and the flips it predicts (judge/flip_budget.py) ----------
+
+def _margin_rows(tokens, margins, n_rows=None):
+    """Rows whose chosen token beats one alternative (id + 100) by ``margins`` nats (negative: the
+    alternative wins, the row's argmax is another token; NaN: an unreported row)."""
+    ids = list(tokens)
+    own = [-0.5 if m == m else float("nan") for m in margins]
+    alt = [o - m for o, m in zip(own, margins)]
+    top_ids = [[t, t + 100] if m >= 0 else [t + 100, t] for t, m in zip(ids, margins)]
+    top_lp = [[o, a] if m >= 0 else [a, o] for o, a, m in zip(own, alt, margins)]
+    return scores(ids, top_ids, top_lp, logprobs=own)
+
+
+def test_measure_flip_rate_counts_positions_at_risk_flips_ties_and_every_compared_position():
+    """At risk: above an exact tie, at most the window (0.5 inclusive); a teacher-forced tie is half a flip;
+    only the positions both passes have are compared (a pair without teacher-forced rows adds nothing), and
+    a position whose teacher-forced row is unreported is compared but not at risk."""
+    from specparity.judge.flip_budget import measure_flip_rate
+    from specparity.model.threshold import FlipRate
+
+    decoded = _margin_rows([1, 2, 3, 4, 5], [0.0, 0.25, 0.5, 1.0, 0.125])
+    tf = _margin_rows([1, 2, 3, 4], [0.25, -0.25, 0.0, -1.0])  # one row short: position 4 is not compared
+    empty = (_margin_rows([6, 7], [0.25, 0.25]), TokenScores.empty(2))
+    unreported = (_margin_rows([8], [0.25]), _margin_rows([8], [float("nan")]))
+    assert measure_flip_rate([(decoded, tf), empty, unreported], window=0.5) == FlipRate(0.5, 2, 1.5, 1, 5)
+    assert measure_flip_rate([], window=0.5) == FlipRate(0.5, 0, 0.0, 0, 0)
+
+
+def _brute_quantile(ps, q):
+    """The smallest k with P(K <= k) >= q, K a sum of independent Bernoulli(p): by enumeration."""
+    import itertools
+
+    dist = np.zeros(len(ps) + 1)
+    for outcome in itertools.product([0, 1], repeat=len(ps)):
+        dist[sum(outcome)] += np.prod([p if o else 1 - p for p, o in zip(ps, outcome)])
+    return int(np.argmax(np.cumsum(dist) >= q - 1e-12))
+
+
+def test_expected_flips_is_the_rule_of_the_module_docstring():
+    from specparity.judge.flip_budget import expected_flips
+    from specparity.model.threshold import FlipRate, wilson
+
+    rate = FlipRate(0.5, 10, 2.0, 3, 30)  # r = 0.2
+    counts = [0, 1, 2, 3, 8]
+    lo_r, hi_r = wilson(2.0, 10)
+
+    def probs(x):
+        return [1 - (1 - x) ** c for c in counts]
+
+    got = expected_flips(rate, counts, observed=2)
+    assert got.expected == pytest.approx(sum(probs(0.2)))
+    assert (got.low, got.high, got.limit) == (_brute_quantile(probs(lo_r), 0.025), _brute_quantile(probs(hi_r), 0.975),
+                                              _brute_quantile(probs(hi_r), 0.99))
+    assert got.low < got.high <= got.limit  # the interval's two ends are not one quantile
+    assert (got.observed, got.prompts, got.at_risk_prompts, got.rate) == (2, 5, 4, rate)
+    # nothing at risk: no rate, nothing expected, and the interval of 0..1 for the bounds
+    none = expected_flips(FlipRate(0.5, 0, 0.0, 0, 30), counts, observed=0)
+    assert none.expected == 0.0 and none.rate.rate is None
+    assert none.limit == _brute_quantile(probs(1.0), 0.99)
+
+
+def test_flip_expectation_passes_up_to_its_limit_and_round_trips_its_figures():
+    from specparity.judge.flip_budget import FlipExpectation
+    from specparity.model.threshold import FlipRate
+
+    e = FlipExpectation(3, 1.25, 0, 2, 3, 5, 4, FlipRate(0.5, 10, 2.0, 3, 30))
+    assert e.passed and not FlipExpectation(4, 1.25, 0, 2, 3, 5, 4, e.rate).passed
+    assert e.to_json() == {"observed": 3, "expected": 1.25, "low": 0, "high": 2, "limit": 3, "prompts": 5,
+                           "at_risk_prompts": 4, "passed": True}
