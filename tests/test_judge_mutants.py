@@ -764,3 +764,209 @@ def test_flip_expectation_passes_up_to_its_limit_and_round_trips_its_figures():
     assert e.passed and not FlipExpectation(4, 1.25, 0, 2, 3, 5, 4, e.rate).passed
     assert e.to_json() == {"observed": 3, "expected": 1.25, "low": 0, "high": 2, "limit": 3, "prompts": 5,
                            "at_risk_prompts": 4, "passed": True}
+
+
+# --- the threshold record and its words (model/threshold.py) ---------------------------------------------------
+
+def _near_noise(**kw):
+    from specparity.model.threshold import NoiseStats
+
+    fields = dict(near_window=2.0, near_pairs=60, near_max_abs_delta=0.125, robust_abs_delta=0.375,
+                  near_robust_abs_delta=0.0625, moved_pairs=300, largest_at="p7 position 3")
+    fields.update(kw)
+    return NoiseStats(0.5, 0.25, 100, 400, **fields)
+
+
+def _cross_noise(**kw):
+    from specparity.model.threshold import NoiseStats
+
+    fields = dict(near_window=2.0, near_pairs=60, near_max_abs_delta=0.75, robust_abs_delta=0.875,
+                  near_robust_abs_delta=0.625, moved_pairs=20, largest_at="p3 position 9")
+    fields.update(kw)
+    return NoiseStats(1.0, 0.5, 50, 200, **fields)
+
+
+def test_noise_stats_describe_which_pairs_the_flip_noise_was_taken_over():
+    from specparity.model.threshold import NoiseStats
+
+    near = _near_noise()
+    assert near.near_measured and near.flip_noise == 0.0625
+    assert near.describe_flip() == ("0.0625 over the 60 pairs whose margin is at most 2 nats (3rd-largest 0.0625, "
+                                    "max 0.125; every pair: max 0.5 over 400)")
+    few = _near_noise(near_pairs=49)
+    assert not few.near_measured and few.flip_noise == 0.375
+    assert few.describe_flip() == ("0.375 over every pair (only 49 pair(s) with a margin at most 2 nats, fewer than "
+                                   "50: 400 pairs, the all-pairs figure; 3rd-largest 0.375, max 0.5)")
+    assert _near_noise(near_pairs=50).near_measured
+    # a record made before the robust figures existed: the maxima, and no "3rd-largest" words
+    old = NoiseStats(0.5, 0.25, 100, 400)
+    assert not old.near_measured and old.flip_noise == 0.5
+    assert old.describe_flip() == "0.5 over every pair (400 pairs, the all-pairs figure)"
+    old_near = NoiseStats(0.5, 0.25, 100, 400, near_window=2.0, near_pairs=60, near_max_abs_delta=0.125)
+    assert old_near.flip_noise == 0.125
+    assert old_near.describe_flip() == "0.125 over the 60 pairs whose margin is at most 2 nats (every pair: 0.5 over 400)"
+    assert NoiseStats(0.5, 0.25, 100, 400, near_pairs=60).flip_noise == 0.5  # no window: nothing is near
+    assert near.to_json() == vars(near) and near.to_json() is not vars(near)
+
+
+def test_the_ordinals_of_the_robust_rank():
+    from specparity.model.threshold import _ordinal
+
+    assert [_ordinal(n) for n in (1, 2, 3, 4, 11)] == ["1st", "2nd", "3rd", "4th", "11th"]
+
+
+def test_wilson_interval_matches_its_formula_and_clamps_to_zero_and_one():
+    import math
+
+    from specparity.model.threshold import wilson
+
+    def reference(k, n, z=1.959964):
+        p = k / n
+        centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+        half = z / (1 + z * z / n) * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+        return centre - half, centre + half
+
+    for k, n in ((3, 10), (1.5, 4), (7, 9), (1, 1)):
+        assert wilson(k, n) == pytest.approx(reference(k, n), rel=1e-12), (k, n)
+    # at 0/7 and 20/20 the formula rounds to just below 0 and just above 1: the interval is clamped
+    assert wilson(0, 7)[0] == 0.0 and wilson(20, 20)[1] == 1.0
+    assert wilson(0, 0) == (0.0, 1.0) and wilson(0, -1) == (0.0, 1.0)
+    assert wilson(3, 10, z=1.0) == pytest.approx(reference(3, 10, z=1.0), rel=1e-12)
+
+
+def test_flip_rate_describes_its_rate_and_round_trips():
+    from specparity.model.threshold import FlipRate, wilson
+
+    rate = FlipRate(0.5, 10, 1.5, 2, 30)
+    lo, hi = wilson(1.5, 10)
+    assert rate.rate == 0.15 and rate.bounds() == (lo, hi)
+    assert rate.describe() == (
+        f"the baseline's decode and teacher-forced passes chose different tokens at 1.5 of 10 positions whose margin is "
+        f"above a tie and within 0.5 nats (flip rate 0.15 (95 % interval {lo:.3g}–{hi:.3g})); 2 exact-tie position(s) "
+        f"among 30")
+    none = FlipRate(0.5, 0, 0.0, 1, 3)
+    assert none.rate is None and "(flip rate no position at risk); 1 exact-tie position(s) among 3" in none.describe()
+    assert FlipRate.from_json(rate.to_json()) == rate and rate.to_json() is not vars(rate)
+    assert FlipRate.from_json(None) is None and FlipRate.from_json({}) is None
+
+
+def test_a_measured_threshold_with_a_cross_instance_figure_beyond_the_allowance():
+    from specparity.model.threshold import FlipRate, NearTieThreshold
+
+    near, cross = _near_noise(), _cross_noise()
+    t = NearTieThreshold(0.1875, "measured", near, 1.5, 2.0, "4 prompts", cross, "", FlipRate(2.0, 10, 1.5, 2, 30))
+    # the near-tie figure: 0.625 between the servers, of which the allowance takes 0.25 (its floor); the
+    # drift bound's: 1.0 between them, exactly the cap 2 × 0.5, all taken
+    (f0, f1) = t.cross_figures()
+    assert (f0.what, f0.within, f0.cross, f1.what, f1.within, f1.cross) == (
+        "near-tie figure", 0.0625, 0.625, "largest over every pair", 0.5, 1.0)
+    assert (t.flip_noise, t.noise_max, t.drift_nats, t.drift_held) == (0.25, 1.0, 2.0, True)
+    assert t.describe() == (
+        "0.1875 nats, measured: 1.5 × |Δmargin| 0.25 (between incremental decode and teacher-forced scoring of the "
+        "baseline: 0.0625 over the 60 pairs whose margin is at most 2 nats (3rd-largest 0.0625, max 0.125; every "
+        "pair: max 0.5 over 400), 100 positions, p99 0.25; between the two server instances: 0.625 over the 60 pairs "
+        "whose margin is at most 2 nats (3rd-largest 0.625, max 0.75; every pair: max 1 over 200), of which the "
+        "allowance takes 0.25); ceiling 2; calibrated on 4 prompts")
+    assert t.describe_cross() == (
+        "max |Δmargin| 0.625 over the 60 pairs whose margin is at most 2 nats (3rd-largest 0.625, max 0.75; every "
+        "pair: max 1 over 200) between teacher-forced scoring of the baseline's tokens on the baseline server and on "
+        "the speculative server (50 positions; p99 0.5; 20 of 200 pairs moved; the largest at p3 position 9); within "
+        "the baseline's instance: 0.0625 (every pair: max 0.5); the allowance takes 0.25 of the near-tie figure")
+    assert t.cross_finding() == (
+        "the speculative server's target computes differently: cross-instance 0.625 nats vs within-instance 0.0625 "
+        "(near-tie figure; the allowance takes 0.25); 20 of 200 pairs moved between the two servers, the largest at "
+        "p3 position 9. The threshold and the drift bound take the cross-instance noise only up to the larger of 0.25 "
+        "nats and 2 × the within-instance figure; compare what decides the two servers' numerics (dtype, "
+        "quantization, KV cache dtype, attention backend, tensor-parallel size, speculative settings that reach the "
+        "target's kernels)")
+    j = t.to_json()
+    assert j == {"nats": 0.1875, "source": "measured", "multiplier": 1.5, "noise": near.to_json(), "ceiling": 2.0,
+                 "drift_nats": 2.0, "calibration": "4 prompts", "cross_instance": cross.to_json(),
+                 "cross_instance_note": "", "cross_instance_finding": t.cross_finding(),
+                 "flip_rate": {"window": 2.0, "positions": 10, "flips": 1.5, "ties": 2, "measured_positions": 30},
+                 "description": t.describe()}
+    assert NearTieThreshold.from_json(j) == t
+
+
+def test_cross_instance_words_without_counts_or_location_and_within_the_allowance():
+    from specparity.model.threshold import NearTieThreshold, NoiseStats
+
+    # the finding without a count of moved pairs: only where the largest was, with no leading comma
+    bare = _cross_noise(moved_pairs=None)
+    t = NearTieThreshold(0.1875, "measured", _near_noise(), 1.5, cross=bare, cross_note="scored on the spec server")
+    assert "(near-tie figure; the allowance takes 0.25); the largest at p3 position 9. The threshold" in t.cross_finding()
+    assert t.describe_cross().endswith("(50 positions; p99 0.5; the largest at p3 position 9); within the baseline's "
+                                       "instance: 0.0625 (every pair: max 0.5); the allowance takes 0.25 of the "
+                                       "near-tie figure; scored on the spec server")
+    unlocated = NearTieThreshold(0.1875, "measured", _near_noise(), 1.5, cross=_cross_noise(largest_at=None))
+    assert "(near-tie figure; the allowance takes 0.25); 20 of 200 pairs moved between the two servers. The" in (
+        unlocated.cross_finding())
+    assert "(50 positions; p99 0.5; 20 of 200 pairs moved); within" in unlocated.describe_cross()
+    nothing = NearTieThreshold(0.1875, "measured", _near_noise(), 1.5, cross=_cross_noise(moved_pairs=None,
+                                                                                          largest_at=None))
+    assert "(near-tie figure; the allowance takes 0.25). The threshold" in nothing.cross_finding()
+    assert "(50 positions; p99 0.5); within" in nothing.describe_cross()
+    # within the allowance: no finding, no "of which", no "allowance takes"
+    small = NoiseStats(0.25, 0.125, 50, 200, moved_pairs=20, largest_at="p3 position 9")
+    within = NearTieThreshold(0.1875, "measured", _near_noise(), 1.5, cross=small)
+    assert within.cross_finding() is None and within.flip_noise == 0.25 and within.noise_max == 0.5
+    assert "of which" not in within.describe() and "allowance" not in within.describe_cross()
+    assert within.describe().endswith("; between the two server instances: 0.25 over every pair (200 pairs, the "
+                                      "all-pairs figure)); ceiling 2")
+    # no cross-instance figure: its note, or "not measured"
+    alone = NearTieThreshold(0.1875, "measured", _near_noise(), 1.5, cross_note="one instance")
+    assert alone.cross_figures() == [] and alone.cross_finding() is None and alone.describe_cross() == "one instance"
+    assert alone.describe().endswith("100 positions, p99 0.25); ceiling 2")
+    assert NearTieThreshold.from_json(alone.to_json()).cross_note == "one instance"
+    assert NearTieThreshold(0.1875, "measured", _near_noise(), 1.5).describe_cross() == "not measured"
+    assert NearTieThreshold(0.1875, "measured", _near_noise(), 1.5, cross=NoiseStats(0.0, 0.0, 5, 0),
+                            cross_note="").describe_cross() == "not measured"
+    # a cross-instance figure without a within-instance one: it alone, up to the floor of the allowance
+    only_cross = NearTieThreshold(0.5, "override", None, 1.5, cross=_cross_noise())
+    assert [(f.within, f.cross) for f in only_cross.cross_figures()] == [(0.0, 0.625), (0.0, 1.0)]
+    assert (only_cross.flip_noise, only_cross.noise_max, only_cross.drift_nats) == (0.25, 0.25, None)
+    assert not only_cross.drift_held
+    assert only_cross.describe_cross().endswith("20 of 200 pairs moved; the largest at p3 position 9); the allowance "
+                                                "takes 0.25 of the near-tie figure, 0.25 of the largest over every pair")
+
+
+def test_an_override_threshold_says_what_was_measured_and_that_the_ceiling_was_raised():
+    from specparity.model.threshold import NearTieThreshold, NoiseStats
+
+    noise = NoiseStats(0.5, 0.25, 100, 400)
+    t = NearTieThreshold(3.0, "override", noise, 1.5, 4.0, "4 prompts", _cross_noise(), "")
+    assert t.describe() == ("3 nats, set by --near-tie-nats (measured noise for reference: max |Δmargin| 0.5; between "
+                            "the two server instances 1); --near-tie-ceiling raised to 4 nats on purpose (default 2); "
+                            "calibrated on 4 prompts")
+    assert NearTieThreshold(0.5, "override", None, 1.5).describe() == "0.5 nats, set by --near-tie-nats"
+    assert NearTieThreshold(0.5, "override", noise, 1.5, 2.0).describe() == (
+        "0.5 nats, set by --near-tie-nats (measured noise for reference: max |Δmargin| 0.5)")
+    empty_cross = NearTieThreshold(0.5, "override", noise, 1.5, 2.0, cross=NoiseStats(0.0, 0.0, 5, 0))
+    assert empty_cross.describe() == "0.5 nats, set by --near-tie-nats (measured noise for reference: max |Δmargin| 0.5)"
+    # a measured threshold never says "raised", whatever its ceiling; an override at a lowered one neither
+    assert "raised" not in NearTieThreshold(0.5, "measured", noise, 1.5, 4.0).describe()
+    assert "raised" not in NearTieThreshold(0.5, "override", noise, 1.5, 1.0).describe()
+    j = t.to_json()
+    assert (j["noise"], j["flip_rate"], j["cross_instance_finding"]) == (noise.to_json(), None, t.cross_finding())
+    assert NearTieThreshold.from_json(j) == t
+    bare = NearTieThreshold(0.5, "override", None, 1.5)
+    assert bare.to_json()["noise"] is None and bare.to_json()["cross_instance"] is None
+    assert bare.drift_nats is None and not bare.drift_held and bare.noise_max is None and bare.flip_noise is None
+    # a record from before the ceiling, the calibration words and the cross-instance figure were journalled
+    old = NearTieThreshold.from_json({"nats": "0.5", "source": "override", "multiplier": "1.5", "noise": None})
+    assert old == NearTieThreshold(0.5, "override", None, 1.5, 2.0, "", None, "", None)
+
+
+def test_the_drift_bound_has_a_floor_and_is_held_only_above_the_ceiling():
+    from specparity.model.threshold import FLOOR_NATS, NearTieThreshold, NoiseStats
+
+    zero = NearTieThreshold(1e-5, "measured", NoiseStats(0.0, 0.0, 10, 40), 1.5)
+    assert zero.drift_nats == FLOOR_NATS and not zero.drift_held
+    at = NearTieThreshold(0.5, "measured", NoiseStats(0.5, 0.25, 10, 40), 1.5, 2.0)
+    assert at.drift_nats == 2.0 and not at.drift_held  # 4 × 0.5 is the ceiling itself: not held
+    over = NearTieThreshold(0.5, "measured", NoiseStats(0.75, 0.25, 10, 40), 1.5, 2.0)
+    assert over.drift_nats == 2.0 and over.drift_held
+    under = NearTieThreshold(0.5, "measured", NoiseStats(0.25, 0.25, 10, 40), 1.5, 2.0)
+    assert under.drift_nats == 1.0 and not under.drift_held
+    unmeasured = NearTieThreshold(0.5, "override", NoiseStats(0.0, 0.0, 10, 0), 1.5)
+    assert unmeasured.drift_nats is None and not unmeasured.drift_held
