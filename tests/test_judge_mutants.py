@@ -970,3 +970,203 @@ def test_the_drift_bound_has_a_floor_and_is_held_only_above_the_ceiling():
     assert under.drift_nats == 1.0 and not under.drift_held
     unmeasured = NearTieThreshold(0.5, "override", NoiseStats(0.0, 0.0, 10, 0), 1.5)
     assert unmeasured.drift_nats is None and not unmeasured.drift_held
+
+
+# --- compare(): every rule, with its exact reason (judge/compare.py) --------------------------------------------
+# Six tokens, stop token 0, max_new_tokens 6, near-tie threshold 0.25. Every row holds the chosen token at -0.125
+# and one alternative ``margin`` nats below it (default 4); the baseline flips 2 -> 7 at position 1.
+
+_C_BASE = [1, 2, 3, 4, 5, 6]
+_C_SPEC = [1, 7, 3, 4, 5, 6]  # re-merges at 2/2
+
+
+def _c_rows(ids, margins=None, alts=None, chosen=None, unreported=()):
+    """Rows whose argmax is ``chosen[i]`` (default: the token itself) with ``alts[i]`` (default 9) ``margins[i]``
+    nats below; where the argmax is another token, the token itself is the alternative."""
+    n = len(ids)
+    margins = margins or {}
+    alts = alts or {}
+    chosen = chosen or {}
+    top_ids, top_lp, own = [], [], []
+    for i, t in enumerate(ids):
+        best, alt, m = chosen.get(i, t), alts.get(i, 9), margins.get(i, 4.0)
+        second = t if best != t else alt
+        top_ids.append([best, second])
+        top_lp.append([-0.125, -0.125 - m])
+        own.append(-0.125 if best == t else -0.125 - m)
+    rows = scores(ids, top_ids, top_lp, logprobs=own)
+    for i in unreported:
+        rows.logprobs[i] = np.nan
+        rows.top_logprobs[i] = np.nan
+        rows.top_ids[i] = -1
+    return rows
+
+
+def _c_stream(ids, rows, finish="length", error=None):
+    return GenerationResult("p", list(ids), "", finish, rows, SpecStats.unavailable("test"), error=error)
+
+
+def _c_compare(base=None, spec=None, spec_tf="default", **kw):
+    from specparity.judge.compare import compare
+
+    base = base or _c_stream(_C_BASE, _c_rows(_C_BASE, margins={1: 0.125}, alts={1: 7}))
+    spec = spec or _c_stream(_C_SPEC, _c_rows(_C_SPEC, margins={1: 0.125}, alts={1: 2}))
+    if spec_tf == "default":  # the target's own choice at every later position; at the split its row (2 over 7)
+        spec_tf = _c_rows(spec.output_ids, margins={1: 0.5}, chosen={1: 2})
+    kw.setdefault("threshold", 0.25)
+    return compare("p", "cat", base, spec, spec_tf, max_new_tokens=6, stop_ids=[0], decode=_decode, **kw)
+
+
+def test_compare_identical_streams_and_the_record_it_keeps():
+    from specparity.model.verdicts import Drift
+
+    same = _c_stream(_C_BASE, _c_rows(_C_BASE))
+    v = _c_compare(same, _c_stream(_C_BASE, _c_rows(_C_BASE)), _c_rows(_C_BASE), threshold=0.5)
+    assert (v.prompt_id, v.category, v.klass, v.rule, v.reason) == (
+        "p", "cat", "exact", "identical", "identical token ids and finish reason")
+    assert (v.baseline_len, v.spec_len, v.baseline_finish, v.spec_finish, v.threshold, v.later_scored) == (
+        6, 6, "length", "length", 0.5, True)
+    assert v.divergence is None and v.drift is None and v.tf_violations == [] and v.rejected_at is None
+    unscored = _c_compare(same, same, None, drift_nats=0.5)
+    assert unscored.klass == "exact" and not unscored.later_scored and unscored.drift == Drift(0.5, 0.0, None, 0, 6)
+
+
+def test_compare_failed_and_broken_streams_are_errors():
+    ok = _c_stream(_C_BASE, _c_rows(_C_BASE))
+    both = _c_compare(_c_stream([], TokenScores.empty(2), error="boom"), _c_stream([], TokenScores.empty(2), error="x"))
+    assert (both.klass, both.rule, both.reason) == ("error", "failed", "baseline failed: boom")
+    spec_only = _c_compare(ok, _c_stream([], TokenScores.empty(2), error="bad"))
+    assert (spec_only.klass, spec_only.rule, spec_only.reason) == ("error", "failed", "speculative run failed: bad")
+    why = ("the engine broke the protocol: finish_reason 'abort' for a finished stream (expected 'stop' or 'length')")
+    broken = _c_compare(_c_stream(_C_BASE, _c_rows(_C_BASE), "abort"), _c_stream(_C_BASE, _c_rows(_C_BASE), "abort"))
+    assert (broken.klass, broken.rule, broken.reason) == ("error", "broken_finish",
+                                                          f"baseline: {why}; speculative run: {why}")
+    assert _c_compare(ok, _c_stream(_C_BASE, _c_rows(_C_BASE), "abort")).reason == f"speculative run: {why}"
+
+
+def test_compare_a_baseline_that_breaks_the_stop_rule_is_not_judged():
+    from specparity.judge.compare import stop_rule_problem
+
+    base = _c_stream([1, 2, 3], _c_rows([1, 2, 3]), "stop")
+    v = _c_compare(base, _c_stream([1, 2, 3], _c_rows([1, 2, 3]), "stop"))
+    assert (v.klass, v.rule) == ("error", "baseline_stop_rule")
+    assert v.reason == (f"not judged: the baseline breaks the stop rule ({stop_rule_problem(base, 6, [0], _decode)}): "
+                        f"the stop set or token limit is not the engine's, a harness/configuration error, not "
+                        f"speculation")
+    assert "ends with token 3 '<3>'" in v.reason  # the decode reaches the words
+
+
+def test_compare_same_tokens_other_finish_own_row_rejection_and_drift():
+    from specparity.model.verdicts import Drift
+
+    ids = [1, 2, 3, 4, 5, 0]
+    v = _c_compare(_c_stream(ids, _c_rows(ids)), _c_stream(ids, _c_rows(ids), "stop"))
+    assert (v.klass, v.rule, v.reason) == ("diverged", "finish_mismatch",
+                                           "same tokens but finish reason 'stop' vs baseline 'length'")
+    base = _c_stream(_C_BASE, _c_rows(_C_BASE))
+    rejected = _c_compare(base, _c_stream(_C_BASE, _c_rows(_C_BASE, margins={2: 1.0}, chosen={2: 9})))
+    assert (rejected.klass, rejected.rule, rejected.rejected_at) == ("diverged", "own_row_rejected", 2)
+    assert rejected.reason.startswith("position 2: the speculative run emitted 3 '<3>', but its own row there "
+                                      "prefers 9 '<9>' by 1 nats: ")
+    drifted = _c_compare(base, _c_stream(_C_BASE, _c_rows(_C_BASE, margins={3: 3.0})), drift_nats=0.5)
+    assert drifted.drift == Drift(0.5, 1.0, 3, 1, 6)
+    assert (drifted.klass, drifted.rule, drifted.reason) == (
+        "drifted", "drift", "identical token ids, but the speculative run's own logprobs drift from the baseline's by "
+                            "up to 1 nats from position 3 (1 of 6 positions above the drift bound 0.5)")
+    within = _c_compare(base, _c_stream(_C_BASE, _c_rows(_C_BASE, margins={3: 3.5})), drift_nats=0.5)
+    assert within.klass == "exact" and within.drift == Drift(0.5, 0.5, None, 0, 6)
+
+
+def test_compare_a_split_with_a_broken_stream_or_no_margin():
+    spec_ids = [1, 0, 3, 4, 5, 6]
+    v = _c_compare(spec=_c_stream(spec_ids, _c_rows(spec_ids)))
+    assert (v.klass, v.rule) == ("diverged", "stream_problem") and v.divergence.position == 1
+    assert v.reason == ("speculative stream: continued past stop token 0 at position 1 (4 tokens after it) (first "
+                        "difference at position 1)")
+    unreported = _c_stream(_C_BASE, _c_rows(_C_BASE, unreported=(1,)))
+    u = _c_compare(unreported, spec_tf=None)  # (the speculative stream's teacher-forced row would give a margin)
+    assert (u.klass, u.rule) == ("diverged", "margin_unreported")
+    assert u.reason == ("position 1: the engine reported no logprobs for the baseline there, so the margin between "
+                        "'<2>' and '<7>' is unknown (never assumed to be a near tie)")
+    assert _c_compare(unreported, spec_tf=None, baseline_tf=_c_rows(_C_BASE, unreported=(1,))).rule == "margin_unreported"
+    # a reported teacher-forced row without the speculative token: outside the top-k, not unreported
+    assert _c_compare(unreported, spec_tf=None, baseline_tf=_c_rows(_C_BASE)).rule == "margin_outside_top_k"
+    outside = _c_compare(_c_stream(_C_BASE, _c_rows(_C_BASE)), spec_tf=None)
+    assert _c_compare(_c_stream(_C_BASE, _c_rows(_C_BASE))).rule == "margin_over_threshold"  # the same from spec_tf
+    assert (outside.klass, outside.rule) == ("diverged", "margin_outside_top_k")
+    assert outside.reason == "position 1: spec token 7 '<7>' is outside the baseline's top-2 (baseline chose 2 '<2>')"
+
+
+def test_compare_a_margin_over_the_threshold_and_one_at_it():
+    over = _c_compare(_c_stream(_C_BASE, _c_rows(_C_BASE, margins={1: 0.5}, alts={1: 7})))
+    assert (over.klass, over.rule) == ("diverged", "margin_over_threshold")
+    assert over.reason == ("position 1: baseline margin 0.5 nats between '<2>' and '<7>' exceeds the near-tie "
+                           "threshold 0.25")
+    at = _c_compare(_c_stream(_C_BASE, _c_rows(_C_BASE, margins={1: 0.25}, alts={1: 7})))
+    assert (at.klass, at.divergence.baseline_margin) == ("near_tie", 0.25)
+
+
+def test_compare_a_near_tie_and_what_still_fails_it():
+    from specparity.model.verdicts import Drift
+
+    v = _c_compare(drift_nats=0.5)
+    assert (v.klass, v.rule) == ("near_tie", "near_tie") and v.drift == Drift(0.5, 0.0, None, 0, 1)
+    assert v.reason == ("position 1: '<2>' vs '<7>', baseline margin 0.125 <= threshold 0.25, re-merges at 2/2; every "
+                        "later spec token is the target's argmax")
+    # the streams re-align at different offsets: 4 on the baseline, 2 on the speculative run (both end on the stop)
+    base, short = [1, 2, 3, 4, 5, 0], [1, 7, 5, 0]
+    shifted = _c_compare(_c_stream(base, _c_rows(base, margins={1: 0.125}, alts={1: 7}), "stop"),
+                         _c_stream(short, _c_rows(short, margins={1: 0.125}, alts={1: 2}), "stop"))
+    assert shifted.klass == "near_tie" and ", re-merges at 4/2; every later" in shifted.reason
+    # the baseline's decode row left out: the margin from its teacher-forced row
+    tf_margin = _c_compare(_c_stream(_C_BASE, _c_rows(_C_BASE, unreported=(1,))), spec_tf=_c_rows(_C_SPEC),
+                           baseline_tf=_c_rows(_C_BASE, margins={1: 0.125}, alts={1: 7}))
+    assert (tf_margin.klass, tf_margin.divergence.margin_source) == ("near_tie", "teacher-forced")
+    apart = [1, 7, 8, 8, 8, 8]
+    no_merge = _c_compare(spec=_c_stream(apart, _c_rows(apart, margins={1: 0.125}, alts={1: 2})))
+    assert no_merge.reason.endswith("<= threshold 0.25, does not re-merge; every later spec token is the target's "
+                                    "argmax")
+    # the speculative run's own row rejects a later token
+    rejected = _c_compare(spec=_c_stream(_C_SPEC, _c_rows(_C_SPEC, margins={1: 0.125, 3: 1.0}, alts={1: 2},
+                                                          chosen={3: 9})))
+    assert (rejected.klass, rejected.rule, rejected.rejected_at) == ("diverged", "own_row_rejected", 3)
+    assert rejected.reason.startswith("position 3 (first difference at position 1): the speculative run emitted 4")
+    unscored = _c_compare(spec_tf=None)
+    assert (unscored.klass, unscored.rule, unscored.reason) == (
+        "diverged", "later_unscored",
+        "position 1: near-tie flip, but the rest of the stream could not be scored teacher-forced")
+    # later positions the target would not have chosen: above the threshold, or unscored; one at it is fine
+    tf = _c_rows(_C_SPEC, margins={1: 0.5, 3: 0.5, 4: 0.25}, chosen={1: 2, 3: 9, 4: 9, 5: 9})
+    tf.token_ids[5] = -1  # the row did not score the token: no margin
+    later = _c_compare(spec_tf=tf)
+    assert (later.klass, later.rule) == ("diverged", "later_not_argmax")
+    assert later.reason == ("near-tie flip at 1 (margin 0.125), but at position 3 the spec token 4 is not the target's "
+                            "choice 9 under its own prefix (margin 0.5 nats); 2 such position(s)")
+    tf = _c_rows(_C_SPEC, margins={1: 0.5}, chosen={1: 2, 5: 9})
+    tf.token_ids[5] = -1
+    assert _c_compare(spec_tf=tf).reason.endswith("the spec token 6 is not the target's choice 9 under its own prefix "
+                                                   "(outside the top-k); 1 such position(s)")
+
+
+def test_compare_a_near_tie_after_drift_or_too_far_apart_on_the_two_sides():
+    from specparity.model.verdicts import Drift
+
+    spec_rows = _c_rows(_C_SPEC, margins={0: 3.0, 1: 0.125}, alts={1: 2})
+    before = _c_compare(spec=_c_stream(_C_SPEC, spec_rows), drift_nats=0.5)
+    assert (before.klass, before.rule, before.drift) == ("drifted", "drift_before_split", Drift(0.5, 1.0, 0, 1, 1))
+    assert before.reason == (
+        "near-tie flip at position 1 (margin 0.125), but before it the speculative run's own logprobs drift from the "
+        "baseline's by up to 1 nats from position 0 (1 of 1 positions above the drift bound 0.5): the flip follows a "
+        "corrupted computation, not numeric noise")
+    # the split's gap: 0.125 (baseline) + 0.125 (the speculative row's own margin) = 0.25
+    gap = _c_compare(drift_nats=0.125)
+    assert (gap.klass, gap.rule) == ("drifted", "split_gap")
+    assert gap.reason == (
+        "near-tie flip at position 1 (baseline margin 0.125 <= threshold 0.25), but the speculative run's own row "
+        "there prefers '<7>' by 0.125 nats: the two computations of the same position are 0.25 nats apart, beyond "
+        "the drift bound 0.125 — not a tie the noise explains")
+    assert _c_compare(drift_nats=0.25).klass == "near_tie"  # a gap at the bound is within it
+    assert _c_compare().klass == "near_tie"  # no drift bound: no gap check
+    # the baseline's token outside the speculative row: its lowest alternative bounds the gap from below
+    far = _c_compare(spec=_c_stream(_C_SPEC, _c_rows(_C_SPEC, margins={1: 0.5})), drift_nats=0.125)
+    assert "prefers '<7>' by at least 0.5 nats: the two computations of the same position are 0.625 nats" in far.reason
