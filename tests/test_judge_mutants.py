@@ -1170,3 +1170,38 @@ def test_compare_a_near_tie_after_drift_or_too_far_apart_on_the_two_sides():
     # the baseline's token outside the speculative row: its lowest alternative bounds the gap from below
     far = _c_compare(spec=_c_stream(_C_SPEC, _c_rows(_C_SPEC, margins={1: 0.5})), drift_nats=0.125)
     assert "prefers '<7>' by at least 0.5 nats: the two computations of the same position are 0.625 nats" in far.reason
+
+
+def test_an_exact_tie_at_the_split_says_how_each_side_broke_it():
+    """Both tokens carry the same logprob on both sides: the baseline took the lower id; the speculative run
+    took the higher one, as an accepted draft when its step records say so."""
+    base = _stream([1, 2, 3], scores([1, 2, 3], [[1, 9], [2, 7], [3, 9]], [[-0.1, -3.0], [-0.125, -0.125], [-0.1, -3.0]]))
+    spec_rows = scores([1, 7, 3], [[1, 9], [7, 2], [3, 9]], [[-0.1, -3.0], [-0.125, -0.125], [-0.1, -3.0]])
+    drafted = SpecStats.from_steps([StepRecord(proposed=2, accepted=2, emitted=3)], "steps")
+    d = _describe_divergence(1, base, _stream([1, 7, 3], spec_rows, drafted), _decode)
+    assert d.tie is True and d.baseline_margin == 0.0 and d.spec_margin == 0.0
+    assert (d.baseline_break, d.spec_break) == ("lower_id", "draft")
+    plain = _describe_divergence(1, base, _stream([1, 7, 3], spec_rows), _decode)
+    assert (plain.baseline_break, plain.spec_break) == ("lower_id", "higher_id")
+    # no tie: no break words, and ``tie`` is a plain False
+    far = _split()
+    assert far.tie is False and (far.baseline_break, far.spec_break) == ("", "")
+
+
+def test_the_split_shows_eight_tokens_of_context_on_each_side():
+    base_ids = list(range(10, 30))
+    spec_ids = base_ids[:10] + [99] + base_ids[11:]
+    rows = scores(base_ids, [[t, 5] for t in base_ids], [[-0.1, -3.0]] * 20)
+    d = _describe_divergence(10, _stream(base_ids, rows), _stream(spec_ids, rows), _decode)
+    assert d.context_before == _decode(base_ids[2:10])
+    assert d.baseline_after == _decode(base_ids[10:18]) and d.spec_after == _decode(spec_ids[10:18])
+    assert d.remerge == (11, 11)
+    early = _describe_divergence(3, _stream(base_ids, rows), _stream(base_ids[:3] + [99] + base_ids[4:], rows), _decode)
+    assert early.context_before == "<10><11><12>"
+
+
+def test_a_baseline_that_ends_at_the_split_has_no_token_there():
+    base = _stream([1], _ONE_ROW)
+    d = _describe_divergence(1, base, _stream([1, 5, 3], _spec_rows(5)), _decode)
+    assert d.baseline_token is None and d.spec_token == TokenView(5, "<5>")
+    assert (d.baseline_margin, d.spec_margin, d.tie, d.remerge, d.baseline_after) == (None, None, False, None, "")
