@@ -1205,3 +1205,10 @@ def test_a_baseline_that_ends_at_the_split_has_no_token_there():
     d = _describe_divergence(1, base, _stream([1, 5, 3], _spec_rows(5)), _decode)
     assert d.baseline_token is None and d.spec_token == TokenView(5, "<5>")
     assert (d.baseline_margin, d.spec_margin, d.tie, d.remerge, d.baseline_after) == (None, None, False, None, "")
+
+
+def test_positions_at_risk_are_above_a_tie_and_at_most_the_window():
+    from specparity.judge.flip_budget import at_risk
+
+    rows = _margin_rows([1, 2, 3, 4, 5], [0.0, 0.25, 0.5, 1.0, float("nan")])
+    assert at_risk(rows, 0.5).tolist() == [False, True, True, False, False]
