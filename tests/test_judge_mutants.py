@@ -1212,3 +1212,22 @@ def test_positions_at_risk_are_above_a_tie_and_at_most_the_window():
 
     rows = _margin_rows([1, 2, 3, 4, 5], [0.0, 0.25, 0.5, 1.0, float("nan")])
     assert at_risk(rows, 0.5).tolist() == [False, True, True, False, False]
+
+
+def test_quantile_forgives_a_cumulative_sum_rounded_just_below_the_level():
+    """0.7 + 0.1 sums to 0.7999999999999999 in floating point: P(K <= 1) is 0.8, so the 0.8 quantile is 1."""
+    from specparity.judge.flip_budget import quantile
+
+    assert 0.7 + 0.1 < 0.8
+    assert quantile(np.array([0.7, 0.1, 0.2]), 0.8) == 1
+    assert quantile(np.array([0.25, 0.5, 0.25]), 0.75) == 1 and quantile(np.array([0.25, 0.5, 0.25]), 0.76) == 2
+
+
+def test_position_deltas_of_no_rows_and_of_one_row():
+    from specparity.judge.noise import position_deltas
+
+    a = scores([1], [[1, 5]], [[-0.5, -1.0]])
+    b = scores([1], [[1, 5]], [[-0.5, -1.25]])
+    assert position_deltas(a, b).tolist() == [0.25]
+    empty = position_deltas(a, TokenScores.empty(2))
+    assert empty.dtype == np.float32 and empty.shape == (0,)
