@@ -1231,3 +1231,31 @@ def test_position_deltas_of_no_rows_and_of_one_row():
     assert position_deltas(a, b).tolist() == [0.25]
     empty = position_deltas(a, TokenScores.empty(2))
     assert empty.dtype == np.float32 and empty.shape == (0,)
+
+
+def test_noise_figures_are_float32_whatever_the_input():
+    """Empty or not, both figures come back as float32 arrays, so a measurement concatenating an empty pair with
+    real ones keeps the float32 arithmetic of its quantiles."""
+    from specparity.judge.noise import abs_deltas_with_margins, position_deltas
+
+    a = scores([1, 2], [[1, 5], [2, 5]], [[-0.5, -1.0], [-0.25, -2.25]])
+    b = scores([1, 2], [[1, 5], [2, 5]], [[-0.5, -1.25], [-0.25, -2.0]])
+    for d, m in (abs_deltas_with_margins(a, b), abs_deltas_with_margins(a, TokenScores.empty(2))):
+        assert d.dtype == np.float32 and m.dtype == np.float32 and len(d) == len(m)
+    assert len(abs_deltas_with_margins(a, TokenScores.empty(2))[1]) == 0
+    assert position_deltas(a, b).dtype == np.float32
+    # rows without any alternative: no pair at any position, NaN each, and no error
+    bare = TokenScores(np.array([1, 2]), np.array([-0.5, -0.25]), np.zeros((2, 0)), np.zeros((2, 0)))
+    assert np.isnan(position_deltas(bare, bare)).tolist() == [True, True]
+
+
+def test_the_robust_figure_is_the_third_largest_from_fifty_values_on():
+    from specparity.judge.noise import robust_figure
+    from specparity.model.threshold import MIN_NEAR_PAIRS, ROBUST_RANK
+
+    assert (MIN_NEAR_PAIRS, ROBUST_RANK) == (50, 3)
+    values = np.arange(1, 51, dtype=np.float32)[::-1].copy()  # 50 .. 1, largest first
+    assert robust_figure(values) == 48.0
+    assert robust_figure(values[:49]) == 50.0  # 49 values: too few for an order statistic, the maximum
+    assert robust_figure(np.concatenate([values, [0.5]]).astype(np.float32)) == 48.0
+    assert robust_figure(np.zeros(0, np.float32)) == 0.0
