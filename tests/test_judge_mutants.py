@@ -1259,3 +1259,137 @@ def test_the_robust_figure_is_the_third_largest_from_fifty_values_on():
     assert robust_figure(values[:49]) == 50.0  # 49 values: too few for an order statistic, the maximum
     assert robust_figure(np.concatenate([values, [0.5]]).astype(np.float32)) == 48.0
     assert robust_figure(np.zeros(0, np.float32)) == 0.0
+
+
+# --- the checks a report shows for a verdict (judge/checks.py) --------------------------------------------------
+
+def _checks_cases():
+    """Verdicts compare() gives for the streams above, one per branch of verdict_checks."""
+    from specparity.model.verdicts import TFViolation
+
+    base = _c_stream(_C_BASE, _c_rows(_C_BASE))
+    ids_stop = [1, 2, 3, 4, 5, 0]
+    tie_base = _c_stream(_C_BASE, _c_rows(_C_BASE, margins={1: 0.0}, alts={1: 7}))
+    tie_spec = _c_stream(_C_SPEC, _c_rows(_C_SPEC, margins={1: 0.0}, alts={1: 2}))
+    later_tf = _c_rows(_C_SPEC, margins={1: 0.5, 3: 0.5}, chosen={1: 2, 3: 9})
+    within_tf = _c_rows(_C_SPEC, margins={1: 0.5, 3: 0.25, 4: 0.0625}, chosen={1: 2, 3: 9, 4: 9})
+    unscored_tf = _c_rows(_C_SPEC, margins={1: 0.5}, chosen={1: 2, 5: 9})
+    unscored_tf.token_ids[5] = -1
+    cases = {
+        "exact": _c_compare(base, _c_stream(_C_BASE, _c_rows(_C_BASE)), _c_rows(_C_BASE), drift_nats=0.5),
+        "exact-undrifted-unreported": _c_compare(base, _c_stream(_C_BASE, _c_rows(_C_BASE, unreported=range(6))),
+                                                 _c_rows(_C_BASE), drift_nats=0.5),
+        "exact-no-drift-bound": _c_compare(base, _c_stream(_C_BASE, _c_rows(_C_BASE)), _c_rows(_C_BASE)),
+        "finish-mismatch": _c_compare(_c_stream(ids_stop, _c_rows(ids_stop)), _c_stream(ids_stop, _c_rows(ids_stop), "stop")),
+        "own-row-identical": _c_compare(base, _c_stream(_C_BASE, _c_rows(_C_BASE, margins={2: 1.0}, chosen={2: 9}))),
+        "drift-identical": _c_compare(base, _c_stream(_C_BASE, _c_rows(_C_BASE, margins={3: 3.0})), drift_nats=0.5),
+        "stream-problem": _c_compare(spec=_c_stream([1, 0, 3, 4, 5, 6], _c_rows([1, 0, 3, 4, 5, 6]))),
+        "margin-unreported": _c_compare(_c_stream(_C_BASE, _c_rows(_C_BASE, unreported=(1,))), spec_tf=None),
+        "margin-outside": _c_compare(base, spec_tf=None),
+        "margin-over": _c_compare(_c_stream(_C_BASE, _c_rows(_C_BASE, margins={1: 0.5}, alts={1: 7}))),
+        "near-tie": _c_compare(drift_nats=0.5),
+        "near-tie-no-merge": _c_compare(spec=_c_stream([1, 7, 8, 8, 8, 8], _c_rows([1, 7, 8, 8, 8, 8], margins={1: 0.125},
+                                                                                 alts={1: 2}))),
+        "near-tie-spec-row-without-baseline-token": _c_compare(spec=_c_stream(_C_SPEC, _c_rows(_C_SPEC))),
+        "exact-tie": _c_compare(tie_base, tie_spec, drift_nats=0.5),
+        "later-over": _c_compare(spec_tf=later_tf),
+        "later-within": _c_compare(spec_tf=within_tf),
+        "later-outside-top-k": _c_compare(spec_tf=unscored_tf),
+        "later-unscored": _c_compare(spec_tf=None),
+        "drift-before-split": _c_compare(spec=_c_stream(_C_SPEC, _c_rows(_C_SPEC, margins={0: 3.0, 1: 0.125}, alts={1: 2})),
+                                         drift_nats=0.5),
+        "split-gap": _c_compare(drift_nats=0.125),
+        "own-row-at-split": _c_compare(spec=_c_stream(_C_SPEC, _c_rows(_C_SPEC, margins={1: 0.125}, chosen={1: 2}))),
+        "own-row-later": _c_compare(spec=_c_stream(_C_SPEC, _c_rows(_C_SPEC, margins={1: 0.125, 3: 1.0}, alts={1: 2},
+                                                                   chosen={3: 9}))),
+        "error": _c_compare(_c_stream([], TokenScores.empty(2), error="boom")),
+    }
+    cases["margin-at-threshold"] = _c_compare(_c_stream(_C_BASE, _c_rows(_C_BASE, margins={1: 0.25}, alts={1: 7})))
+    cases["margin-huge"] = _c_compare(_c_stream(_C_BASE, _c_rows(_C_BASE, margins={1: 800.0}, alts={1: 7})))
+    cases["exact-tie-at-zero-threshold"] = _c_compare(tie_base, tie_spec, threshold=0.0)
+    cases["near-tie-gap-at-bound"] = _c_compare(drift_nats=0.25)
+    end_ids = [1, 2, 3, 4, 5, 7]
+    cases["near-tie-at-the-end"] = _c_compare(_c_stream(_C_BASE, _c_rows(_C_BASE, margins={5: 0.125}, alts={5: 7})),
+                                              _c_stream(end_ids, _c_rows(end_ids, margins={5: 0.125}, alts={5: 6})),
+                                              _c_rows(end_ids, margins={5: 0.125}, chosen={5: 6}))
+    # verdicts made elsewhere (journalled, or by hand): the fields alone decide the checks
+    ulps = _c_compare(_c_stream(_C_BASE, _c_rows(_C_BASE, margins={1: 0.25}, alts={1: 7})))
+    ulps.divergence.ulp_nats = 0.125
+    cases["near-tie-two-ulps"] = ulps
+    one_ulp = _c_compare()
+    one_ulp.divergence.ulp_nats = 0.125
+    cases["near-tie-one-ulp"] = one_ulp
+    odd_breaks = _c_compare(tie_base, tie_spec)
+    odd_breaks.divergence.baseline_break, odd_breaks.divergence.spec_break = "by_hand", "elsewhere"
+    cases["exact-tie-unknown-break-words"] = odd_breaks
+    for name, spec_token, base_token in (("length-spec-ended", None, "keep"), ("length-baseline-ended", "keep", None)):
+        v = _c_compare()
+        v.klass, v.rule = "diverged", "length_mismatch"
+        if spec_token is None:
+            v.divergence.spec_token = None
+        if base_token is None:
+            v.divergence.baseline_token = None
+        cases[name] = v
+    unexplained = _c_compare(_c_stream(_C_BASE, _c_rows(_C_BASE)), spec_tf=None)
+    unexplained.rule = ""
+    cases["margin-unknown-unexplained"] = unexplained
+    explained_not_diverged = _c_compare(_c_stream(_C_BASE, _c_rows(_C_BASE)), spec_tf=None)
+    explained_not_diverged.klass = "drifted"
+    cases["margin-unknown-explained-drifted"] = explained_not_diverged
+    rank_only = _c_compare()
+    rank_only.divergence.spec_margin = None
+    cases["spec-margin-unknown-rank-known"] = rank_only
+    for name, sm in (("own-row-at-split-spec-prefers-its-token", 0.5), ("own-row-at-split-spec-tie", 0.0)):
+        v = _c_compare(spec=_c_stream(_C_SPEC, _c_rows(_C_SPEC, margins={1: 0.125}, chosen={1: 2})))
+        v.divergence.spec_margin = sm
+        cases[name] = v
+    later_no_margin = _c_compare(spec=_c_stream(_C_SPEC, _c_rows(_C_SPEC, margins={1: 0.125, 3: 1.0}, alts={1: 2},
+                                                                 chosen={3: 9})))
+    later_no_margin.divergence.spec_margin = None
+    cases["own-row-later-spec-margin-unknown"] = later_no_margin
+    near_unscored = _c_compare()
+    near_unscored.later_scored, near_unscored.tf_violations = False, []
+    cases["near-tie-later-not-scored"] = near_unscored
+    # a verdict journalled before the rule was recorded: a near tie whose split sits beyond its drift bound
+    gap = _c_compare(drift_nats=0.125)
+    gap.klass, gap.rule = "near_tie", ""
+    cases["near-tie-beyond-bound"] = gap
+    later = _c_compare(spec_tf=None)
+    later.tf_violations, later.later_scored, later.klass, later.rule = [TFViolation(3, 4, 9, 0.125)], False, "diverged", ""
+    cases["later-not-in-record"] = later
+    empty = _c_compare(spec_tf=None)
+    empty.later_scored, empty.klass, empty.rule = False, "diverged", ""
+    cases["later-not-scored-diverged"] = empty
+    return cases
+
+
+
+
+@pytest.mark.parametrize("noise", ["measured", "none"])
+def test_verdict_checks_wording(noise, snapshot):
+    """Every check of every branch, with its state, words, position and figures, with and without the run's
+    measured noise (the snapshot pins the wording; ``pytest --snapshot-update`` after a deliberate change)."""
+    from dataclasses import asdict
+
+    from specparity.judge.checks import verdict_checks
+    from specparity.model.threshold import NoiseStats
+
+    # flip noise 0.125: a margin of 0.125 is inside it, one of 0.25 is not
+    measured = NoiseStats(0.5, 0.25, 100, 400, near_window=2.0, near_pairs=60, near_max_abs_delta=0.25,
+                          near_robust_abs_delta=0.125, robust_abs_delta=0.375) if noise == "measured" else None
+    got = {name: [asdict(c) for c in verdict_checks(v, noise=measured)] for name, v in _checks_cases().items()}
+    got["never-judged"] = [asdict(c) for c in verdict_checks(None, noise=measured)]
+    assert got == snapshot
+
+
+def test_check_marks_and_token_words():
+    from specparity.judge.checks import Check, rank_words, source_words, token_shown
+
+    assert [(Check(s, "t").mark, Check(s, "t").symbol) for s in ("ok", "fail", "warn", "info")] == [
+        ("✅", "✓"), ("❌", "✗"), ("⚠️", "!"), ("ℹ️", "i")]
+    assert token_shown(None) == "(end of stream)" and token_shown("") == "∅ (decodes to nothing)"
+    assert token_shown(" a\r\tb\n") == "·a␍⇥b⏎"
+    assert source_words("decode") == "the baseline's own decode row"
+    assert source_words("teacher-forced") == "teacher-forced scoring of the baseline"
+    assert source_words("elsewhere") == "elsewhere"
+    assert rank_words(None) == "outside top-k" and rank_words(0) == "0"
