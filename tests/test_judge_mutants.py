@@ -1393,3 +1393,24 @@ def test_check_marks_and_token_words():
     assert source_words("teacher-forced") == "teacher-forced scoring of the baseline"
     assert source_words("elsewhere") == "elsewhere"
     assert rank_words(None) == "outside top-k" and rank_words(0) == "0"
+
+
+# --- the scorer check's evidence (judge/calibration.py) ---------------------------------------------------------
+
+def test_scorer_check_evidence_words_a_shift_only_when_most_disagreements_are_one():
+    from specparity.judge.calibration import ScorerCheck
+
+    later = ScorerCheck(10, 4, 3, 0, 2, 2.0, first="p position 3")
+    assert later.evidence() == (
+        "2 row(s) score a token other than the baseline's; its argmax differs from the baseline's token at 4 of 10 "
+        "positions where the baseline's own margin exceeds 2 nats; at 3 of them its argmax is the baseline's next "
+        "token: it looks shifted by one position (first: p position 3)")
+    earlier = ScorerCheck(10, 4, 1, 3, 0, 2.0)
+    assert earlier.evidence().endswith("at 3 of them its argmax is the baseline's previous token: it looks shifted by "
+                                       "one position")
+    # a tie between the two directions reads as the next token; exactly half is no shift
+    assert "baseline's next token" in ScorerCheck(10, 3, 2, 2, 0, 2.0).evidence()
+    assert ScorerCheck(10, 4, 2, 1, 0, 2.0).evidence() == (
+        "its argmax differs from the baseline's token at 4 of 10 positions where the baseline's own margin exceeds "
+        "2 nats")
+    assert ScorerCheck(10, 0, 0, 0, 0, 2.0).evidence() == ""
