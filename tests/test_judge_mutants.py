@@ -1414,3 +1414,35 @@ def test_scorer_check_evidence_words_a_shift_only_when_most_disagreements_are_on
         "its argmax differs from the baseline's token at 4 of 10 positions where the baseline's own margin exceeds "
         "2 nats")
     assert ScorerCheck(10, 0, 0, 0, 0, 2.0).evidence() == ""
+
+
+def test_largest_at_names_the_first_prompt_and_position_of_the_largest_cross_instance_difference():
+    from specparity.judge.calibration import Sample, largest_at
+
+    tf = scores([1, 2], [[1, 5], [2, 5]], [[-0.5, -1.0], [-0.5, -1.0]])
+    moved_at_1 = scores([1, 2], [[1, 5], [2, 5]], [[-0.5, -1.25], [-0.5, -1.5]])  # 0.25, then 0.5
+    moved_at_0 = scores([1, 2], [[1, 5], [2, 5]], [[-0.5, -1.5], [-0.5, -1.0]])  # 0.5 at 0: a tie, not larger
+    one_instance = Sample("solo", [1, 2], tf, tf)
+    samples = [one_instance, Sample("a", [1, 2], tf, tf, moved_at_1), Sample("b", [1, 2], tf, tf, moved_at_0)]
+    assert largest_at(samples) == "a position 1"
+    assert largest_at([one_instance]) is None and largest_at([]) is None
+
+
+# --- other traffic on the server (judge/traffic.py) -------------------------------------------------------------
+
+def test_unattributed_traffic_words():
+    from specparity.judge.traffic import OTHER_TRAFFIC, unattributed
+    from specparity.model.traffic import Traffic
+
+    no_counts = (f"{OTHER_TRAFFIC} cannot be ruled out: the engine's run-wide draft counters come without the "
+                 "servers' count of finished requests and generated tokens")
+    reading = Traffic(10, 100, 2, 20, "before-src")
+    assert unattributed(None, reading) == no_counts and unattributed(reading, None) == no_counts
+    assert unattributed(Traffic(None, None, 0, 0, "before-src"), Traffic(None, None, 1, 5, "")) == (
+        f"{OTHER_TRAFFIC} cannot be ruled out: the servers do not expose their count of finished requests and "
+        f"generated tokens (before-src)")
+    assert unattributed(reading, Traffic(12, 130, 4, 50, "after-src")) is None
+    assert unattributed(reading, Traffic(13, 130, 4, 50, "after-src")) == (
+        f"{OTHER_TRAFFIC}: during the speculative phase the speculative servers finished 3 request(s) and generated "
+        f"30 token(s), this run sent them 2 and got 30 back (after-src); their draft counters may count another "
+        f"client's drafts, so they say nothing about this run's")
