@@ -1446,3 +1446,41 @@ def test_unattributed_traffic_words():
         f"{OTHER_TRAFFIC}: during the speculative phase the speculative servers finished 3 request(s) and generated "
         f"30 token(s), this run sent them 2 and got 30 back (after-src); their draft counters may count another "
         f"client's drafts, so they say nothing about this run's")
+
+
+# --- findings about the gate's own measurement (gate/calibration_findings.py) -----------------------------------
+
+def test_calibration_findings_each_line_and_when_there_is_none():
+    from types import SimpleNamespace
+
+    from specparity.gate.calibration_findings import calibration_findings, findings_fail
+    from specparity.model.gate_run import GatePolicy
+    from specparity.model.threshold import NearTieThreshold, NoiseStats
+
+    def run(threshold, scorer_check=None, calibration_error=None, golden_error=None):
+        return SimpleNamespace(threshold=threshold, scorer_check=scorer_check, calibration_error=calibration_error,
+                               golden_error=golden_error)
+
+    beyond = NearTieThreshold(0.1875, "measured", _near_noise(), 1.5, cross=_cross_noise())
+    unmeasured = NearTieThreshold(0.5, "override", NoiseStats(0.0, 0.0, 3, 0), 1.5)
+    no_noise = (
+        "no noise measured: the near-tie threshold 0.5 nats was set by --near-tie-nats and no baseline position was "
+        "scored both ways, so the latent-drift check is off (identical tokens whose speculative rows moved are not "
+        "judged) and the near-tie budget has no flip rate to follow; fix the baseline's decode or its teacher-forced "
+        "scoring so the noise can be measured")
+    idle = ("scorer check with nothing to check: no baseline position had a decode margin above 2 nats (the near-tie "
+            "ceiling), so a teacher-forced scorer off by one position or scoring another model would not have been "
+            "caught, and its noise set the threshold; calibrate on prompts with confident positions, or lower "
+            "--near-tie-ceiling")
+    assert calibration_findings(run(beyond, {"clear_positions": 0, "clear_nats": 2.0})) == [
+        f"finding: {beyond.cross_finding()}", idle]
+    assert calibration_findings(run(unmeasured)) == [no_noise]
+    assert calibration_findings(run(NearTieThreshold(0.5, "override", None, 1.5), {"clear_positions": 3})) == [
+        no_noise]
+    assert calibration_findings(run(unmeasured, {})) == [no_noise, idle.replace("above 2 nats", "above 0 nats")]
+    # not calibrated at all: a failure of its own, no finding
+    for failed in (run(None), run(unmeasured, calibration_error="x"), run(unmeasured, golden_error="y")):
+        assert calibration_findings(failed) == []
+    assert findings_fail(GatePolicy(calibration_findings="fail")) == 'the policy\'s calibration_findings = "fail"'
+    assert findings_fail(GatePolicy(bit_exact=True)) == "--bit-exact (or near_tie in the policy's fail_on)"
+    assert findings_fail(GatePolicy()) is None and findings_fail(GatePolicy(bit_exact=False)) is None
