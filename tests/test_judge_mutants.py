@@ -1484,3 +1484,47 @@ def test_calibration_findings_each_line_and_when_there_is_none():
     assert findings_fail(GatePolicy(calibration_findings="fail")) == 'the policy\'s calibration_findings = "fail"'
     assert findings_fail(GatePolicy(bit_exact=True)) == "--bit-exact (or near_tie in the policy's fail_on)"
     assert findings_fail(GatePolicy()) is None and findings_fail(GatePolicy(bit_exact=False)) is None
+
+
+# --- why the near ties fail (gate/decision.py) ----------------------------------------------------------------
+
+def test_near_tie_failure_words_each_policy():
+    from types import SimpleNamespace
+
+    from specparity.gate.decision import DEFAULT_MAX_NEAR_TIE, near_tie_failure
+    from specparity.judge.flip_budget import FlipExpectation
+    from specparity.model.gate_run import GatePolicy
+    from specparity.model.threshold import FlipRate
+    from specparity.model.verdicts import Divergence, TokenView, Verdict
+
+    def record(pid, klass, tie=False):
+        v = Verdict(pid, "c", klass, "")
+        if klass == "near_tie":
+            v.divergence = Divergence(1, TokenView(2, "a"), TokenView(7, "b"), 0.0 if tie else 0.125, 1, 0.0, 1, "", "",
+                                      "", None, tie=tie)
+        return SimpleNamespace(prompt=SimpleNamespace(id=pid), verdict=v)
+
+    records = [record("a", "near_tie"), record("b", "exact"), record("t", "near_tie", tie=True), record("c", "near_tie"),
+               SimpleNamespace(prompt=SimpleNamespace(id="never"), verdict=None)]
+    run = SimpleNamespace(records=records, deterministic="", deterministic_unknown="")
+    counts = {"near_tie": 3, "exact": 1}
+    assert near_tie_failure(run, counts, GatePolicy(bit_exact=True), None) == (
+        "--bit-exact: 3 near-tie flip(s) where bit-exactness is required: a, t, c")
+    unknown = SimpleNamespace(records=records, deterministic="", deterministic_unknown="server-2")
+    assert near_tie_failure(unknown, counts, GatePolicy(unknown_fails=True), None) == (
+        "determinism declaration unknown on some servers (server-2): under a policy an unknown is not lenient, so the "
+        "run is bit-exact and 3 near-tie flip(s) fail (make every server show its setting, or pass --allow-near-tie to "
+        "allow): a, t, c")
+    declared = SimpleNamespace(records=records, deterministic="vllm: VLLM_BATCH_INVARIANT=1", deterministic_unknown="")
+    assert near_tie_failure(declared, counts, GatePolicy(), None) == (
+        "engine declares deterministic inference (vllm: VLLM_BATCH_INVARIANT=1): 3 near-tie flip(s) are a failure — "
+        "the engine promised bit-exact output (pass --allow-near-tie to allow): a, t, c")
+    assert near_tie_failure(run, counts, GatePolicy(max_near_tie=0.5), None) == (
+        "3/4 near-tie prompts (75%) exceed --max-near-tie 50%")
+    assert near_tie_failure(run, counts, GatePolicy(), None) == (
+        f"3/4 near-tie prompts (75%) exceed --max-near-tie {DEFAULT_MAX_NEAR_TIE:.0%} (the fixed budget: no flip rate "
+        f"was measured)")
+    expectation = FlipExpectation(2, 0.5, 0, 1, 1, 4, 2, FlipRate(0.25, 10, 1.0, 0, 40))
+    assert near_tie_failure(run, counts, GatePolicy(), expectation) == (
+        "2 near-tie flip(s) that are not exact ties, more than the 1 the baseline's own numerics explain (expected "
+        "0.5, 95 % interval 0–1): the verify numerics flip tokens the target's own two computations do not: a, c")
