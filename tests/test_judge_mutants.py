@@ -1528,3 +1528,31 @@ def test_near_tie_failure_words_each_policy():
     assert near_tie_failure(run, counts, GatePolicy(), expectation) == (
         "2 near-tie flip(s) that are not exact ties, more than the 1 the baseline's own numerics explain (expected "
         "0.5, 95 % interval 0–1): the verify numerics flip tokens the target's own two computations do not: a, c")
+
+
+def test_judge_acceptance_states_its_rule_and_judges_rows_of_enough_prompts():
+    from types import SimpleNamespace
+
+    from specparity.gate.decision import judge_acceptance
+    from specparity.judge.acceptance import MIN_PROMPTS
+
+    def row(category, delta, low, high, prompts):
+        return SimpleNamespace(category=category, delta=delta, low=low, high=high, prompts=prompts, old=0.8,
+                               new=0.8 + (delta or 0.0), failed=False)
+
+    def comparison(*rows):
+        return SimpleNamespace(not_recorded=False, decided_on=list(rows), failures=[], rule="")
+
+    where = f"per category of at least {MIN_PROMPTS} prompts and overall, without the flagged prompts"
+    at_min = row("code", -0.25, -0.375, -0.125, MIN_PROMPTS)
+    c = judge_acceptance(comparison(at_min, row("chat", None, -0.5, -0.25, 40), row("math", -0.5, None, -0.25, 40),
+                                    row("few", -0.5, -0.75, -0.25, MIN_PROMPTS - 1)), max_drop=0.125)
+    assert c.rule == (f"FAIL when NEW is more than max_accept_drop 0.125 below OLD and the whole interval of the "
+                      f"difference lies below 0 ({where})")
+    assert at_min.failed and c.failures == [
+        f"acceptance code: 0.800 → 0.550 dropped by 0.250 > max_accept_drop 0.125 (interval of the difference "
+        f"[-0.375, -0.125], {MIN_PROMPTS} prompts)"]
+    t = judge_acceptance(comparison(row("code", 0.25, 0.125, 0.375, MIN_PROMPTS)), tolerance=0.125)
+    assert t.rule == (f"FAIL when the runs differ by more than the tolerance 0.125 and the interval of the difference "
+                      f"excludes 0 ({where})")
+    assert len(t.failures) == 1
