@@ -1556,3 +1556,23 @@ def test_judge_acceptance_states_its_rule_and_judges_rows_of_enough_prompts():
     assert t.rule == (f"FAIL when the runs differ by more than the tolerance 0.125 and the interval of the difference "
                       f"excludes 0 ({where})")
     assert len(t.failures) == 1
+
+
+# --- the baseline is what it claims (judge/baseline_checks.py) --------------------------------------------------
+
+def test_baseline_refusals_show_the_tokens_decoded():
+    from types import SimpleNamespace
+
+    from specparity.judge.baseline_checks import baseline_refusal, greedy_refusal
+
+    def record(pid, baseline):
+        return SimpleNamespace(prompt=SimpleNamespace(id=pid), baseline=baseline,
+                               request=SimpleNamespace(max_new_tokens=6, stop_token_ids=[0]))
+
+    sampled = record("p", _c_stream(_C_BASE, _c_rows(_C_BASE, margins={2: 1.0}, chosen={2: 9})))
+    words = greedy_refusal([sampled], 0.25, _decode)
+    assert "(first p position 2: emitted 3 '<3>', its row prefers 9 '<9>' by 1 nats)" in words
+    assert "(first p position 2: emitted 3, its row prefers 9 by 1 nats)" in greedy_refusal([sampled], 0.25)
+    assert baseline_refusal([sampled], 0.25, _decode) == words and baseline_refusal([sampled], None) is None
+    off_rule = record("q", _c_stream([1, 2, 3], _c_rows([1, 2, 3]), "stop"))
+    assert "it ends with token 3 '<3>'" in baseline_refusal([off_rule, sampled], 0.25, _decode)
