@@ -1576,3 +1576,17 @@ def test_baseline_refusals_show_the_tokens_decoded():
     assert baseline_refusal([sampled], 0.25, _decode) == words and baseline_refusal([sampled], None) is None
     off_rule = record("q", _c_stream([1, 2, 3], _c_rows([1, 2, 3]), "stop"))
     assert "it ends with token 3 '<3>'" in baseline_refusal([off_rule, sampled], 0.25, _decode)
+
+
+def test_a_baseline_past_the_token_limit_is_blamed_on_the_limit_not_the_stop_set():
+    from types import SimpleNamespace
+
+    from specparity.judge.baseline_checks import stop_rule_refusal
+
+    long = SimpleNamespace(prompt=SimpleNamespace(id="p"), baseline=_c_stream(_C_BASE + [7], _c_rows(_C_BASE + [7])),
+                           request=SimpleNamespace(max_new_tokens=6, stop_token_ids=[0]))
+    words = stop_rule_refusal([long])
+    assert "first p: emitted 7 tokens, more than max_new_tokens=6" in words
+    assert words.endswith("the engine did not honour the token limit the run asked for (it stopped short of it or ran "
+                          "past it): check the server's own cap on new tokens and its context size against "
+                          "--max-new-tokens")
