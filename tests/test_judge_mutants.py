@@ -16,6 +16,7 @@ from specparity.gate.parity import ParityResult, ParityRow, compare_acceptance
 from specparity.gate.policy_file import allowed_unknown, judge_unknown
 from specparity.judge.acceptance import _rate, wilson
 from specparity.judge.bias import _margins, decode_prefill_bias
+from specparity.judge.compare import _describe_divergence
 from specparity.judge.flip_budget import tie_positions
 from specparity.judge.invariance import Rejection, SelfDraftReport
 from specparity.judge.noise import abs_deltas, abs_deltas_with_margins
@@ -23,7 +24,8 @@ from specparity.judge.resolution import (accepted_draft_positions, baseline_tie_
                                          ulps)
 from specparity.judge.structured import OutputCheck
 from specparity.model.gate_run import Activity
-from specparity.model.types import SpecStats, StepRecord, TokenScores
+from specparity.model.types import GenerationResult, SpecStats, StepRecord, TokenScores
+from specparity.model.verdicts import TokenView
 from specparity.probes.finding import Finding, Status
 
 
@@ -459,3 +461,1132 @@ def test_batch_report_to_json():
     assert rep.to_json() == {"engine": "hf", "dtype": "bfloat16", "batch_size": 4,
                              "how": "in-process left-padded batch", "threshold": 0.25, "classes": {},
                              "status": "ok", "why": "every prompt identical alone and batched", "verdicts": []}
+
+
+# --- the split's description: where the baseline margin is read from (judge/compare.py) ----------------------
+# The property tests of test_compare.py build every row from the decode scores; these pin the other sources
+# (the baseline's teacher-forced row when the engine left its decode row out, the speculative stream's
+# teacher-forced row when the speculative token is outside the baseline's top-k) and rows shorter than the
+# streams.
+
+_NAN = float("nan")
+_SAME_PREFIX = "teacher-forced (the speculative stream's row at the split: same prefix)"
+
+
+def _stream(ids, rows, spec=None) -> GenerationResult:
+    return GenerationResult("p", list(ids), "", "length", rows, spec or SpecStats.unavailable("test"))
+
+
+def _decode(ids) -> str:
+    return "".join(f"<{t}>" for t in ids)
+
+
+def _f32(x: float) -> float:
+    return float(np.float32(x))
+
+
+#: The baseline's decode rows of [1, 2, 3]; at the split (position 1) the row is bf16-like (0.125
+#: steps near the top) with one far alternative, token 8, 5.175 nats down.
+_BASE_IDS = [1, 2, 3]
+_UNREPORTED = ([-1, -1, -1, -1], [_NAN] * 4)
+
+
+def _base_rows(row1=([2, 5, 7, 8], [-0.125, -0.25, -0.5, -5.3]), n=3) -> TokenScores:
+    table = [([1, 9, 8, 7], [-0.1, -3.0, -4.0, -5.0]), row1, ([3, 9, 8, 7], [-0.2, -3.0, -4.0, -5.0])][:n]
+    lp = [r[1][0] for r in table]
+    return scores(_BASE_IDS[:n], [r[0] for r in table], [r[1] for r in table], logprobs=lp)
+
+
+def _spec_rows(spec_token: int) -> TokenScores:
+    """The speculative run's own rows: at the split it prefers its token over 2 by 0.2 nats."""
+    return scores([1, spec_token, 3], [[1, 9, 8, 7], [spec_token, 2, 9, 4], [3, 9, 8, 7]],
+                  [[-0.1, -3.0, -4.0, -5.0], [-0.1, -0.3, -4.0, -5.0], [-0.2, -3.0, -4.0, -5.0]])
+
+
+#: The baseline's teacher-forced rows: at the split 2 over 5 by 0.25 nats (not the decode row's 0.125).
+_BASE_TF = scores(_BASE_IDS, [[1, 9, 8, 7], [2, 5, 7, 8], [3, 9, 8, 7]],
+                  [[-0.1, -3.0, -4.0, -5.0], [-0.125, -0.375, -0.5, -6.0], [-0.2, -3.0, -4.0, -5.0]])
+
+
+def _spec_tf_rows(spec_token: int, own: float = -3.125, argmax: int = 2, scored: int | None = None) -> TokenScores:
+    """The target's teacher-forced scoring of the speculative stream: at the split its argmax is the
+    baseline's token (same prefix) and the speculative token carries ``own`` (3 nats down by default;
+    ``scored``: the row holds another token's logprob instead)."""
+    return scores([1, spec_token if scored is None else scored, 3], [[1, 9, 8, 7], [argmax, 5, 7, 11], [3, 9, 8, 7]],
+                  [[-0.1, -3.0, -4.0, -5.0], [-0.125, -0.25, -0.5, -5.0], [-0.2, -3.0, -4.0, -5.0]],
+                  logprobs=[-0.1, own, -0.2])
+
+
+def _split(spec_token=5, baseline=None, baseline_tf=None, spec_tf=None, spec_ids=None, spec_scores=None):
+    base = _stream(_BASE_IDS, _base_rows() if baseline is None else baseline)
+    ids = [1, spec_token, 3] if spec_ids is None else spec_ids
+    spec = _stream(ids, _spec_rows(spec_token) if spec_scores is None else spec_scores)
+    return _describe_divergence(1, base, spec, _decode, baseline_tf, spec_tf)
+
+
+#: Rows that stop before the split (one row, position 0 only).
+_ONE_ROW = scores([1], [[1, 9]], [[-0.1, -3.0]])
+
+
+def test_the_margin_comes_from_the_baseline_decode_row_when_it_holds_both_tokens():
+    """The decode row wins over both teacher-forced scorings, which would give other margins here."""
+    d = _split(baseline_tf=_BASE_TF, spec_tf=_spec_tf_rows(5))
+    assert d.position == 1
+    assert (d.baseline_token, d.spec_token) == (TokenView(2, "<2>"), TokenView(5, "<5>"))
+    assert d.margin_source == "decode"
+    assert d.baseline_margin == 0.125 and d.spec_rank_in_baseline == 1
+    assert d.ulp_nats == 0.125 and not d.tie
+    # the speculative run's own row at the split: its token over the baseline's
+    assert d.spec_margin == pytest.approx(_f32(-0.1) - _f32(-0.3)) and d.baseline_rank_in_spec == 1
+
+
+def test_a_far_alternative_gives_a_margin_no_quantum_divides():
+    """5.175 nats is no whole number of the row's 0.125 steps (the far value sits in another binade):
+    the margin has no ulp, and the record does not claim one."""
+    d = _split(spec_token=8)
+    assert d.baseline_margin == pytest.approx(_f32(-0.125) - _f32(-5.3))
+    assert d.spec_rank_in_baseline == 3
+    assert d.ulp_nats is None
+
+
+def test_an_unreported_decode_row_takes_the_margin_from_the_baseline_teacher_forced_row():
+    d = _split(baseline=_base_rows(_UNREPORTED), baseline_tf=_BASE_TF)
+    assert d.margin_source == "teacher-forced"
+    assert d.baseline_margin == 0.25 and d.spec_rank_in_baseline == 1 and d.ulp_nats == 0.125
+    # decode rows that stop before the split: the same
+    short = _split(baseline=_base_rows(n=1), baseline_tf=_BASE_TF)
+    assert (short.margin_source, short.baseline_margin, short.spec_rank_in_baseline) == ("teacher-forced", 0.25, 1)
+
+
+def test_rows_that_stop_before_the_split_give_no_margin():
+    """Decode rows or teacher-forced rows shorter than the streams are read only where they exist."""
+    for kwargs in ({"baseline": _base_rows(n=1)}, {"baseline": TokenScores.empty(4)},
+                   {"baseline": _base_rows(_UNREPORTED), "baseline_tf": _ONE_ROW},
+                   {"baseline": _base_rows(n=1), "spec_tf": _ONE_ROW}):
+        d = _split(**kwargs)
+        assert (d.baseline_margin, d.spec_rank_in_baseline, d.ulp_nats, d.margin_source) == (None, None, None,
+                                                                                             "decode"), kwargs
+    # the speculative run's own rows stopping before the split: no margin of its own, no rank
+    d = _split(spec_scores=_ONE_ROW)
+    assert (d.baseline_margin, d.spec_margin, d.baseline_rank_in_spec) == (0.125, None, None)
+
+
+def test_a_token_outside_the_baseline_top_k_takes_its_margin_from_the_speculative_teacher_forced_row():
+    """Up to the split both streams share the prefix, so the row that scored the speculative token is the
+    baseline's row too: its argmax over the speculative token's exact logprob is the margin."""
+    d = _split(spec_token=6, spec_tf=_spec_tf_rows(6))
+    assert d.spec_rank_in_baseline is None
+    assert d.margin_source == _SAME_PREFIX
+    assert d.baseline_margin == 3.0 and d.ulp_nats == 0.125
+    # a row whose argmax is not the baseline's token is another prefix's row: not read
+    other = _split(spec_token=6, spec_tf=_spec_tf_rows(6, argmax=9))
+    assert (other.baseline_margin, other.margin_source) == (None, "decode")
+    # a row without the speculative token's own logprob gives no margin either
+    unscored = _split(spec_token=6, spec_tf=_spec_tf_rows(6, scored=4))
+    assert (unscored.baseline_margin, unscored.margin_source, unscored.ulp_nats) == (None, "decode", None)
+    # 5.175 nats is no whole number of that row's 0.125 steps: no ulp is claimed
+    far = _split(spec_token=6, spec_tf=_spec_tf_rows(6, own=-5.3))
+    assert far.baseline_margin == pytest.approx(_f32(-0.125) - _f32(-5.3)) and far.ulp_nats is None
+
+
+def test_a_stream_that_ends_at_the_split_has_no_margin_and_no_source():
+    """Where the speculative run ended, there is no second token: no margin is read from any row."""
+    d = _split(baseline=_base_rows(_UNREPORTED), baseline_tf=_BASE_TF, spec_ids=[1], spec_scores=_ONE_ROW)
+    assert d.spec_token is None and d.baseline_token == TokenView(2, "<2>")
+    assert (d.baseline_margin, d.spec_rank_in_baseline, d.margin_source, d.remerge) == (None, None, "decode", None)
+
+
+# --- the noise figures and the threshold derived from them (judge/noise.py) ---------------------------------
+
+def _noise_pairs():
+    """Two (decode, teacher-forced) pairs with exact binary logprobs. Pair one: two positions whose four
+    alternatives move by 0.125, 0, 0 and 0.5 nats (their margins 0.5, 2.5, 2.0 and 5.75 on the closer side);
+    pair two: three decode rows against one teacher-forced row, one alternative moved by 0.0625 (margin 0.25)."""
+    a1 = scores([1, 2], [[1, 5, 6], [2, 5, 6]], [[-0.5, -1.0, -3.0], [-0.25, -2.25, -6.0]])
+    b1 = scores([1, 2], [[1, 5, 6], [2, 5, 6]], [[-0.5, -1.125, -3.0], [-0.25, -2.25, -6.5]])
+    a2 = scores([3, 4, 5], [[3, 7], [4, 7], [5, 7]], [[-0.125, -0.375], [-0.1, -0.2], [-0.1, -0.2]])
+    b2 = scores([3], [[3, 7]], [[-0.125, -0.4375]])
+    return [(a1, b1), (a2, b2)]
+
+
+def test_measure_noise_counts_every_shared_pair_and_the_near_ones_up_to_the_window():
+    from specparity.judge.noise import measure_noise
+    from specparity.model.threshold import NoiseStats
+
+    deltas = np.array([0.125, 0.0, 0.0, 0.5, 0.0625], np.float32)
+    p99 = float(np.quantile(deltas, 0.99))
+    got = measure_noise(_noise_pairs(), window=2.0)
+    # positions: 2 + min(3, 1); a margin of exactly the window is near (0.125, 0.0 at 2.0, 0.0625)
+    assert got == NoiseStats(0.5, p99, 3, 5, 2.0, near_pairs=3, near_max_abs_delta=0.125, robust_abs_delta=0.5,
+                             near_robust_abs_delta=0.125, moved_pairs=3)
+    # no window: the near figures stay unset
+    assert measure_noise(_noise_pairs()) == NoiseStats(0.5, p99, 3, 5, None, robust_abs_delta=0.5, moved_pairs=3)
+    # a window no pair is within: no near pair, near figures 0
+    assert measure_noise(_noise_pairs(), window=0.1) == NoiseStats(0.5, p99, 3, 5, 0.1, near_pairs=0,
+                                                                   near_max_abs_delta=0.0, robust_abs_delta=0.5,
+                                                                   near_robust_abs_delta=0.0, moved_pairs=3)
+
+
+def test_measure_noise_with_nothing_shared_counts_the_positions_and_no_pair():
+    from specparity.judge.noise import measure_noise
+    from specparity.model.threshold import NoiseStats
+
+    assert measure_noise([]) == NoiseStats(0.0, 0.0, 0, 0, None, moved_pairs=0)
+    apart = (scores([1, 2], [[1, 5], [2, 5]], [[-0.5, -1.0], [-0.5, -1.0]]),
+             scores([1, 2], [[1, 6], [2, 6]], [[-0.5, -1.0], [-0.5, -1.0]]))  # no alternative in common
+    assert measure_noise([apart], window=2.0) == NoiseStats(0.0, 0.0, 2, 0, 2.0, moved_pairs=0)
+
+
+def test_derive_threshold_takes_an_override_from_zero_up_to_the_ceiling_and_keeps_every_setting():
+    from specparity.judge.noise import CalibrationError, derive_threshold, near_tie_above_ceiling
+    from specparity.model.threshold import NoiseStats
+
+    noise, cross = NoiseStats(0.25, 0.125, 10, 40), NoiseStats(0.5, 0.25, 10, 40)
+    t = derive_threshold(noise, override=1.0, multiplier=3.0, ceiling=1.0, calibration="2 prompts", cross=cross,
+                         cross_note="a note")
+    assert (t.nats, t.source, t.noise, t.multiplier, t.ceiling, t.calibration, t.cross, t.cross_note) == (
+        1.0, "override", noise, 3.0, 1.0, "2 prompts", cross, "a note")
+    assert type(t.nats) is float and derive_threshold(None, override=1).nats == 1.0
+    zero = derive_threshold(None, override=0.0)
+    assert (zero.nats, zero.source, zero.calibration, zero.cross_note, zero.cross) == (0.0, "override", "", "", None)
+    assert derive_threshold(None, override=0.5).nats == 0.5
+    with pytest.raises(ValueError) as negative:
+        derive_threshold(noise, override=-0.25)
+    assert str(negative.value) == "--near-tie-nats: expected a non-negative number of nats, got -0.25"
+    with pytest.raises(CalibrationError) as above:
+        derive_threshold(noise, override=1.5, ceiling=1.25)
+    assert str(above.value) == near_tie_above_ceiling(1.5, 1.25)
+
+
+def test_derive_threshold_from_the_noise_up_to_the_ceiling():
+    from specparity.judge.noise import NO_NOISE, derive_threshold
+    from specparity.model.threshold import FLOOR_NATS, NoiseStats
+
+    for missing in (None, NoiseStats(0.0, 0.0, 5, 0)):
+        with pytest.raises(ValueError) as no_noise:
+            derive_threshold(missing)
+        assert str(no_noise.value) == NO_NOISE
+    noise = NoiseStats(0.25, 0.125, 10, 1)  # one pair is a measurement
+    t = derive_threshold(noise, multiplier=2.0, ceiling=1.0, calibration="2 prompts", cross_note="a note")
+    assert (t.nats, t.source, t.noise, t.multiplier, t.ceiling, t.calibration, t.cross, t.cross_note) == (
+        0.5, "measured", noise, 2.0, 1.0, "2 prompts", None, "a note")
+    assert derive_threshold(noise).calibration == "" and derive_threshold(noise).cross_note == ""
+    # exactly at the ceiling is allowed; noise 0 gives the float32 floor
+    assert derive_threshold(NoiseStats(1.0, 0.5, 10, 40), multiplier=2.0, ceiling=2.0).nats == 2.0
+    assert derive_threshold(NoiseStats(0.0, 0.0, 10, 40), multiplier=2.0).nats == FLOOR_NATS
+
+
+def test_derive_threshold_says_which_noise_broke_the_ceiling():
+    from specparity.judge.noise import CalibrationError, derive_threshold
+    from specparity.model.threshold import NoiseStats
+
+    within = NoiseStats(2.0, 1.0, 10, 40)
+    with pytest.raises(CalibrationError) as err:
+        derive_threshold(within)
+    assert str(err.value) == (
+        f"the measured near-tie threshold 3 nats (1.5 × |Δmargin| 2 between decode and teacher-forced scoring: "
+        f"{within.describe_flip()}) exceeds the ceiling 2 nats: a flip that large is not numeric noise, so either "
+        f"the scorer or the target is not fit to judge near ties; raise --near-tie-ceiling only if this noise is real")
+    # the noise between two server instances, as far as the allowance takes it (2 × 0.75 here), is the larger
+    small, cross = NoiseStats(0.75, 0.5, 10, 40), NoiseStats(1.5, 1.0, 10, 40)
+    with pytest.raises(CalibrationError) as err:
+        derive_threshold(small, cross=cross)
+    assert (f"(1.5 × |Δmargin| 1.5 between the two server instances: {cross.describe_flip()}) exceeds the ceiling"
+            in str(err.value))
+
+
+# --- the flip budget: the baseline's own flip rate and the flips it predicts (judge/flip_budget.py) ----------
+
+def _margin_rows(tokens, margins, n_rows=None):
+    """Rows whose chosen token beats one alternative (id + 100) by ``margins`` nats (negative: the
+    alternative wins, the row's argmax is another token; NaN: an unreported row)."""
+    ids = list(tokens)
+    own = [-0.5 if m == m else float("nan") for m in margins]
+    alt = [o - m for o, m in zip(own, margins)]
+    top_ids = [[t, t + 100] if m >= 0 else [t + 100, t] for t, m in zip(ids, margins)]
+    top_lp = [[o, a] if m >= 0 else [a, o] for o, a, m in zip(own, alt, margins)]
+    return scores(ids, top_ids, top_lp, logprobs=own)
+
+
+def test_measure_flip_rate_counts_positions_at_risk_flips_ties_and_every_compared_position():
+    """At risk: above an exact tie, at most the window (0.5 inclusive); a teacher-forced tie is half a flip;
+    only the positions both passes have are compared (a pair without teacher-forced rows adds nothing), and
+    a position whose teacher-forced row is unreported is compared but not at risk."""
+    from specparity.judge.flip_budget import measure_flip_rate
+    from specparity.model.threshold import FlipRate
+
+    decoded = _margin_rows([1, 2, 3, 4, 5], [0.0, 0.25, 0.5, 1.0, 0.125])
+    tf = _margin_rows([1, 2, 3, 4], [0.25, -0.25, 0.0, -1.0])  # one row short: position 4 is not compared
+    empty = (_margin_rows([6, 7], [0.25, 0.25]), TokenScores.empty(2))
+    unreported = (_margin_rows([8], [0.25]), _margin_rows([8], [float("nan")]))
+    assert measure_flip_rate([(decoded, tf), empty, unreported], window=0.5) == FlipRate(0.5, 2, 1.5, 1, 5)
+    assert measure_flip_rate([], window=0.5) == FlipRate(0.5, 0, 0.0, 0, 0)
+
+
+def _brute_quantile(ps, q):
+    """The smallest k with P(K <= k) >= q, K a sum of independent Bernoulli(p): by enumeration."""
+    import itertools
+
+    dist = np.zeros(len(ps) + 1)
+    for outcome in itertools.product([0, 1], repeat=len(ps)):
+        dist[sum(outcome)] += np.prod([p if o else 1 - p for p, o in zip(ps, outcome)])
+    return int(np.argmax(np.cumsum(dist) >= q - 1e-12))
+
+
+def test_expected_flips_is_the_rule_of_the_module_docstring():
+    from specparity.judge.flip_budget import expected_flips
+    from specparity.model.threshold import FlipRate, wilson
+
+    rate = FlipRate(0.5, 10, 2.0, 3, 30)  # r = 0.2
+    counts = [0, 1, 2, 3, 8]
+    lo_r, hi_r = wilson(2.0, 10)
+
+    def probs(x):
+        return [1 - (1 - x) ** c for c in counts]
+
+    got = expected_flips(rate, counts, observed=2)
+    assert got.expected == pytest.approx(sum(probs(0.2)))
+    assert (got.low, got.high, got.limit) == (_brute_quantile(probs(lo_r), 0.025), _brute_quantile(probs(hi_r), 0.975),
+                                              _brute_quantile(probs(hi_r), 0.99))
+    assert got.low < got.high <= got.limit  # the interval's two ends are not one quantile
+    assert (got.observed, got.prompts, got.at_risk_prompts, got.rate) == (2, 5, 4, rate)
+    # nothing at risk: no rate, nothing expected, and the interval of 0..1 for the bounds
+    none = expected_flips(FlipRate(0.5, 0, 0.0, 0, 30), counts, observed=0)
+    assert none.expected == 0.0 and none.rate.rate is None
+    assert none.limit == _brute_quantile(probs(1.0), 0.99)
+
+
+def test_flip_expectation_passes_up_to_its_limit_and_round_trips_its_figures():
+    from specparity.judge.flip_budget import FlipExpectation
+    from specparity.model.threshold import FlipRate
+
+    e = FlipExpectation(3, 1.25, 0, 2, 3, 5, 4, FlipRate(0.5, 10, 2.0, 3, 30))
+    assert e.passed and not FlipExpectation(4, 1.25, 0, 2, 3, 5, 4, e.rate).passed
+    assert e.to_json() == {"observed": 3, "expected": 1.25, "low": 0, "high": 2, "limit": 3, "prompts": 5,
+                           "at_risk_prompts": 4, "passed": True}
+
+
+# --- the threshold record and its words (model/threshold.py) ---------------------------------------------------
+
+def _near_noise(**kw):
+    from specparity.model.threshold import NoiseStats
+
+    fields = dict(near_window=2.0, near_pairs=60, near_max_abs_delta=0.125, robust_abs_delta=0.375,
+                  near_robust_abs_delta=0.0625, moved_pairs=300, largest_at="p7 position 3")
+    fields.update(kw)
+    return NoiseStats(0.5, 0.25, 100, 400, **fields)
+
+
+def _cross_noise(**kw):
+    from specparity.model.threshold import NoiseStats
+
+    fields = dict(near_window=2.0, near_pairs=60, near_max_abs_delta=0.75, robust_abs_delta=0.875,
+                  near_robust_abs_delta=0.625, moved_pairs=20, largest_at="p3 position 9")
+    fields.update(kw)
+    return NoiseStats(1.0, 0.5, 50, 200, **fields)
+
+
+def test_noise_stats_describe_which_pairs_the_flip_noise_was_taken_over():
+    from specparity.model.threshold import NoiseStats
+
+    near = _near_noise()
+    assert near.near_measured and near.flip_noise == 0.0625
+    assert near.describe_flip() == ("0.0625 over the 60 pairs whose margin is at most 2 nats (3rd-largest 0.0625, "
+                                    "max 0.125; every pair: max 0.5 over 400)")
+    few = _near_noise(near_pairs=49)
+    assert not few.near_measured and few.flip_noise == 0.375
+    assert few.describe_flip() == ("0.375 over every pair (only 49 pair(s) with a margin at most 2 nats, fewer than "
+                                   "50: 400 pairs, the all-pairs figure; 3rd-largest 0.375, max 0.5)")
+    assert _near_noise(near_pairs=50).near_measured
+    # a record made before the robust figures existed: the maxima, and no "3rd-largest" words
+    old = NoiseStats(0.5, 0.25, 100, 400)
+    assert not old.near_measured and old.flip_noise == 0.5
+    assert old.describe_flip() == "0.5 over every pair (400 pairs, the all-pairs figure)"
+    old_near = NoiseStats(0.5, 0.25, 100, 400, near_window=2.0, near_pairs=60, near_max_abs_delta=0.125)
+    assert old_near.flip_noise == 0.125
+    assert old_near.describe_flip() == "0.125 over the 60 pairs whose margin is at most 2 nats (every pair: 0.5 over 400)"
+    assert NoiseStats(0.5, 0.25, 100, 400, near_pairs=60).flip_noise == 0.5  # no window: nothing is near
+    assert near.to_json() == vars(near) and near.to_json() is not vars(near)
+
+
+def test_the_ordinals_of_the_robust_rank():
+    from specparity.model.threshold import _ordinal
+
+    assert [_ordinal(n) for n in (1, 2, 3, 4, 11)] == ["1st", "2nd", "3rd", "4th", "11th"]
+
+
+def test_wilson_interval_matches_its_formula_and_clamps_to_zero_and_one():
+    import math
+
+    from specparity.model.threshold import wilson
+
+    def reference(k, n, z=1.959964):
+        p = k / n
+        centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+        half = z / (1 + z * z / n) * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+        return centre - half, centre + half
+
+    for k, n in ((3, 10), (1.5, 4), (7, 9), (1, 1)):
+        assert wilson(k, n) == pytest.approx(reference(k, n), rel=1e-12), (k, n)
+    # at 0/7 and 20/20 the formula rounds to just below 0 and just above 1: the interval is clamped
+    assert wilson(0, 7)[0] == 0.0 and wilson(20, 20)[1] == 1.0
+    assert wilson(0, 0) == (0.0, 1.0) and wilson(0, -1) == (0.0, 1.0)
+    assert wilson(3, 10, z=1.0) == pytest.approx(reference(3, 10, z=1.0), rel=1e-12)
+
+
+def test_flip_rate_describes_its_rate_and_round_trips():
+    from specparity.model.threshold import FlipRate, wilson
+
+    rate = FlipRate(0.5, 10, 1.5, 2, 30)
+    lo, hi = wilson(1.5, 10)
+    assert rate.rate == 0.15 and rate.bounds() == (lo, hi)
+    assert rate.describe() == (
+        f"the baseline's decode and teacher-forced passes chose different tokens at 1.5 of 10 positions whose margin is "
+        f"above a tie and within 0.5 nats (flip rate 0.15 (95 % interval {lo:.3g}–{hi:.3g})); 2 exact-tie position(s) "
+        f"among 30")
+    none = FlipRate(0.5, 0, 0.0, 1, 3)
+    assert none.rate is None and "(flip rate no position at risk); 1 exact-tie position(s) among 3" in none.describe()
+    assert FlipRate.from_json(rate.to_json()) == rate and rate.to_json() is not vars(rate)
+    assert FlipRate.from_json(None) is None and FlipRate.from_json({}) is None
+
+
+def test_a_measured_threshold_with_a_cross_instance_figure_beyond_the_allowance():
+    from specparity.model.threshold import FlipRate, NearTieThreshold
+
+    near, cross = _near_noise(), _cross_noise()
+    t = NearTieThreshold(0.1875, "measured", near, 1.5, 2.0, "4 prompts", cross, "", FlipRate(2.0, 10, 1.5, 2, 30))
+    # the near-tie figure: 0.625 between the servers, of which the allowance takes 0.25 (its floor); the
+    # drift bound's: 1.0 between them, exactly the cap 2 × 0.5, all taken
+    (f0, f1) = t.cross_figures()
+    assert (f0.what, f0.within, f0.cross, f1.what, f1.within, f1.cross) == (
+        "near-tie figure", 0.0625, 0.625, "largest over every pair", 0.5, 1.0)
+    assert (t.flip_noise, t.noise_max, t.drift_nats, t.drift_held) == (0.25, 1.0, 2.0, True)
+    assert t.describe() == (
+        "0.1875 nats, measured: 1.5 × |Δmargin| 0.25 (between incremental decode and teacher-forced scoring of the "
+        "baseline: 0.0625 over the 60 pairs whose margin is at most 2 nats (3rd-largest 0.0625, max 0.125; every "
+        "pair: max 0.5 over 400), 100 positions, p99 0.25; between the two server instances: 0.625 over the 60 pairs "
+        "whose margin is at most 2 nats (3rd-largest 0.625, max 0.75; every pair: max 1 over 200), of which the "
+        "allowance takes 0.25); ceiling 2; calibrated on 4 prompts")
+    assert t.describe_cross() == (
+        "max |Δmargin| 0.625 over the 60 pairs whose margin is at most 2 nats (3rd-largest 0.625, max 0.75; every "
+        "pair: max 1 over 200) between teacher-forced scoring of the baseline's tokens on the baseline server and on "
+        "the speculative server (50 positions; p99 0.5; 20 of 200 pairs moved; the largest at p3 position 9); within "
+        "the baseline's instance: 0.0625 (every pair: max 0.5); the allowance takes 0.25 of the near-tie figure")
+    assert t.cross_finding() == (
+        "the speculative server's target computes differently: cross-instance 0.625 nats vs within-instance 0.0625 "
+        "(near-tie figure; the allowance takes 0.25); 20 of 200 pairs moved between the two servers, the largest at "
+        "p3 position 9. The threshold and the drift bound take the cross-instance noise only up to the larger of 0.25 "
+        "nats and 2 × the within-instance figure; compare what decides the two servers' numerics (dtype, "
+        "quantization, KV cache dtype, attention backend, tensor-parallel size, speculative settings that reach the "
+        "target's kernels)")
+    j = t.to_json()
+    assert j == {"nats": 0.1875, "source": "measured", "multiplier": 1.5, "noise": near.to_json(), "ceiling": 2.0,
+                 "drift_nats": 2.0, "calibration": "4 prompts", "cross_instance": cross.to_json(),
+                 "cross_instance_note": "", "cross_instance_finding": t.cross_finding(),
+                 "flip_rate": {"window": 2.0, "positions": 10, "flips": 1.5, "ties": 2, "measured_positions": 30},
+                 "description": t.describe()}
+    assert NearTieThreshold.from_json(j) == t
+
+
+def test_cross_instance_words_without_counts_or_location_and_within_the_allowance():
+    from specparity.model.threshold import NearTieThreshold, NoiseStats
+
+    # the finding without a count of moved pairs: only where the largest was, with no leading comma
+    bare = _cross_noise(moved_pairs=None)
+    t = NearTieThreshold(0.1875, "measured", _near_noise(), 1.5, cross=bare, cross_note="scored on the spec server")
+    assert "(near-tie figure; the allowance takes 0.25); the largest at p3 position 9. The threshold" in t.cross_finding()
+    assert t.describe_cross().endswith("(50 positions; p99 0.5; the largest at p3 position 9); within the baseline's "
+                                       "instance: 0.0625 (every pair: max 0.5); the allowance takes 0.25 of the "
+                                       "near-tie figure; scored on the spec server")
+    unlocated = NearTieThreshold(0.1875, "measured", _near_noise(), 1.5, cross=_cross_noise(largest_at=None))
+    assert "(near-tie figure; the allowance takes 0.25); 20 of 200 pairs moved between the two servers. The" in (
+        unlocated.cross_finding())
+    assert "(50 positions; p99 0.5; 20 of 200 pairs moved); within" in unlocated.describe_cross()
+    nothing = NearTieThreshold(0.1875, "measured", _near_noise(), 1.5, cross=_cross_noise(moved_pairs=None,
+                                                                                          largest_at=None))
+    assert "(near-tie figure; the allowance takes 0.25). The threshold" in nothing.cross_finding()
+    assert "(50 positions; p99 0.5); within" in nothing.describe_cross()
+    # within the allowance: no finding, no "of which", no "allowance takes"
+    small = NoiseStats(0.25, 0.125, 50, 200, moved_pairs=20, largest_at="p3 position 9")
+    within = NearTieThreshold(0.1875, "measured", _near_noise(), 1.5, cross=small)
+    assert within.cross_finding() is None and within.flip_noise == 0.25 and within.noise_max == 0.5
+    assert "of which" not in within.describe() and "allowance" not in within.describe_cross()
+    assert within.describe().endswith("; between the two server instances: 0.25 over every pair (200 pairs, the "
+                                      "all-pairs figure)); ceiling 2")
+    # no cross-instance figure: its note, or "not measured"
+    alone = NearTieThreshold(0.1875, "measured", _near_noise(), 1.5, cross_note="one instance")
+    assert alone.cross_figures() == [] and alone.cross_finding() is None and alone.describe_cross() == "one instance"
+    assert alone.describe().endswith("100 positions, p99 0.25); ceiling 2")
+    assert NearTieThreshold.from_json(alone.to_json()).cross_note == "one instance"
+    assert NearTieThreshold(0.1875, "measured", _near_noise(), 1.5).describe_cross() == "not measured"
+    assert NearTieThreshold(0.1875, "measured", _near_noise(), 1.5, cross=NoiseStats(0.0, 0.0, 5, 0),
+                            cross_note="").describe_cross() == "not measured"
+    # a cross-instance figure without a within-instance one: it alone, up to the floor of the allowance
+    only_cross = NearTieThreshold(0.5, "override", None, 1.5, cross=_cross_noise())
+    assert [(f.within, f.cross) for f in only_cross.cross_figures()] == [(0.0, 0.625), (0.0, 1.0)]
+    assert (only_cross.flip_noise, only_cross.noise_max, only_cross.drift_nats) == (0.25, 0.25, None)
+    assert not only_cross.drift_held
+    assert only_cross.describe_cross().endswith("20 of 200 pairs moved; the largest at p3 position 9); the allowance "
+                                                "takes 0.25 of the near-tie figure, 0.25 of the largest over every pair")
+
+
+def test_an_override_threshold_says_what_was_measured_and_that_the_ceiling_was_raised():
+    from specparity.model.threshold import NearTieThreshold, NoiseStats
+
+    noise = NoiseStats(0.5, 0.25, 100, 400)
+    t = NearTieThreshold(3.0, "override", noise, 1.5, 4.0, "4 prompts", _cross_noise(), "")
+    assert t.describe() == ("3 nats, set by --near-tie-nats (measured noise for reference: max |Δmargin| 0.5; between "
+                            "the two server instances 1); --near-tie-ceiling raised to 4 nats on purpose (default 2); "
+                            "calibrated on 4 prompts")
+    assert NearTieThreshold(0.5, "override", None, 1.5).describe() == "0.5 nats, set by --near-tie-nats"
+    assert NearTieThreshold(0.5, "override", noise, 1.5, 2.0).describe() == (
+        "0.5 nats, set by --near-tie-nats (measured noise for reference: max |Δmargin| 0.5)")
+    empty_cross = NearTieThreshold(0.5, "override", noise, 1.5, 2.0, cross=NoiseStats(0.0, 0.0, 5, 0))
+    assert empty_cross.describe() == "0.5 nats, set by --near-tie-nats (measured noise for reference: max |Δmargin| 0.5)"
+    # a measured threshold never says "raised", whatever its ceiling; an override at a lowered one neither
+    assert "raised" not in NearTieThreshold(0.5, "measured", noise, 1.5, 4.0).describe()
+    assert "raised" not in NearTieThreshold(0.5, "override", noise, 1.5, 1.0).describe()
+    j = t.to_json()
+    assert (j["noise"], j["flip_rate"], j["cross_instance_finding"]) == (noise.to_json(), None, t.cross_finding())
+    assert NearTieThreshold.from_json(j) == t
+    bare = NearTieThreshold(0.5, "override", None, 1.5)
+    assert bare.to_json()["noise"] is None and bare.to_json()["cross_instance"] is None
+    assert bare.drift_nats is None and not bare.drift_held and bare.noise_max is None and bare.flip_noise is None
+    # a record from before the ceiling, the calibration words and the cross-instance figure were journalled
+    old = NearTieThreshold.from_json({"nats": "0.5", "source": "override", "multiplier": "1.5", "noise": None})
+    assert old == NearTieThreshold(0.5, "override", None, 1.5, 2.0, "", None, "", None)
+
+
+def test_the_drift_bound_has_a_floor_and_is_held_only_above_the_ceiling():
+    from specparity.model.threshold import FLOOR_NATS, NearTieThreshold, NoiseStats
+
+    zero = NearTieThreshold(1e-5, "measured", NoiseStats(0.0, 0.0, 10, 40), 1.5)
+    assert zero.drift_nats == FLOOR_NATS and not zero.drift_held
+    at = NearTieThreshold(0.5, "measured", NoiseStats(0.5, 0.25, 10, 40), 1.5, 2.0)
+    assert at.drift_nats == 2.0 and not at.drift_held  # 4 × 0.5 is the ceiling itself: not held
+    over = NearTieThreshold(0.5, "measured", NoiseStats(0.75, 0.25, 10, 40), 1.5, 2.0)
+    assert over.drift_nats == 2.0 and over.drift_held
+    under = NearTieThreshold(0.5, "measured", NoiseStats(0.25, 0.25, 10, 40), 1.5, 2.0)
+    assert under.drift_nats == 1.0 and not under.drift_held
+    unmeasured = NearTieThreshold(0.5, "override", NoiseStats(0.0, 0.0, 10, 0), 1.5)
+    assert unmeasured.drift_nats is None and not unmeasured.drift_held
+
+
+# --- compare(): every rule, with its exact reason (judge/compare.py) --------------------------------------------
+# Six tokens, stop token 0, max_new_tokens 6, near-tie threshold 0.25. Every row holds the chosen token at -0.125
+# and one alternative ``margin`` nats below it (default 4); the baseline flips 2 -> 7 at position 1.
+
+_C_BASE = [1, 2, 3, 4, 5, 6]
+_C_SPEC = [1, 7, 3, 4, 5, 6]  # re-merges at 2/2
+
+
+def _c_rows(ids, margins=None, alts=None, chosen=None, unreported=()):
+    """Rows whose argmax is ``chosen[i]`` (default: the token itself) with ``alts[i]`` (default 9) ``margins[i]``
+    nats below; where the argmax is another token, the token itself is the alternative."""
+    n = len(ids)
+    margins = margins or {}
+    alts = alts or {}
+    chosen = chosen or {}
+    top_ids, top_lp, own = [], [], []
+    for i, t in enumerate(ids):
+        best, alt, m = chosen.get(i, t), alts.get(i, 9), margins.get(i, 4.0)
+        second = t if best != t else alt
+        top_ids.append([best, second])
+        top_lp.append([-0.125, -0.125 - m])
+        own.append(-0.125 if best == t else -0.125 - m)
+    rows = scores(ids, top_ids, top_lp, logprobs=own)
+    for i in unreported:
+        rows.logprobs[i] = np.nan
+        rows.top_logprobs[i] = np.nan
+        rows.top_ids[i] = -1
+    return rows
+
+
+def _c_stream(ids, rows, finish="length", error=None):
+    return GenerationResult("p", list(ids), "", finish, rows, SpecStats.unavailable("test"), error=error)
+
+
+def _c_compare(base=None, spec=None, spec_tf="default", **kw):
+    from specparity.judge.compare import compare
+
+    base = base or _c_stream(_C_BASE, _c_rows(_C_BASE, margins={1: 0.125}, alts={1: 7}))
+    spec = spec or _c_stream(_C_SPEC, _c_rows(_C_SPEC, margins={1: 0.125}, alts={1: 2}))
+    if spec_tf == "default":  # the target's own choice at every later position; at the split its row (2 over 7)
+        spec_tf = _c_rows(spec.output_ids, margins={1: 0.5}, chosen={1: 2})
+    kw.setdefault("threshold", 0.25)
+    return compare("p", "cat", base, spec, spec_tf, max_new_tokens=6, stop_ids=[0], decode=_decode, **kw)
+
+
+def test_compare_identical_streams_and_the_record_it_keeps():
+    from specparity.model.verdicts import Drift
+
+    same = _c_stream(_C_BASE, _c_rows(_C_BASE))
+    v = _c_compare(same, _c_stream(_C_BASE, _c_rows(_C_BASE)), _c_rows(_C_BASE), threshold=0.5)
+    assert (v.prompt_id, v.category, v.klass, v.rule, v.reason) == (
+        "p", "cat", "exact", "identical", "identical token ids and finish reason")
+    assert (v.baseline_len, v.spec_len, v.baseline_finish, v.spec_finish, v.threshold, v.later_scored) == (
+        6, 6, "length", "length", 0.5, True)
+    assert v.divergence is None and v.drift is None and v.tf_violations == [] and v.rejected_at is None
+    unscored = _c_compare(same, same, None, drift_nats=0.5)
+    assert unscored.klass == "exact" and not unscored.later_scored and unscored.drift == Drift(0.5, 0.0, None, 0, 6)
+
+
+def test_compare_failed_and_broken_streams_are_errors():
+    ok = _c_stream(_C_BASE, _c_rows(_C_BASE))
+    both = _c_compare(_c_stream([], TokenScores.empty(2), error="boom"), _c_stream([], TokenScores.empty(2), error="x"))
+    assert (both.klass, both.rule, both.reason) == ("error", "failed", "baseline failed: boom")
+    spec_only = _c_compare(ok, _c_stream([], TokenScores.empty(2), error="bad"))
+    assert (spec_only.klass, spec_only.rule, spec_only.reason) == ("error", "failed", "speculative run failed: bad")
+    why = ("the engine broke the protocol: finish_reason 'abort' for a finished stream (expected 'stop' or 'length')")
+    broken = _c_compare(_c_stream(_C_BASE, _c_rows(_C_BASE), "abort"), _c_stream(_C_BASE, _c_rows(_C_BASE), "abort"))
+    assert (broken.klass, broken.rule, broken.reason) == ("error", "broken_finish",
+                                                          f"baseline: {why}; speculative run: {why}")
+    assert _c_compare(ok, _c_stream(_C_BASE, _c_rows(_C_BASE), "abort")).reason == f"speculative run: {why}"
+
+
+def test_compare_a_baseline_that_breaks_the_stop_rule_is_not_judged():
+    from specparity.judge.compare import stop_rule_problem
+
+    base = _c_stream([1, 2, 3], _c_rows([1, 2, 3]), "stop")
+    v = _c_compare(base, _c_stream([1, 2, 3], _c_rows([1, 2, 3]), "stop"))
+    assert (v.klass, v.rule) == ("error", "baseline_stop_rule")
+    assert v.reason == (f"not judged: the baseline breaks the stop rule ({stop_rule_problem(base, 6, [0], _decode)}): "
+                        f"the stop set or token limit is not the engine's, a harness/configuration error, not "
+                        f"speculation")
+    assert "ends with token 3 '<3>'" in v.reason  # the decode reaches the words
+
+
+def test_compare_same_tokens_other_finish_own_row_rejection_and_drift():
+    from specparity.model.verdicts import Drift
+
+    ids = [1, 2, 3, 4, 5, 0]
+    v = _c_compare(_c_stream(ids, _c_rows(ids)), _c_stream(ids, _c_rows(ids), "stop"))
+    assert (v.klass, v.rule, v.reason) == ("diverged", "finish_mismatch",
+                                           "same tokens but finish reason 'stop' vs baseline 'length'")
+    base = _c_stream(_C_BASE, _c_rows(_C_BASE))
+    rejected = _c_compare(base, _c_stream(_C_BASE, _c_rows(_C_BASE, margins={2: 1.0}, chosen={2: 9})))
+    assert (rejected.klass, rejected.rule, rejected.rejected_at) == ("diverged", "own_row_rejected", 2)
+    assert rejected.reason.startswith("position 2: the speculative run emitted 3 '<3>', but its own row there "
+                                      "prefers 9 '<9>' by 1 nats: ")
+    drifted = _c_compare(base, _c_stream(_C_BASE, _c_rows(_C_BASE, margins={3: 3.0})), drift_nats=0.5)
+    assert drifted.drift == Drift(0.5, 1.0, 3, 1, 6)
+    assert (drifted.klass, drifted.rule, drifted.reason) == (
+        "drifted", "drift", "identical token ids, but the speculative run's own logprobs drift from the baseline's by "
+                            "up to 1 nats from position 3 (1 of 6 positions above the drift bound 0.5)")
+    within = _c_compare(base, _c_stream(_C_BASE, _c_rows(_C_BASE, margins={3: 3.5})), drift_nats=0.5)
+    assert within.klass == "exact" and within.drift == Drift(0.5, 0.5, None, 0, 6)
+
+
+def test_compare_a_split_with_a_broken_stream_or_no_margin():
+    spec_ids = [1, 0, 3, 4, 5, 6]
+    v = _c_compare(spec=_c_stream(spec_ids, _c_rows(spec_ids)))
+    assert (v.klass, v.rule) == ("diverged", "stream_problem") and v.divergence.position == 1
+    assert v.reason == ("speculative stream: continued past stop token 0 at position 1 (4 tokens after it) (first "
+                        "difference at position 1)")
+    unreported = _c_stream(_C_BASE, _c_rows(_C_BASE, unreported=(1,)))
+    u = _c_compare(unreported, spec_tf=None)  # (the speculative stream's teacher-forced row would give a margin)
+    assert (u.klass, u.rule) == ("diverged", "margin_unreported")
+    assert u.reason == ("position 1: the engine reported no logprobs for the baseline there, so the margin between "
+                        "'<2>' and '<7>' is unknown (never assumed to be a near tie)")
+    assert _c_compare(unreported, spec_tf=None, baseline_tf=_c_rows(_C_BASE, unreported=(1,))).rule == "margin_unreported"
+    # a reported teacher-forced row without the speculative token: outside the top-k, not unreported
+    assert _c_compare(unreported, spec_tf=None, baseline_tf=_c_rows(_C_BASE)).rule == "margin_outside_top_k"
+    outside = _c_compare(_c_stream(_C_BASE, _c_rows(_C_BASE)), spec_tf=None)
+    assert _c_compare(_c_stream(_C_BASE, _c_rows(_C_BASE))).rule == "margin_over_threshold"  # the same from spec_tf
+    assert (outside.klass, outside.rule) == ("diverged", "margin_outside_top_k")
+    assert outside.reason == "position 1: spec token 7 '<7>' is outside the baseline's top-2 (baseline chose 2 '<2>')"
+
+
+def test_compare_a_margin_over_the_threshold_and_one_at_it():
+    over = _c_compare(_c_stream(_C_BASE, _c_rows(_C_BASE, margins={1: 0.5}, alts={1: 7})))
+    assert (over.klass, over.rule) == ("diverged", "margin_over_threshold")
+    assert over.reason == ("position 1: baseline margin 0.5 nats between '<2>' and '<7>' exceeds the near-tie "
+                           "threshold 0.25")
+    at = _c_compare(_c_stream(_C_BASE, _c_rows(_C_BASE, margins={1: 0.25}, alts={1: 7})))
+    assert (at.klass, at.divergence.baseline_margin) == ("near_tie", 0.25)
+
+
+def test_compare_a_near_tie_and_what_still_fails_it():
+    from specparity.model.verdicts import Drift
+
+    v = _c_compare(drift_nats=0.5)
+    assert (v.klass, v.rule) == ("near_tie", "near_tie") and v.drift == Drift(0.5, 0.0, None, 0, 1)
+    assert v.reason == ("position 1: '<2>' vs '<7>', baseline margin 0.125 <= threshold 0.25, re-merges at 2/2; every "
+                        "later spec token is the target's argmax")
+    # the streams re-align at different offsets: 4 on the baseline, 2 on the speculative run (both end on the stop)
+    base, short = [1, 2, 3, 4, 5, 0], [1, 7, 5, 0]
+    shifted = _c_compare(_c_stream(base, _c_rows(base, margins={1: 0.125}, alts={1: 7}), "stop"),
+                         _c_stream(short, _c_rows(short, margins={1: 0.125}, alts={1: 2}), "stop"))
+    assert shifted.klass == "near_tie" and ", re-merges at 4/2; every later" in shifted.reason
+    # the baseline's decode row left out: the margin from its teacher-forced row
+    tf_margin = _c_compare(_c_stream(_C_BASE, _c_rows(_C_BASE, unreported=(1,))), spec_tf=_c_rows(_C_SPEC),
+                           baseline_tf=_c_rows(_C_BASE, margins={1: 0.125}, alts={1: 7}))
+    assert (tf_margin.klass, tf_margin.divergence.margin_source) == ("near_tie", "teacher-forced")
+    apart = [1, 7, 8, 8, 8, 8]
+    no_merge = _c_compare(spec=_c_stream(apart, _c_rows(apart, margins={1: 0.125}, alts={1: 2})))
+    assert no_merge.reason.endswith("<= threshold 0.25, does not re-merge; every later spec token is the target's "
+                                    "argmax")
+    # the speculative run's own row rejects a later token
+    rejected = _c_compare(spec=_c_stream(_C_SPEC, _c_rows(_C_SPEC, margins={1: 0.125, 3: 1.0}, alts={1: 2},
+                                                          chosen={3: 9})))
+    assert (rejected.klass, rejected.rule, rejected.rejected_at) == ("diverged", "own_row_rejected", 3)
+    assert rejected.reason.startswith("position 3 (first difference at position 1): the speculative run emitted 4")
+    unscored = _c_compare(spec_tf=None)
+    assert (unscored.klass, unscored.rule, unscored.reason) == (
+        "diverged", "later_unscored",
+        "position 1: near-tie flip, but the rest of the stream could not be scored teacher-forced")
+    # later positions the target would not have chosen: above the threshold, or unscored; one at it is fine
+    tf = _c_rows(_C_SPEC, margins={1: 0.5, 3: 0.5, 4: 0.25}, chosen={1: 2, 3: 9, 4: 9, 5: 9})
+    tf.token_ids[5] = -1  # the row did not score the token: no margin
+    later = _c_compare(spec_tf=tf)
+    assert (later.klass, later.rule) == ("diverged", "later_not_argmax")
+    assert later.reason == ("near-tie flip at 1 (margin 0.125), but at position 3 the spec token 4 is not the target's "
+                            "choice 9 under its own prefix (margin 0.5 nats); 2 such position(s)")
+    tf = _c_rows(_C_SPEC, margins={1: 0.5}, chosen={1: 2, 5: 9})
+    tf.token_ids[5] = -1
+    assert _c_compare(spec_tf=tf).reason.endswith("the spec token 6 is not the target's choice 9 under its own prefix "
+                                                   "(outside the top-k); 1 such position(s)")
+
+
+def test_compare_a_near_tie_after_drift_or_too_far_apart_on_the_two_sides():
+    from specparity.model.verdicts import Drift
+
+    spec_rows = _c_rows(_C_SPEC, margins={0: 3.0, 1: 0.125}, alts={1: 2})
+    before = _c_compare(spec=_c_stream(_C_SPEC, spec_rows), drift_nats=0.5)
+    assert (before.klass, before.rule, before.drift) == ("drifted", "drift_before_split", Drift(0.5, 1.0, 0, 1, 1))
+    assert before.reason == (
+        "near-tie flip at position 1 (margin 0.125), but before it the speculative run's own logprobs drift from the "
+        "baseline's by up to 1 nats from position 0 (1 of 1 positions above the drift bound 0.5): the flip follows a "
+        "corrupted computation, not numeric noise")
+    # the split's gap: 0.125 (baseline) + 0.125 (the speculative row's own margin) = 0.25
+    gap = _c_compare(drift_nats=0.125)
+    assert (gap.klass, gap.rule) == ("drifted", "split_gap")
+    assert gap.reason == (
+        "near-tie flip at position 1 (baseline margin 0.125 <= threshold 0.25), but the speculative run's own row "
+        "there prefers '<7>' by 0.125 nats: the two computations of the same position are 0.25 nats apart, beyond "
+        "the drift bound 0.125 — not a tie the noise explains")
+    assert _c_compare(drift_nats=0.25).klass == "near_tie"  # a gap at the bound is within it
+    assert _c_compare().klass == "near_tie"  # no drift bound: no gap check
+    # the baseline's token outside the speculative row: its lowest alternative bounds the gap from below
+    far = _c_compare(spec=_c_stream(_C_SPEC, _c_rows(_C_SPEC, margins={1: 0.5})), drift_nats=0.125)
+    assert "prefers '<7>' by at least 0.5 nats: the two computations of the same position are 0.625 nats" in far.reason
+
+
+def test_an_exact_tie_at_the_split_says_how_each_side_broke_it():
+    """Both tokens carry the same logprob on both sides: the baseline took the lower id; the speculative run
+    took the higher one, as an accepted draft when its step records say so."""
+    base = _stream([1, 2, 3], scores([1, 2, 3], [[1, 9], [2, 7], [3, 9]], [[-0.1, -3.0], [-0.125, -0.125], [-0.1, -3.0]]))
+    spec_rows = scores([1, 7, 3], [[1, 9], [7, 2], [3, 9]], [[-0.1, -3.0], [-0.125, -0.125], [-0.1, -3.0]])
+    drafted = SpecStats.from_steps([StepRecord(proposed=2, accepted=2, emitted=3)], "steps")
+    d = _describe_divergence(1, base, _stream([1, 7, 3], spec_rows, drafted), _decode)
+    assert d.tie is True and d.baseline_margin == 0.0 and d.spec_margin == 0.0
+    assert (d.baseline_break, d.spec_break) == ("lower_id", "draft")
+    plain = _describe_divergence(1, base, _stream([1, 7, 3], spec_rows), _decode)
+    assert (plain.baseline_break, plain.spec_break) == ("lower_id", "higher_id")
+    # no tie: no break words, and ``tie`` is a plain False
+    far = _split()
+    assert far.tie is False and (far.baseline_break, far.spec_break) == ("", "")
+
+
+def test_the_split_shows_eight_tokens_of_context_on_each_side():
+    base_ids = list(range(10, 30))
+    spec_ids = base_ids[:10] + [99] + base_ids[11:]
+    rows = scores(base_ids, [[t, 5] for t in base_ids], [[-0.1, -3.0]] * 20)
+    d = _describe_divergence(10, _stream(base_ids, rows), _stream(spec_ids, rows), _decode)
+    assert d.context_before == _decode(base_ids[2:10])
+    assert d.baseline_after == _decode(base_ids[10:18]) and d.spec_after == _decode(spec_ids[10:18])
+    assert d.remerge == (11, 11)
+    early = _describe_divergence(3, _stream(base_ids, rows), _stream(base_ids[:3] + [99] + base_ids[4:], rows), _decode)
+    assert early.context_before == "<10><11><12>"
+
+
+def test_a_baseline_that_ends_at_the_split_has_no_token_there():
+    base = _stream([1], _ONE_ROW)
+    d = _describe_divergence(1, base, _stream([1, 5, 3], _spec_rows(5)), _decode)
+    assert d.baseline_token is None and d.spec_token == TokenView(5, "<5>")
+    assert (d.baseline_margin, d.spec_margin, d.tie, d.remerge, d.baseline_after) == (None, None, False, None, "")
+
+
+def test_positions_at_risk_are_above_a_tie_and_at_most_the_window():
+    from specparity.judge.flip_budget import at_risk
+
+    rows = _margin_rows([1, 2, 3, 4, 5], [0.0, 0.25, 0.5, 1.0, float("nan")])
+    assert at_risk(rows, 0.5).tolist() == [False, True, True, False, False]
+
+
+def test_quantile_forgives_a_cumulative_sum_rounded_just_below_the_level():
+    """0.7 + 0.1 sums to 0.7999999999999999 in floating point: P(K <= 1) is 0.8, so the 0.8 quantile is 1."""
+    from specparity.judge.flip_budget import quantile
+
+    assert 0.7 + 0.1 < 0.8
+    assert quantile(np.array([0.7, 0.1, 0.2]), 0.8) == 1
+    assert quantile(np.array([0.25, 0.5, 0.25]), 0.75) == 1 and quantile(np.array([0.25, 0.5, 0.25]), 0.76) == 2
+
+
+def test_position_deltas_of_no_rows_and_of_one_row():
+    from specparity.judge.noise import position_deltas
+
+    a = scores([1], [[1, 5]], [[-0.5, -1.0]])
+    b = scores([1], [[1, 5]], [[-0.5, -1.25]])
+    assert position_deltas(a, b).tolist() == [0.25]
+    empty = position_deltas(a, TokenScores.empty(2))
+    assert empty.dtype == np.float32 and empty.shape == (0,)
+
+
+def test_noise_figures_are_float32_whatever_the_input():
+    """Empty or not, both figures come back as float32 arrays, so a measurement concatenating an empty pair with
+    real ones keeps the float32 arithmetic of its quantiles."""
+    from specparity.judge.noise import abs_deltas_with_margins, position_deltas
+
+    a = scores([1, 2], [[1, 5], [2, 5]], [[-0.5, -1.0], [-0.25, -2.25]])
+    b = scores([1, 2], [[1, 5], [2, 5]], [[-0.5, -1.25], [-0.25, -2.0]])
+    for d, m in (abs_deltas_with_margins(a, b), abs_deltas_with_margins(a, TokenScores.empty(2))):
+        assert d.dtype == np.float32 and m.dtype == np.float32 and len(d) == len(m)
+    assert len(abs_deltas_with_margins(a, TokenScores.empty(2))[1]) == 0
+    assert position_deltas(a, b).dtype == np.float32
+    # rows without any alternative: no pair at any position, NaN each, and no error
+    bare = TokenScores(np.array([1, 2]), np.array([-0.5, -0.25]), np.zeros((2, 0)), np.zeros((2, 0)))
+    assert np.isnan(position_deltas(bare, bare)).tolist() == [True, True]
+
+
+def test_the_robust_figure_is_the_third_largest_from_fifty_values_on():
+    from specparity.judge.noise import robust_figure
+    from specparity.model.threshold import MIN_NEAR_PAIRS, ROBUST_RANK
+
+    assert (MIN_NEAR_PAIRS, ROBUST_RANK) == (50, 3)
+    values = np.arange(1, 51, dtype=np.float32)[::-1].copy()  # 50 .. 1, largest first
+    assert robust_figure(values) == 48.0
+    assert robust_figure(values[:49]) == 50.0  # 49 values: too few for an order statistic, the maximum
+    assert robust_figure(np.concatenate([values, [0.5]]).astype(np.float32)) == 48.0
+    assert robust_figure(np.zeros(0, np.float32)) == 0.0
+
+
+# --- the checks a report shows for a verdict (judge/checks.py) --------------------------------------------------
+
+def _checks_cases():
+    """Verdicts compare() gives for the streams above, one per branch of verdict_checks."""
+    from specparity.model.verdicts import TFViolation
+
+    base = _c_stream(_C_BASE, _c_rows(_C_BASE))
+    ids_stop = [1, 2, 3, 4, 5, 0]
+    tie_base = _c_stream(_C_BASE, _c_rows(_C_BASE, margins={1: 0.0}, alts={1: 7}))
+    tie_spec = _c_stream(_C_SPEC, _c_rows(_C_SPEC, margins={1: 0.0}, alts={1: 2}))
+    later_tf = _c_rows(_C_SPEC, margins={1: 0.5, 3: 0.5}, chosen={1: 2, 3: 9})
+    within_tf = _c_rows(_C_SPEC, margins={1: 0.5, 3: 0.25, 4: 0.0625}, chosen={1: 2, 3: 9, 4: 9})
+    unscored_tf = _c_rows(_C_SPEC, margins={1: 0.5}, chosen={1: 2, 5: 9})
+    unscored_tf.token_ids[5] = -1
+    cases = {
+        "exact": _c_compare(base, _c_stream(_C_BASE, _c_rows(_C_BASE)), _c_rows(_C_BASE), drift_nats=0.5),
+        "exact-undrifted-unreported": _c_compare(base, _c_stream(_C_BASE, _c_rows(_C_BASE, unreported=range(6))),
+                                                 _c_rows(_C_BASE), drift_nats=0.5),
+        "exact-no-drift-bound": _c_compare(base, _c_stream(_C_BASE, _c_rows(_C_BASE)), _c_rows(_C_BASE)),
+        "finish-mismatch": _c_compare(_c_stream(ids_stop, _c_rows(ids_stop)), _c_stream(ids_stop, _c_rows(ids_stop), "stop")),
+        "own-row-identical": _c_compare(base, _c_stream(_C_BASE, _c_rows(_C_BASE, margins={2: 1.0}, chosen={2: 9}))),
+        "drift-identical": _c_compare(base, _c_stream(_C_BASE, _c_rows(_C_BASE, margins={3: 3.0})), drift_nats=0.5),
+        "stream-problem": _c_compare(spec=_c_stream([1, 0, 3, 4, 5, 6], _c_rows([1, 0, 3, 4, 5, 6]))),
+        "margin-unreported": _c_compare(_c_stream(_C_BASE, _c_rows(_C_BASE, unreported=(1,))), spec_tf=None),
+        "margin-outside": _c_compare(base, spec_tf=None),
+        "margin-over": _c_compare(_c_stream(_C_BASE, _c_rows(_C_BASE, margins={1: 0.5}, alts={1: 7}))),
+        "near-tie": _c_compare(drift_nats=0.5),
+        "near-tie-no-merge": _c_compare(spec=_c_stream([1, 7, 8, 8, 8, 8], _c_rows([1, 7, 8, 8, 8, 8], margins={1: 0.125},
+                                                                                 alts={1: 2}))),
+        "near-tie-spec-row-without-baseline-token": _c_compare(spec=_c_stream(_C_SPEC, _c_rows(_C_SPEC))),
+        "exact-tie": _c_compare(tie_base, tie_spec, drift_nats=0.5),
+        "later-over": _c_compare(spec_tf=later_tf),
+        "later-within": _c_compare(spec_tf=within_tf),
+        "later-outside-top-k": _c_compare(spec_tf=unscored_tf),
+        "later-unscored": _c_compare(spec_tf=None),
+        "drift-before-split": _c_compare(spec=_c_stream(_C_SPEC, _c_rows(_C_SPEC, margins={0: 3.0, 1: 0.125}, alts={1: 2})),
+                                         drift_nats=0.5),
+        "split-gap": _c_compare(drift_nats=0.125),
+        "own-row-at-split": _c_compare(spec=_c_stream(_C_SPEC, _c_rows(_C_SPEC, margins={1: 0.125}, chosen={1: 2}))),
+        "own-row-later": _c_compare(spec=_c_stream(_C_SPEC, _c_rows(_C_SPEC, margins={1: 0.125, 3: 1.0}, alts={1: 2},
+                                                                   chosen={3: 9}))),
+        "error": _c_compare(_c_stream([], TokenScores.empty(2), error="boom")),
+    }
+    cases["margin-at-threshold"] = _c_compare(_c_stream(_C_BASE, _c_rows(_C_BASE, margins={1: 0.25}, alts={1: 7})))
+    cases["margin-huge"] = _c_compare(_c_stream(_C_BASE, _c_rows(_C_BASE, margins={1: 800.0}, alts={1: 7})))
+    cases["exact-tie-at-zero-threshold"] = _c_compare(tie_base, tie_spec, threshold=0.0)
+    cases["near-tie-gap-at-bound"] = _c_compare(drift_nats=0.25)
+    end_ids = [1, 2, 3, 4, 5, 7]
+    cases["near-tie-at-the-end"] = _c_compare(_c_stream(_C_BASE, _c_rows(_C_BASE, margins={5: 0.125}, alts={5: 7})),
+                                              _c_stream(end_ids, _c_rows(end_ids, margins={5: 0.125}, alts={5: 6})),
+                                              _c_rows(end_ids, margins={5: 0.125}, chosen={5: 6}))
+    # verdicts made elsewhere (journalled, or by hand): the fields alone decide the checks
+    ulps = _c_compare(_c_stream(_C_BASE, _c_rows(_C_BASE, margins={1: 0.25}, alts={1: 7})))
+    ulps.divergence.ulp_nats = 0.125
+    cases["near-tie-two-ulps"] = ulps
+    one_ulp = _c_compare()
+    one_ulp.divergence.ulp_nats = 0.125
+    cases["near-tie-one-ulp"] = one_ulp
+    odd_breaks = _c_compare(tie_base, tie_spec)
+    odd_breaks.divergence.baseline_break, odd_breaks.divergence.spec_break = "by_hand", "elsewhere"
+    cases["exact-tie-unknown-break-words"] = odd_breaks
+    for name, spec_token, base_token in (("length-spec-ended", None, "keep"), ("length-baseline-ended", "keep", None)):
+        v = _c_compare()
+        v.klass, v.rule = "diverged", "length_mismatch"
+        if spec_token is None:
+            v.divergence.spec_token = None
+        if base_token is None:
+            v.divergence.baseline_token = None
+        cases[name] = v
+    unexplained = _c_compare(_c_stream(_C_BASE, _c_rows(_C_BASE)), spec_tf=None)
+    unexplained.rule = ""
+    cases["margin-unknown-unexplained"] = unexplained
+    explained_not_diverged = _c_compare(_c_stream(_C_BASE, _c_rows(_C_BASE)), spec_tf=None)
+    explained_not_diverged.klass = "drifted"
+    cases["margin-unknown-explained-drifted"] = explained_not_diverged
+    rank_only = _c_compare()
+    rank_only.divergence.spec_margin = None
+    cases["spec-margin-unknown-rank-known"] = rank_only
+    for name, sm in (("own-row-at-split-spec-prefers-its-token", 0.5), ("own-row-at-split-spec-tie", 0.0)):
+        v = _c_compare(spec=_c_stream(_C_SPEC, _c_rows(_C_SPEC, margins={1: 0.125}, chosen={1: 2})))
+        v.divergence.spec_margin = sm
+        cases[name] = v
+    later_no_margin = _c_compare(spec=_c_stream(_C_SPEC, _c_rows(_C_SPEC, margins={1: 0.125, 3: 1.0}, alts={1: 2},
+                                                                 chosen={3: 9})))
+    later_no_margin.divergence.spec_margin = None
+    cases["own-row-later-spec-margin-unknown"] = later_no_margin
+    near_unscored = _c_compare()
+    near_unscored.later_scored, near_unscored.tf_violations = False, []
+    cases["near-tie-later-not-scored"] = near_unscored
+    # a verdict journalled before the rule was recorded: a near tie whose split sits beyond its drift bound
+    gap = _c_compare(drift_nats=0.125)
+    gap.klass, gap.rule = "near_tie", ""
+    cases["near-tie-beyond-bound"] = gap
+    later = _c_compare(spec_tf=None)
+    later.tf_violations, later.later_scored, later.klass, later.rule = [TFViolation(3, 4, 9, 0.125)], False, "diverged", ""
+    cases["later-not-in-record"] = later
+    empty = _c_compare(spec_tf=None)
+    empty.later_scored, empty.klass, empty.rule = False, "diverged", ""
+    cases["later-not-scored-diverged"] = empty
+    return cases
+
+
+
+
+@pytest.mark.parametrize("noise", ["measured", "none"])
+def test_verdict_checks_wording(noise, snapshot):
+    """Every check of every branch, with its state, words, position and figures, with and without the run's
+    measured noise (the snapshot pins the wording; ``pytest --snapshot-update`` after a deliberate change)."""
+    from dataclasses import asdict
+
+    from specparity.judge.checks import verdict_checks
+    from specparity.model.threshold import NoiseStats
+
+    # flip noise 0.125: a margin of 0.125 is inside it, one of 0.25 is not
+    measured = NoiseStats(0.5, 0.25, 100, 400, near_window=2.0, near_pairs=60, near_max_abs_delta=0.25,
+                          near_robust_abs_delta=0.125, robust_abs_delta=0.375) if noise == "measured" else None
+    got = {name: [asdict(c) for c in verdict_checks(v, noise=measured)] for name, v in _checks_cases().items()}
+    got["never-judged"] = [asdict(c) for c in verdict_checks(None, noise=measured)]
+    assert got == snapshot
+
+
+def test_check_marks_and_token_words():
+    from specparity.judge.checks import Check, rank_words, source_words, token_shown
+
+    assert [(Check(s, "t").mark, Check(s, "t").symbol) for s in ("ok", "fail", "warn", "info")] == [
+        ("✅", "✓"), ("❌", "✗"), ("⚠️", "!"), ("ℹ️", "i")]
+    assert token_shown(None) == "(end of stream)" and token_shown("") == "∅ (decodes to nothing)"
+    assert token_shown(" a\r\tb\n") == "·a␍⇥b⏎"
+    assert source_words("decode") == "the baseline's own decode row"
+    assert source_words("teacher-forced") == "teacher-forced scoring of the baseline"
+    assert source_words("elsewhere") == "elsewhere"
+    assert rank_words(None) == "outside top-k" and rank_words(0) == "0"
+
+
+# --- the scorer check's evidence (judge/calibration.py) ---------------------------------------------------------
+
+def test_scorer_check_evidence_words_a_shift_only_when_most_disagreements_are_one():
+    from specparity.judge.calibration import ScorerCheck
+
+    later = ScorerCheck(10, 4, 3, 0, 2, 2.0, first="p position 3")
+    assert later.evidence() == (
+        "2 row(s) score a token other than the baseline's; its argmax differs from the baseline's token at 4 of 10 "
+        "positions where the baseline's own margin exceeds 2 nats; at 3 of them its argmax is the baseline's next "
+        "token: it looks shifted by one position (first: p position 3)")
+    earlier = ScorerCheck(10, 4, 1, 3, 0, 2.0)
+    assert earlier.evidence().endswith("at 3 of them its argmax is the baseline's previous token: it looks shifted by "
+                                       "one position")
+    # a tie between the two directions reads as the next token; exactly half is no shift
+    assert "baseline's next token" in ScorerCheck(10, 3, 2, 2, 0, 2.0).evidence()
+    assert ScorerCheck(10, 4, 2, 1, 0, 2.0).evidence() == (
+        "its argmax differs from the baseline's token at 4 of 10 positions where the baseline's own margin exceeds "
+        "2 nats")
+    assert ScorerCheck(10, 0, 0, 0, 0, 2.0).evidence() == ""
+
+
+def test_largest_at_names_the_first_prompt_and_position_of_the_largest_cross_instance_difference():
+    from specparity.judge.calibration import Sample, largest_at
+
+    tf = scores([1, 2], [[1, 5], [2, 5]], [[-0.5, -1.0], [-0.5, -1.0]])
+    moved_at_1 = scores([1, 2], [[1, 5], [2, 5]], [[-0.5, -1.25], [-0.5, -1.5]])  # 0.25, then 0.5
+    moved_at_0 = scores([1, 2], [[1, 5], [2, 5]], [[-0.5, -1.5], [-0.5, -1.0]])  # 0.5 at 0: a tie, not larger
+    one_instance = Sample("solo", [1, 2], tf, tf)
+    samples = [one_instance, Sample("a", [1, 2], tf, tf, moved_at_1), Sample("b", [1, 2], tf, tf, moved_at_0)]
+    assert largest_at(samples) == "a position 1"
+    assert largest_at([one_instance]) is None and largest_at([]) is None
+
+
+# --- other traffic on the server (judge/traffic.py) -------------------------------------------------------------
+
+def test_unattributed_traffic_words():
+    from specparity.judge.traffic import OTHER_TRAFFIC, unattributed
+    from specparity.model.traffic import Traffic
+
+    no_counts = (f"{OTHER_TRAFFIC} cannot be ruled out: the engine's run-wide draft counters come without the "
+                 "servers' count of finished requests and generated tokens")
+    reading = Traffic(10, 100, 2, 20, "before-src")
+    assert unattributed(None, reading) == no_counts and unattributed(reading, None) == no_counts
+    assert unattributed(Traffic(None, None, 0, 0, "before-src"), Traffic(None, None, 1, 5, "")) == (
+        f"{OTHER_TRAFFIC} cannot be ruled out: the servers do not expose their count of finished requests and "
+        f"generated tokens (before-src)")
+    assert unattributed(reading, Traffic(12, 130, 4, 50, "after-src")) is None
+    assert unattributed(reading, Traffic(13, 130, 4, 50, "after-src")) == (
+        f"{OTHER_TRAFFIC}: during the speculative phase the speculative servers finished 3 request(s) and generated "
+        f"30 token(s), this run sent them 2 and got 30 back (after-src); their draft counters may count another "
+        f"client's drafts, so they say nothing about this run's")
+
+
+# --- findings about the gate's own measurement (gate/calibration_findings.py) -----------------------------------
+
+def test_calibration_findings_each_line_and_when_there_is_none():
+    from types import SimpleNamespace
+
+    from specparity.gate.calibration_findings import calibration_findings, findings_fail
+    from specparity.model.gate_run import GatePolicy
+    from specparity.model.threshold import NearTieThreshold, NoiseStats
+
+    def run(threshold, scorer_check=None, calibration_error=None, golden_error=None):
+        return SimpleNamespace(threshold=threshold, scorer_check=scorer_check, calibration_error=calibration_error,
+                               golden_error=golden_error)
+
+    beyond = NearTieThreshold(0.1875, "measured", _near_noise(), 1.5, cross=_cross_noise())
+    unmeasured = NearTieThreshold(0.5, "override", NoiseStats(0.0, 0.0, 3, 0), 1.5)
+    no_noise = (
+        "no noise measured: the near-tie threshold 0.5 nats was set by --near-tie-nats and no baseline position was "
+        "scored both ways, so the latent-drift check is off (identical tokens whose speculative rows moved are not "
+        "judged) and the near-tie budget has no flip rate to follow; fix the baseline's decode or its teacher-forced "
+        "scoring so the noise can be measured")
+    idle = ("scorer check with nothing to check: no baseline position had a decode margin above 2 nats (the near-tie "
+            "ceiling), so a teacher-forced scorer off by one position or scoring another model would not have been "
+            "caught, and its noise set the threshold; calibrate on prompts with confident positions, or lower "
+            "--near-tie-ceiling")
+    assert calibration_findings(run(beyond, {"clear_positions": 0, "clear_nats": 2.0})) == [
+        f"finding: {beyond.cross_finding()}", idle]
+    assert calibration_findings(run(unmeasured)) == [no_noise]
+    assert calibration_findings(run(NearTieThreshold(0.5, "override", None, 1.5), {"clear_positions": 3})) == [
+        no_noise]
+    assert calibration_findings(run(unmeasured, {})) == [no_noise, idle.replace("above 2 nats", "above 0 nats")]
+    # not calibrated at all: a failure of its own, no finding
+    for failed in (run(None), run(unmeasured, calibration_error="x"), run(unmeasured, golden_error="y")):
+        assert calibration_findings(failed) == []
+    assert findings_fail(GatePolicy(calibration_findings="fail")) == 'the policy\'s calibration_findings = "fail"'
+    assert findings_fail(GatePolicy(bit_exact=True)) == "--bit-exact (or near_tie in the policy's fail_on)"
+    assert findings_fail(GatePolicy()) is None and findings_fail(GatePolicy(bit_exact=False)) is None
+
+
+# --- why the near ties fail (gate/decision.py) ----------------------------------------------------------------
+
+def test_near_tie_failure_words_each_policy():
+    from types import SimpleNamespace
+
+    from specparity.gate.decision import DEFAULT_MAX_NEAR_TIE, near_tie_failure
+    from specparity.judge.flip_budget import FlipExpectation
+    from specparity.model.gate_run import GatePolicy
+    from specparity.model.threshold import FlipRate
+    from specparity.model.verdicts import Divergence, TokenView, Verdict
+
+    def record(pid, klass, tie=False):
+        v = Verdict(pid, "c", klass, "")
+        if klass == "near_tie":
+            v.divergence = Divergence(1, TokenView(2, "a"), TokenView(7, "b"), 0.0 if tie else 0.125, 1, 0.0, 1, "", "",
+                                      "", None, tie=tie)
+        return SimpleNamespace(prompt=SimpleNamespace(id=pid), verdict=v)
+
+    records = [record("a", "near_tie"), record("b", "exact"), record("t", "near_tie", tie=True), record("c", "near_tie"),
+               SimpleNamespace(prompt=SimpleNamespace(id="never"), verdict=None)]
+    run = SimpleNamespace(records=records, deterministic="", deterministic_unknown="")
+    counts = {"near_tie": 3, "exact": 1}
+    assert near_tie_failure(run, counts, GatePolicy(bit_exact=True), None) == (
+        "--bit-exact: 3 near-tie flip(s) where bit-exactness is required: a, t, c")
+    unknown = SimpleNamespace(records=records, deterministic="", deterministic_unknown="server-2")
+    assert near_tie_failure(unknown, counts, GatePolicy(unknown_fails=True), None) == (
+        "determinism declaration unknown on some servers (server-2): under a policy an unknown is not lenient, so the "
+        "run is bit-exact and 3 near-tie flip(s) fail (make every server show its setting, or pass --allow-near-tie to "
+        "allow): a, t, c")
+    declared = SimpleNamespace(records=records, deterministic="vllm: VLLM_BATCH_INVARIANT=1", deterministic_unknown="")
+    assert near_tie_failure(declared, counts, GatePolicy(), None) == (
+        "engine declares deterministic inference (vllm: VLLM_BATCH_INVARIANT=1): 3 near-tie flip(s) are a failure — "
+        "the engine promised bit-exact output (pass --allow-near-tie to allow): a, t, c")
+    assert near_tie_failure(run, counts, GatePolicy(max_near_tie=0.5), None) == (
+        "3/4 near-tie prompts (75%) exceed --max-near-tie 50%")
+    assert near_tie_failure(run, counts, GatePolicy(), None) == (
+        f"3/4 near-tie prompts (75%) exceed --max-near-tie {DEFAULT_MAX_NEAR_TIE:.0%} (the fixed budget: no flip rate "
+        f"was measured)")
+    expectation = FlipExpectation(2, 0.5, 0, 1, 1, 4, 2, FlipRate(0.25, 10, 1.0, 0, 40))
+    assert near_tie_failure(run, counts, GatePolicy(), expectation) == (
+        "2 near-tie flip(s) that are not exact ties, more than the 1 the baseline's own numerics explain (expected "
+        "0.5, 95 % interval 0–1): the verify numerics flip tokens the target's own two computations do not: a, c")
+
+
+def test_judge_acceptance_states_its_rule_and_judges_rows_of_enough_prompts():
+    from types import SimpleNamespace
+
+    from specparity.gate.decision import judge_acceptance
+    from specparity.judge.acceptance import MIN_PROMPTS
+
+    def row(category, delta, low, high, prompts):
+        return SimpleNamespace(category=category, delta=delta, low=low, high=high, prompts=prompts, old=0.8,
+                               new=0.8 + (delta or 0.0), failed=False)
+
+    def comparison(*rows):
+        return SimpleNamespace(not_recorded=False, decided_on=list(rows), failures=[], rule="")
+
+    where = f"per category of at least {MIN_PROMPTS} prompts and overall, without the flagged prompts"
+    at_min = row("code", -0.25, -0.375, -0.125, MIN_PROMPTS)
+    c = judge_acceptance(comparison(at_min, row("chat", None, -0.5, -0.25, 40), row("math", -0.5, None, -0.25, 40),
+                                    row("few", -0.5, -0.75, -0.25, MIN_PROMPTS - 1)), max_drop=0.125)
+    assert c.rule == (f"FAIL when NEW is more than max_accept_drop 0.125 below OLD and the whole interval of the "
+                      f"difference lies below 0 ({where})")
+    assert at_min.failed and c.failures == [
+        f"acceptance code: 0.800 → 0.550 dropped by 0.250 > max_accept_drop 0.125 (interval of the difference "
+        f"[-0.375, -0.125], {MIN_PROMPTS} prompts)"]
+    t = judge_acceptance(comparison(row("code", 0.25, 0.125, 0.375, MIN_PROMPTS)), tolerance=0.125)
+    assert t.rule == (f"FAIL when the runs differ by more than the tolerance 0.125 and the interval of the difference "
+                      f"excludes 0 ({where})")
+    assert len(t.failures) == 1
+
+
+# --- the baseline is what it claims (judge/baseline_checks.py) --------------------------------------------------
+
+def test_baseline_refusals_show_the_tokens_decoded():
+    from types import SimpleNamespace
+
+    from specparity.judge.baseline_checks import baseline_refusal, greedy_refusal
+
+    def record(pid, baseline):
+        return SimpleNamespace(prompt=SimpleNamespace(id=pid), baseline=baseline,
+                               request=SimpleNamespace(max_new_tokens=6, stop_token_ids=[0]))
+
+    sampled = record("p", _c_stream(_C_BASE, _c_rows(_C_BASE, margins={2: 1.0}, chosen={2: 9})))
+    words = greedy_refusal([sampled], 0.25, _decode)
+    assert "(first p position 2: emitted 3 '<3>', its row prefers 9 '<9>' by 1 nats)" in words
+    assert "(first p position 2: emitted 3, its row prefers 9 by 1 nats)" in greedy_refusal([sampled], 0.25)
+    assert baseline_refusal([sampled], 0.25, _decode) == words and baseline_refusal([sampled], None) is None
+    off_rule = record("q", _c_stream([1, 2, 3], _c_rows([1, 2, 3]), "stop"))
+    assert "it ends with token 3 '<3>'" in baseline_refusal([off_rule, sampled], 0.25, _decode)
+
+
+def test_a_baseline_past_the_token_limit_is_blamed_on_the_limit_not_the_stop_set():
+    from types import SimpleNamespace
+
+    from specparity.judge.baseline_checks import stop_rule_refusal
+
+    long = SimpleNamespace(prompt=SimpleNamespace(id="p"), baseline=_c_stream(_C_BASE + [7], _c_rows(_C_BASE + [7])),
+                           request=SimpleNamespace(max_new_tokens=6, stop_token_ids=[0]))
+    words = stop_rule_refusal([long])
+    assert "first p: emitted 7 tokens, more than max_new_tokens=6" in words
+    assert words.endswith("the engine did not honour the token limit the run asked for (it stopped short of it or ran "
+                          "past it): check the server's own cap on new tokens and its context size against "
+                          "--max-new-tokens")
