@@ -271,19 +271,19 @@ def test_batch_near_tie_flips_within_the_budget_from_the_data_pass(capsys, tmp_p
 CALIBRATION_OTHERS = 16
 
 
-def _calibration(path: Path, prompt_file: Path, chosen: set[str]) -> Path:
-    """The first ``CALIBRATION_OTHERS`` prompts of the default suite that are not selected, then the selected ones."""
-    taken = []
+def _calibration(path: Path, chosen: set[str]) -> Path:
+    """The selected prompts and the first ``CALIBRATION_OTHERS`` other prompts of the default suite."""
+    others = []
 
     def keep(row: dict) -> bool:
-        if row["id"] in chosen or len(taken) >= CALIBRATION_OTHERS:
+        if row["id"] in chosen:
+            return True
+        if len(others) >= CALIBRATION_OTHERS:
             return False
-        taken.append(row["id"])
+        others.append(row["id"])
         return True
 
     write_subset(path, keep)
-    selected = [line for line in prompt_file.read_text(encoding="utf-8").splitlines() if '"id"' in line]
-    path.write_text(path.read_text(encoding="utf-8") + "\n".join(selected) + "\n", encoding="utf-8")
     return path
 
 
@@ -296,7 +296,7 @@ def test_more_batch_near_tie_flips_than_the_budget_from_the_data_allows_fail(cap
     sweep must fail with the level's line, as a gate run with those near ties would."""
     prompt_file, chosen = prompts
     high = len(chosen)
-    calibration = _calibration(tmp_path / "calibration.jsonl", prompt_file, {p.id for p in chosen})
+    calibration = _calibration(tmp_path / "calibration.jsonl", {p.id for p in chosen})
     base, spec = _servers(batch_flip_above=1)
     with base, spec:
         args = [*_gate_args(base, spec, prompt_file, tmp_path), *WIDE]
