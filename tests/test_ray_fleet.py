@@ -3,9 +3,9 @@
 The live test starts a cluster of two nodes on this machine (``ray start --head`` and a second node with
 ``ray start --address``, one CPU each, no dashboard), gates llama-server pairs the cluster launches as
 actors (one per node), freezes the servers of the pair on the second node once its shard has judged a
-prompt and kills the worker process holding them, and shows that nothing is lost: the prompts that shard finished are kept, the rest
-rerun on the other pair, every selected prompt is judged and the merged gate passes; the killed pair's
-servers died with it. Skipped only when Ray is not importable (CI installs the ``[ray]`` extra); the
+prompt, kills the worker process holding them, and shows that nothing is lost: the prompts that shard
+finished are kept, the rest rerun on the other pair, every selected prompt is judged and the merged gate
+passes; the killed pair's servers died with it. Skipped only when Ray is not importable (CI installs the ``[ray]`` extra); the
 cluster is always stopped (``ray stop``).
 
 Without Ray, ``--ray`` is one line naming the extra (exit 4).
@@ -48,9 +48,12 @@ def test_without_ray_the_option_names_the_extra(monkeypatch):
     assert errors[0] == "specparity: error: --ray: needs Ray, which is not installed here (pip install 'specparity[ray]')"
 
 
+#: The ``ray`` command of this environment.
+RAY = str(Path(sys.executable).with_name("ray"))
+
+
 def _ray(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
-    binary = Path(sys.executable).with_name("ray")
-    return subprocess.run([str(binary), *args], capture_output=True, text=True, timeout=120, env=env,
+    return subprocess.run([RAY, *args], capture_output=True, text=True, timeout=120, env=env,
                           preexec_fn=default_sigint)
 
 
@@ -73,7 +76,7 @@ def cluster():
     finally:
         # SIGKILL to every Ray process at once; `ray stop` then polls for several seconds that they are
         # gone, which this worker need not wait for
-        subprocess.Popen([str(Path(sys.executable).with_name("ray")), "stop", "--force"], env=env,
+        subprocess.Popen([RAY, "stop", "--force"], env=env,
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=default_sigint,
                          start_new_session=True)
 
