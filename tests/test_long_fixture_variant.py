@@ -19,9 +19,13 @@ def _sha(path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def _build(out, *args: str) -> None:
-    proc = subprocess.run([sys.executable, str(REPO_ROOT / "tools" / "build_long_fixture.py"), "--out", str(out), *args],
+def _tool(out, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(REPO_ROOT / "tools" / "build_long_fixture.py"), "--out", str(out), *args],
                           capture_output=True, text=True, timeout=300, preexec_fn=default_sigint)
+
+
+def _build(out, *args: str) -> None:
+    proc = _tool(out, *args)
     assert proc.returncode == 0, proc.stderr[-3000:]
 
 
@@ -40,8 +44,6 @@ def test_the_128k_variant_is_the_same_model_with_a_larger_context(tmp_path):
 
 
 def test_a_context_below_one_is_refused(tmp_path):
-    proc = subprocess.run([sys.executable, str(REPO_ROOT / "tools" / "build_long_fixture.py"), "--out",
-                           str(tmp_path / "x"), "--max-position-embeddings", "0"], capture_output=True, text=True,
-                          timeout=120, preexec_fn=default_sigint)
+    proc = _tool(tmp_path / "x", "--max-position-embeddings", "0")
     assert proc.returncode == 2 and "--max-position-embeddings: expected a positive integer, got 0" in proc.stderr
     assert not (tmp_path / "x").exists()
