@@ -299,3 +299,200 @@ def test_budget_from_the_data_is_computed_when_not_handed_over():
     assert check.text.startswith("0 flip(s) at exact ties (allowed: greedy decoding permits either tied token); "
                                  "0 near-tie flip(s) that are not exact ties"), check.text
     assert check.state == "ok" and check.numbers["observed"] == 0
+
+
+# --------------------------------------------------------------------------- decide(), line by line
+
+#: Steps that take every speculative path once: reject, partial, all, cut by the limit, cut by a stop.
+ALL_PATHS = ((4, 0, 1), (4, 2, 3), (4, 4, 5), (4, 1, 2, "limit"), (4, 1, 2, "stop"))
+NEVER = {"reject": "a verify step that accepted none of its draft tokens (reject)",
+         "partial": "a partial accept (rollback of the rejected tail) (partial)",
+         "all": "a fully accepted draft block (bonus token path) (all)",
+         "cut_limit": "a block cut by max_new_tokens (cut_limit)",
+         "cut_stop": "a block cut by a stop token inside it (cut_stop)"}
+UNKNOWN_ACTIVITY = "speculation activity unknown: the engine reported no draft counters for any request"
+
+
+def _rec(pid: str, klass: str | None = "exact", steps=ALL_PATHS, spec: SpecStats | None = None,
+         constraint=None, baseline: bool = True) -> PromptRecord:
+    p = Prompt(id=pid, category="c", lang="en", prompt="x")
+    stats = spec if spec is not None else SpecStats.from_steps([StepRecord(*s) for s in steps], "t")
+    res = GenerationResult(pid, [1], "", "length", TokenScores.empty(), stats)
+    base = GenerationResult(pid, [1], "", "length", TokenScores.empty(), SpecStats(False)) if baseline else None
+    verdict = Verdict(pid, "c", klass, "r", constraint=constraint) if klass else None
+    return PromptRecord(p, baseline=base, spec=res, verdict=verdict)
+
+
+def _gate(recs: list[PromptRecord], config: GateConfig | None = None, **kw) -> GateRun:
+    run = GateRun(None, config or GateConfig(), recs, **kw)
+    for r in recs:
+        run.coverage.add(r.spec.spec)
+    return run
+
+
+def _lines(d) -> tuple[bool, bool, int, list[str], list[str]]:
+    return d.passed, d.engine_error, d.exit_code, d.failures, d.warnings
+
+
+def test_decide_a_run_that_takes_every_path_passes_with_nothing_to_say():
+    d = decide(_gate([_rec("a")]))
+    assert _lines(d) == (True, False, exitcodes.PASS, [], [])
+    assert d.counts == {"exact": 1, "near_tie": 0, "drifted": 0, "diverged": 0, "error": 0} and not d.interrupted
+
+
+def test_decide_names_each_failed_class_and_drift_follows_the_policy():
+    run = _run(["exact", "drifted", "diverged", "error", "near_tie", "drifted"])
+    drifted = ("2 prompt(s) drifted: identical tokens (or a near tie) but the speculative run's logprobs left the "
+               "target's noise: p-1, p-5")
+    never = [f"path never taken: {NEVER[p]}" for p in ("reject", "all", "cut_limit", "cut_stop")]
+    assert _lines(decide(run)) == (False, False, exitcodes.GATE_FAILED,
+                                   [drifted, "1 prompt(s) diverged: p-2", "1 prompt(s) failed in the engine: p-3"], never)
+    assert _lines(decide(run, GatePolicy(drift="warn", max_near_tie=1.0))) == (
+        False, False, exitcodes.GATE_FAILED, ["1 prompt(s) diverged: p-2", "1 prompt(s) failed in the engine: p-3"],
+        [drifted, *never])
+    assert decide(_run(["exact", "drifted"]), GatePolicy(drift="warn")).passed
+
+
+def test_decide_a_broken_constraint_fails_whatever_the_class():
+    recs = [_rec("a", "diverged", constraint={"problem": "x"}), _rec("b", constraint={"kind": "json_schema"}),
+            _rec("c", constraint={"problem": "y"}), _rec("d", constraint={"problem": ""})]
+    assert _lines(decide(_gate(recs))) == (False, False, exitcodes.GATE_FAILED, [
+        "1 prompt(s) diverged: a",
+        "2 prompt(s) broke their output constraint under speculation (the baseline's output kept it): a, c"], [])
+
+
+def test_decide_calibration_and_golden_errors_judge_nothing():
+    empty = GateRun(None, GateConfig(), [])
+    empty.calibration_error, empty.golden_error = "scorer refused", "golden missing"
+    assert _lines(decide(empty)) == (False, True, exitcodes.ENGINE_ERROR, [
+        "the gate could not be calibrated, so nothing was judged: scorer refused",
+        "the golden could not be used, so nothing was judged: golden missing",
+        "nothing judged: no prompt was selected or in common, and a run that judges nothing never passes"], [])
+    nothing = decide(GateRun(None, GateConfig(), []))
+    assert nothing.failures == [
+        "nothing judged: no prompt was selected or in common, and a run that judges nothing never passes"]
+    assert not nothing.engine_error
+    cal = _gate([_rec("a", "error", spec=SpecStats(False))])
+    cal.calibration_error = "c"
+    assert _lines(decide(cal)) == (False, True, exitcodes.ENGINE_ERROR,
+                                   ["the gate could not be calibrated, so nothing was judged: c"], [])
+    gold = _gate([_rec("a", "error")])
+    gold.golden_error = "g"
+    assert _lines(decide(gold)) == (False, False, exitcodes.GATE_FAILED,
+                                    ["the golden could not be used, so nothing was judged: g"], [])
+    # a prompt judged despite the golden's failure: its activity is still checked
+    judged = _gate([_rec("a", spec=SpecStats(False)), _rec("b", "error", spec=SpecStats(False))])
+    judged.golden_error = "g"
+    assert decide(judged).failures == ["the golden could not be used, so nothing was judged: g", UNKNOWN_ACTIVITY]
+    errors = _gate([_rec("a", "error", spec=SpecStats(False))])
+    assert decide(errors).failures == ["1 prompt(s) failed in the engine: a", UNKNOWN_ACTIVITY]
+
+
+def test_decide_speculation_activity_unknown_unattributed_and_inactive():
+    config = GateConfig(golden="g", golden_mode="baseline", policy=GatePolicy(min_accept_length=9, require_paths=2))
+    assert _lines(decide(_gate([_rec("a", spec=SpecStats(False))], config))) == (True, False, 0, [], [])
+    assert decide(_gate([_rec("a", spec=SpecStats(False))], GateConfig(golden="g"))).failures == [UNKNOWN_ACTIVITY]
+    unattributed = _gate([_rec("a", spec=SpecStats(False))], aggregate_unattributed="counters read, other traffic: x")
+    assert _lines(decide(unattributed)) == (False, False, 1, ["speculation counters read, other traffic: x"], [])
+    assert _lines(decide(unattributed, GatePolicy(allow_unknown_activity=True))) == (
+        True, False, 0, [], ["speculation counters read, other traffic: x"])
+    failed_read = _gate([_rec("a", spec=SpecStats(False))], counters_error="timeout")
+    assert decide(failed_read).failures == [
+        f"{UNKNOWN_ACTIVITY} (reading its aggregate counters after the speculative phase failed: timeout)"]
+    assert _lines(decide(_gate([_rec("a", spec=SpecStats(False))]), GatePolicy(allow_unknown_activity=True))) == (
+        True, False, 0, [], [UNKNOWN_ACTIVITY])
+    idle = _gate([_rec("a", steps=((4, 0, 1), (3, 0, 1)))])
+    assert _lines(decide(idle)) == (False, False, 1, [
+        "speculation inactive: 7 draft tokens proposed over 2 verify steps and none accepted; an exact match proves "
+        "nothing if the draft never ran"], [f"path never taken: {NEVER[p]}" for p in ("partial", "all", "cut_limit",
+                                                                                      "cut_stop")])
+    forced = _gate([_rec("a", steps=((4, 0, 1), (3, 0, 1)))], GateConfig(force_reject="all"))
+    assert _lines(decide(forced)) == (True, False, 0, [], [f"path never taken: {NEVER[p]}"
+                                                          for p in ("cut_limit", "cut_stop")])
+    totals = _gate([_rec("a", spec=SpecStats(True, proposed=10, accepted=5, verify_steps=4))])
+    assert _lines(decide(totals)) == (
+        True, False, 0, [], ["path coverage unknown: the engine reports totals only, no per-step records"])
+
+
+def test_decide_the_acceptance_floor_below_at_and_under_force_reject():
+    def floor(value, force=None):
+        return decide(_gate([_rec("a")], GateConfig(force_reject=force, policy=GatePolicy(min_accept_length=value))))
+
+    assert floor(2.7).failures == ["acceptance floor: mean accept length 2.60 is below the policy's min_accept_length "
+                                   "2.7 (lossless, but speculation collapsed)"]
+    assert _lines(floor(2.6)) == (True, False, 0, [], [])  # 13 tokens over 5 steps: exactly the floor
+    assert _lines(floor(2.5, "random")) == (True, False, 0, [], [
+        "acceptance floor min_accept_length 2.5 not applied: --force-reject random rejects drafts on purpose"])
+
+
+def test_decide_force_reject_that_rejected_too_little_is_a_configuration_error_unless_a_prompt_failed():
+    problem = ("--force-reject all: only 1/5 verify steps (20%) rejected every draft token, fewer than 90%: the mode "
+               "did not do its job (a configuration error: the run's output was compared, but the reject path was not "
+               "exercised as asked)")
+    assert _lines(decide(_gate([_rec("a")], GateConfig(force_reject="all")))) == (
+        False, True, exitcodes.ENGINE_ERROR, [problem], [])
+    for klass, line in (("diverged", "1 prompt(s) diverged: a"), ("error", "1 prompt(s) failed in the engine: a")):
+        d = decide(_gate([_rec("a", klass)], GateConfig(force_reject="all")))
+        assert _lines(d) == (False, False, exitcodes.GATE_FAILED, [line, problem], [])
+    drift = decide(_gate([_rec("a", "drifted")], GateConfig(force_reject="all")), GatePolicy(drift="warn"))
+    assert not drift.engine_error and drift.failures == [problem]
+    silent = _gate([_rec("a", spec=SpecStats(False))], GateConfig(force_reject="all", policy=GatePolicy(
+        allow_unknown_activity=True)))
+    assert decide(silent).failures == []  # no counters: nothing to count the rejections with
+
+
+def test_decide_require_all_paths_counts_prompts_per_path():
+    run = _gate([_rec("a"), _rec("b", steps=((4, 0, 1),))], GateConfig(policy=GatePolicy(require_paths=2)))
+    assert _lines(decide(run)) == (False, False, 1, [
+        f"path taken on 1 prompt(s), fewer than --require-all-paths 2: {NEVER[p]}"
+        for p in ("partial", "all", "cut_limit", "cut_stop")], [])
+    forced = _gate([_rec("a", steps=((4, 0, 1),)), _rec("b", steps=((4, 0, 1),))],
+                   GateConfig(force_reject="all", policy=GatePolicy(require_paths=1)))
+    assert decide(forced).failures == [f"path taken on 0 prompt(s), fewer than --require-all-paths 1: {NEVER[p]}"
+                                       for p in ("cut_limit", "cut_stop")]
+
+
+def test_decide_calibration_prompts_skipped_checks_and_findings():
+    measured = _rec("k1")
+    not_run = PromptRecord(Prompt(id="k2", category="c", lang="en", prompt="x"))
+    failed = _rec("k3")
+    failed.baseline.error = "boom"
+    unscored = _rec("k4")
+    unscored.tf_error = "scorer down"
+    run = _gate([_rec("a")], calibration_records=[measured, not_run, failed, unscored],
+                skipped_checks=["could not ask /metrics"])
+    unmeasured = ["calibration prompt k2 could not be measured: not run",
+                  "calibration prompt k3 could not be measured: boom",
+                  "calibration prompt k4 could not be measured: scorer down"]
+    assert _lines(decide(run)) == (True, False, 0, [], [*unmeasured, "could not ask /metrics"])
+    assert _lines(decide(run, GatePolicy(unknown_fails=True))) == (
+        False, False, 1, ["could not ask /metrics; under a policy a check that could not be made fails"], unmeasured)
+    run.golden_error = "g"
+    assert _lines(decide(run)) == (False, False, 1, ["the golden could not be used, so nothing was judged: g"],
+                                   ["could not ask /metrics"])
+    run.golden_error, run.skipped_checks, run.calibration_records = None, [], []
+    run.threshold = NearTieThreshold(0.5, "override", None, 1.5)
+    finding = decide(run).warnings
+    assert len(finding) == 1 and finding[0].startswith("no noise measured: the near-tie threshold 0.5 nats")
+    strict = decide(run, GatePolicy(calibration_findings="fail", max_near_tie=1.0))
+    assert strict.failures == [f'{finding[0]} — a failure under the policy\'s calibration_findings = "fail"']
+    assert strict.warnings == []
+
+
+def test_decide_a_run_that_stopped_early_or_was_interrupted():
+    stopped = _gate([_rec("a"), _rec("b", None)], fatal="engine died\ntraceback ...")
+    assert _lines(decide(stopped)) == (False, False, 1, ["the run stopped early: engine died",
+                                                         "1 prompt(s) never finished: b"], [])
+    nothing = _gate([_rec("a", None, baseline=False)], fatal="engine died")
+    assert _lines(decide(nothing)) == (False, True, exitcodes.ENGINE_ERROR, ["the run stopped early: engine died",
+                                                                            "1 prompt(s) never finished: a"], [])
+    baseline_only = _gate([_rec("a", None)], fatal="engine died")
+    assert decide(baseline_only).engine_error is False
+    interrupted = _gate([_rec("a")], interrupted=True)
+    d = decide(interrupted)
+    assert _lines(d) == (False, False, exitcodes.INTERRUPTED, [
+        "the run was interrupted (Ctrl-C or SIGTERM); the verdicts below are of the prompts that finished"], [])
+    assert d.interrupted is True
+    empty = GateRun(None, GateConfig(), [], interrupted=True)
+    assert decide(empty).failures == [
+        "the run was interrupted (Ctrl-C or SIGTERM); the verdicts below are of the prompts that finished"]

@@ -1518,3 +1518,884 @@ def test_a_baseline_past_the_token_limit_is_blamed_on_the_limit_not_the_stop_set
     assert words.endswith("the engine did not honour the token limit the run asked for (it stopped short of it or ran "
                           "past it): check the server's own cap on new tokens and its context size against "
                           "--max-new-tokens")
+
+
+# --- acceptance of two runs: the interval, the tables and their words (judge/acceptance.py) ------------------
+
+def test_acceptance_wilson_matches_its_formula_at_any_level_and_clamps_to_one():
+    import math
+    from statistics import NormalDist
+
+    from specparity.judge.acceptance import wilson as acceptance_wilson
+
+    def reference(k, n, level=0.95):
+        z = NormalDist().inv_cdf(1 - (1 - level) / 2)
+        p = k / n
+        centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+        half = z / (1 + z * z / n) * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+        return centre - half, centre + half
+
+    for k, n in ((3, 10), (1, 1), (0, 1), (7, 9), (1, 2)):
+        assert acceptance_wilson(k, n) == pytest.approx(reference(k, n), rel=1e-12), (k, n)
+    assert acceptance_wilson(3, 10, 0.9) == pytest.approx(reference(3, 10, 0.9), rel=1e-12)
+    assert acceptance_wilson(3, 10, 0.9) == pytest.approx((0.12687658390319792, 0.5583002041301648), rel=1e-12)
+    # 9/9 rounds to just above 1 before the clamp
+    assert reference(9, 9)[1] > 1.0 and acceptance_wilson(9, 9) == (pytest.approx(reference(9, 9)[0]), 1.0)
+    assert acceptance_wilson(0, 0) is None and acceptance_wilson(0, -1) is None
+
+
+def _comparison(**kw):
+    from specparity.judge.acceptance import ACCEPT_LENGTH, Comparison, PositionRow, Row
+
+    rows = [Row("chat", 1, 2.0, 1.5),  # one prompt: no interval
+            Row("code", 3, 3.25, 3.0, -0.5, 0.125),  # an interval, too few prompts to judge
+            Row("math", 5, None, 2.0, None, None),  # the old run has no figure
+            Row("all", 9, 2.875, 2.5, -0.75, -0.0625, failed=True)]
+    base = dict(metric=ACCEPT_LENGTH, old_label="v1", new_label="v2", rows=rows, clean=rows, flagged={},
+                positions=[PositionRow(0, (8, 6), (8, 4)), PositionRow(1, None, (4, 1))])
+    base.update(kw)
+    return Comparison(**base)
+
+
+_TABLE = ["| category | prompts | OLD | NEW | Δ (NEW − OLD) | 95% interval of Δ | |",
+          "|---|---:|---:|---:|---:|---|---|",
+          "| chat | 1 | 2.000 | 1.500 | -0.500 | n/a (fewer than 2 prompts) |  |",
+          "| code | 3 | 3.250 | 3.000 | -0.250 | [-0.500, +0.125] (not judged: fewer than 5 prompts) |  |",
+          "| math | 5 | n/a | 2.000 | n/a | n/a (fewer than 2 prompts) |  |",
+          "| all | 9 | 2.875 | 2.500 | -0.375 | [-0.750, -0.062] | **beyond** |"]
+
+
+def test_acceptance_lines_word_every_row_kind_and_the_positions():
+    from specparity.judge.acceptance import _rate, lines
+
+    assert lines(_comparison(rule="accept length may drop by at most 0.25", notes=["2 prompt(s) left out"])) == [
+        "acceptance — mean accept length (tokens per verify step, bonus included); OLD = v1, NEW = v2",
+        "interval: 95% paired bootstrap over prompts (2000 resamples, seed 0); rows of fewer than 5 prompts are "
+        "shown, not judged",
+        "rule: accept length may drop by at most 0.25", "2 prompt(s) left out", "", "with every prompt:",
+        *_TABLE, "no prompt flagged as a repetition loop or a recited prompt", "",
+        "per draft position (accepted / proposed at that position, 95% Wilson interval):",
+        "| position | OLD | NEW |", "|---:|---|---|",
+        f"| 0 | {_rate((8, 6))} | {_rate((8, 4))} |", f"| 1 | n/a | {_rate((4, 1))} |"]
+    assert _rate((8, 6)).startswith("0.750 [") and _rate((4, 1)).endswith("(1/4)")
+
+
+def test_acceptance_lines_with_flagged_prompts_unknown_positions_and_nothing_recorded():
+    from specparity.judge.acceptance import ACCEPT_RATE, Row, lines
+
+    clean = [Row("all", 2, 0.5, 0.25, -0.5, 0.0)]
+    c = _comparison(metric=ACCEPT_RATE, clean=clean, flagged={"p3": "a repetition loop"}, positions=None,
+                    positions_note="positions unknown: neither run has per-step records")
+    assert lines(c, "A", "B") == [
+        "acceptance — acceptance rate (accepted / proposed draft tokens); A = v1, B = v2",
+        "interval: 95% paired bootstrap over prompts (2000 resamples, seed 0); rows of fewer than 5 prompts are "
+        "shown, not judged", "", "with every prompt:",
+        *[line.replace("OLD", "A").replace("NEW", "B") for line in _TABLE], "",
+        "without the 1 flagged prompt(s) (the rule is applied to this table):",
+        "| category | prompts | A | B | Δ (B − A) | 95% interval of Δ | |", "|---|---:|---:|---:|---:|---|---|",
+        "| all | 2 | 0.500 | 0.250 | -0.250 | [-0.500, +0.000] (not judged: fewer than 5 prompts) |  |", "",
+        "flagged prompts (measurement artefacts):", "- p3: a repetition loop", "",
+        "positions unknown: neither run has per-step records"]
+    every = lines(_comparison(clean=[], flagged={"p1": "x", "p2": "y"}))
+    assert "every one of the 2 prompts is flagged: the rule is applied with them" in every
+    assert every[every.index("every one of the 2 prompts is flagged: the rule is applied with them") + 1] == ""
+    noted = lines(_comparison(positions_note="positions unknown for v1 (the engine reports totals only)"))
+    assert noted[-1] == "positions unknown for v1 (the engine reports totals only)"
+    assert lines(_comparison(not_recorded="acceptance not recorded — v1: old", notes=["n"])) == [
+        "acceptance: acceptance not recorded — v1: old", "n"]
+
+
+# --- the policy file: every refusal word for word, the edges it accepts, merge (gate/policy_file.py) --------
+
+_POLICY_KEYS = ("fail_on, max_near_tie, min_accept_length, max_accept_drop, require_all_paths, allow_unknown_activity, "
+                "calibration_findings, allow_unknown")
+_PROBES = ("lm-head, draft-fp8-scales, dflash2-format, mamba-slots, mamba-exhaustion, first-decode, acceptance-floor, "
+           "mamba-stress, self-draft")
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("", "{p}:1: expected one table [gate] with keys " + _POLICY_KEYS),
+    ("gate = 1\n", "{p}:1: expected one table [gate] with keys " + _POLICY_KEYS),
+    ("[gates]\nmax_near_tie = 0.1\n", "{p}:1: expected one table [gate] with keys " + _POLICY_KEYS + "; unknown gates"),
+    ("\nextra = 1\nalso = 2\n[gate]\n", "{p}:3: expected one table [gate] with keys " + _POLICY_KEYS + "; unknown also, extra"),
+    ("[gate]\n[more]\n", "{p}:1: expected one table [gate] with keys " + _POLICY_KEYS + "; unknown more"),
+    ("[gate]\n\n min_acceptance = 1\n", "{p}:3: min_acceptance: unknown key; expected one of " + _POLICY_KEYS),
+    ("[gate]\nfail_on = ['diverged', 'error', 'exact']\n",
+     "{p}:2: fail_on: expected a list of classes among near_tie, drifted, diverged, error, got ['diverged', 'error', 'exact']"),
+    ("[gate]\nfail_on = 'diverged'\n",
+     "{p}:2: fail_on: expected a list of classes among near_tie, drifted, diverged, error, got 'diverged'"),
+    ("[gate]\nfail_on = ['error', 'near_tie']\n",
+     "{p}:2: fail_on: expected a list that includes diverged and error (they always fail: a policy cannot make a real "
+     "bug pass), got ['error', 'near_tie']"),
+    ("[gate]\nmax_near_tie = true\n", "{p}:2: max_near_tie: expected a fraction in [0, 1], got True"),
+    ("[gate]\nmax_near_tie = '0.1'\n", "{p}:2: max_near_tie: expected a fraction in [0, 1], got '0.1'"),
+    ("[gate]\nmax_near_tie = -0.5\n", "{p}:2: max_near_tie: expected a fraction in [0, 1], got -0.5"),
+    ("[gate]\nmin_accept_length = -1\n", "{p}:2: min_accept_length: expected a number >= 0 (tokens per verify step), got -1"),
+    ("[gate]\nmin_accept_length = true\n",
+     "{p}:2: min_accept_length: expected a number >= 0 (tokens per verify step), got True"),
+    ("[gate]\nmin_accept_length = 'x'\n",
+     "{p}:2: min_accept_length: expected a number >= 0 (tokens per verify step), got 'x'"),
+    ("[gate]\nmax_accept_drop = inf\n", "{p}:2: max_accept_drop: expected a number >= 0 (tokens per verify step), got inf"),
+    ("[gate]\nmax_accept_drop = -0.1\n",
+     "{p}:2: max_accept_drop: expected a number >= 0 (tokens per verify step), got -0.1"),
+    ("[gate]\nmax_accept_drop = false\n",
+     "{p}:2: max_accept_drop: expected a number >= 0 (tokens per verify step), got False"),
+    ("[gate]\nmax_accept_drop = '1'\n", "{p}:2: max_accept_drop: expected a number >= 0 (tokens per verify step), got '1'"),
+    ("[gate]\nrequire_all_paths = true\n", "{p}:2: require_all_paths: expected an integer >= 0, got True"),
+    ("[gate]\nrequire_all_paths = 1.5\n", "{p}:2: require_all_paths: expected an integer >= 0, got 1.5"),
+    ("[gate]\nrequire_all_paths = -1\n", "{p}:2: require_all_paths: expected an integer >= 0, got -1"),
+    ("[gate]\nallow_unknown_activity = 'yes'\n", "{p}:2: allow_unknown_activity: expected true or false, got 'yes'"),
+    ("[gate]\ncalibration_findings = 'error'\n",
+     "{p}:2: calibration_findings: expected one of 'warn', 'fail', got 'error'"),
+    ("[gate]\nallow_unknown = 'mamba-slots'\n",
+     "{p}:2: allow_unknown: expected a list of probe names among " + _PROBES + ", got 'mamba-slots'"),
+    ("[gate]\nallow_unknown = ['mamba-slots', 'no-such-probe']\n",
+     "{p}:2: allow_unknown: expected a list of probe names among " + _PROBES + ", got ['mamba-slots', 'no-such-probe']"),
+    ("[gate]\nallow_unknown = ['mamba-slots', 3]\n",
+     "{p}:2: allow_unknown: expected a list of probe names among " + _PROBES + ", got ['mamba-slots', 3]"),
+])
+def test_policy_file_refusals_word_for_word(tmp_path, text, expected):
+    from specparity.gate.policy_file import PolicyError, load_policy
+
+    path = tmp_path / "policy.toml"
+    path.write_text(text)
+    with pytest.raises(PolicyError) as err:
+        load_policy(path)
+    assert str(err.value) == expected.format(p=path)
+
+
+def test_policy_file_that_cannot_be_read_or_parsed(tmp_path):
+    from specparity.gate.policy_file import PolicyError, load_policy, where
+
+    missing = tmp_path / "none.toml"
+    with pytest.raises(PolicyError) as err:
+        load_policy(missing)
+    assert str(err.value) == f"--policy {missing}: cannot read the policy file (No such file or directory)"
+    assert where(missing, "fail_on") == str(missing)
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[gate\n")
+    with pytest.raises(PolicyError) as err:
+        load_policy(bad)
+    assert str(err.value).startswith(f"{bad}: not TOML: ") and len(str(err.value)) > len(f"{bad}: not TOML: ")
+    good = tmp_path / "good.toml"
+    good.write_text("[gate]\n\n  max_near_tie = 0.5\nfail_on=['diverged','error']\n")
+    assert where(good, "max_near_tie") == f"{good}:3" and where(good, "fail_on") == f"{good}:4"
+    assert where(good, "near_tie") == f"{good}:1"  # no line sets the key: line 1
+
+
+def test_policy_file_accepts_each_range_up_to_its_edges(tmp_path):
+    from specparity.gate.policy_file import load_policy
+
+    path = tmp_path / "policy.toml"
+    path.write_text("[gate]\nfail_on = ['error', 'diverged']\nmax_near_tie = 0\nmin_accept_length = 0\n"
+                    "max_accept_drop = 0\nrequire_all_paths = 0\nallow_unknown_activity = false\n"
+                    "calibration_findings = 'fail'\nallow_unknown = []\n")
+    got = load_policy(path)
+    assert got == {"drift_policy": "warn", "max_near_tie": 0.0, "min_accept_length": 0.0, "max_accept_drop": 0.0,
+                   "require_all_paths": 0, "allow_unknown_activity": False, "calibration_findings": "fail",
+                   "allow_unknown": ()}
+    assert all(type(got[k]) is float for k in ("max_near_tie", "min_accept_length", "max_accept_drop"))
+    path.write_text("[gate]\nfail_on = ['error', 'diverged', 'drifted']\nmax_near_tie = 1\nmin_accept_length = 0.5\n"
+                    "max_accept_drop = 3\nrequire_all_paths = 2\nallow_unknown_activity = true\n"
+                    "calibration_findings = 'warn'\nallow_unknown = ['self-draft', 'lm-head']\n")
+    got = load_policy(path)
+    assert got == {"drift_policy": "fail", "max_near_tie": 1.0, "min_accept_length": 0.5, "max_accept_drop": 3.0,
+                   "require_all_paths": 2, "allow_unknown_activity": True, "calibration_findings": "warn",
+                   "allow_unknown": ("self-draft", "lm-head")}
+    assert type(got["max_near_tie"]) is float and type(got["max_accept_drop"]) is float
+    path.write_text("[gate]\n")
+    assert load_policy(path) == {}
+
+
+def test_policy_merge_fills_only_unset_options_and_allow_near_tie_keeps_bit_exact_off():
+    from specparity.gate.policy_file import merge
+
+    policy = {"bit_exact": True, "max_near_tie": 0.2, "drift_policy": "warn", "calibration_findings": "fail"}
+    assert merge({"allow_near_tie": True, "max_near_tie": None, "drift_policy": ""}, policy) == {
+        "allow_near_tie": True, "max_near_tie": 0.2, "drift_policy": "warn", "calibration_findings": "fail"}
+    assert merge({"bit_exact": False, "max_near_tie": 0.5, "drift_policy": "fail"}, policy) == {
+        "bit_exact": True, "max_near_tie": 0.5, "drift_policy": "fail", "calibration_findings": "fail"}
+    assert merge({"allow_near_tie": False}, policy)["bit_exact"] is True
+    raw = {"require_all_paths": 0, "allow_unknown_activity": True}
+    assert merge(raw, {"require_all_paths": 3, "allow_unknown_activity": False}) == {
+        "require_all_paths": 3, "allow_unknown_activity": True}
+    assert raw == {"require_all_paths": 0, "allow_unknown_activity": True}  # the raw values are not changed
+
+
+# --- the logprob channel's words (judge/logprob_channel.py) --------------------------------------------------
+
+def test_a_row_sum_is_shown_as_a_sum_below_e_to_the_700_and_as_a_log_sum_from_there():
+    import math
+
+    from specparity.judge.logprob_channel import _sum_text
+
+    assert _sum_text(0.6931471805599453) == "sum 2"
+    assert _sum_text(699.0) == f"sum {math.exp(699.0):.3g}" == "sum 3.73e+303"
+    assert _sum_text(700.0) == "log-sum 700" and _sum_text(700.5) == "log-sum 700"
+    assert _sum_text(1000.0) == "log-sum 1e+03" and _sum_text(math.inf) == "log-sum inf"
+
+
+def _lp_rows(ids, lps):
+    top_ids = np.asarray(ids, np.int64)
+    top_lp = np.asarray(lps, np.float32)
+    return TokenScores(np.maximum(top_ids[:, 0], 0), top_lp[:, 0].copy(), top_ids, top_lp)
+
+
+def test_stream_problem_counts_reported_rows_and_names_the_first_over_the_tolerance():
+    from specparity.judge.logprob_channel import stream_problem
+
+    nan = float("nan")
+    s = _lp_rows([[1, 2, 3], [-1, -1, -1], [4, 5, -1], [6, 7, 8], [4, -1, -1], [1, 2, 3], [9, -1, -1]],
+                 [[-0.1, -2.5, -3.0], [0.0, 0.0, 0.0], [0.0, 0.0, 0.0], [-0.5, -1.0, nan], [0.0, 0.0, -np.inf],
+                  [0.0, 0.0, 0.0], [0.25, 5.0, 5.0]])
+    assert stream_problem(s, "decode rows") == (
+        "the engine's decode rows are not log-probabilities: the probabilities of a row's reported alternatives sum "
+        "to more than 1 at 2 of 6 row(s) (first at position 2: sum 2): margins taken from them mean nothing")
+    zeros = _lp_rows([[1, 2], [3, 4], [5, -1]], [[-1.0, -2.0], [0.0, 0.0], [0.0, 7.0]])
+    zeros.top_logprobs[0] = [0.0, -np.inf]
+    assert stream_problem(zeros, "rows") == (
+        "the engine's rows are not log-probabilities: the probabilities of a row's reported alternatives sum to more "
+        "than 1 at 1 of 3 row(s) (first at position 1: sum 2); every reported logprob is 0.0: margins taken from "
+        "them mean nothing")
+    huge = _lp_rows([[1, 2], [3, 4]], [[-1.0, -2.0], [800.0, 1.0]])
+    assert "(first at position 1: log-sum 800)" in stream_problem(huge, "rows")
+    assert stream_problem(_lp_rows([[1, -1]], [[0.25, 3.0]]), "rows") is None  # exactly the tolerance
+    assert stream_problem(_lp_rows([[1, 2]], [[0.25, -9.0]]), "rows") is not None  # just past it
+    empty = TokenScores(np.zeros(0, np.int64), np.zeros(0, np.float32), np.zeros((0, 2), np.int64),
+                        np.zeros((0, 2), np.float32))
+    assert stream_problem(empty, "rows") is None
+    assert stream_problem(_lp_rows([[-1, -1]], [[0.0, 0.0]]), "rows") is None
+
+
+def test_channel_problem_needs_32_rows_cuts_rows_to_the_narrowest_and_words_both_findings():
+    from specparity.judge.logprob_channel import MIN_CHANNEL_ROWS, channel_problem
+
+    assert MIN_CHANNEL_ROWS == 32
+    row5 = [-0.125, -2.5, -3.25, -4.0, -5.5]
+    wide = _lp_rows([[1, 2, 3, 4, 5]] * 20, [row5] * 20)
+    narrow = _lp_rows([[1, 2, 3]] * 12, [row5[:3]] * 12)
+    unreported = _lp_rows([[-1, -1, -1]] * 40, [[0.0] * 3] * 40)
+    empty = TokenScores(np.zeros(0, np.int64), np.zeros(0, np.float32), np.zeros((0, 3), np.int64),
+                        np.zeros((0, 3), np.float32))
+    assert channel_problem([wide, narrow, unreported, empty], "decode rows") == (
+        "every row of the engine's decode rows is the same (32 rows, first -0.125, -2.5, -3.25): not a model's logprobs")
+    assert channel_problem([wide, _lp_rows([[1, 2, 3, 4, 5]] * 12, [row5] * 12)], "rows") == (
+        "every row of the engine's rows is the same (32 rows, first -0.125, -2.5, -3.25, -4, …): not a model's logprobs")
+    assert channel_problem([_lp_rows([[1, 2, 3, 4]] * 32, [row5[:4]] * 32)], "rows").endswith(
+        "first -0.125, -2.5, -3.25, -4): not a model's logprobs")
+    assert channel_problem([wide, unreported], "rows") is None  # 20 reported rows: too few
+    assert channel_problem([wide, _lp_rows([[1, 2, 3, 4, 5]] * 11, [row5] * 11)], "rows") is None
+    assert channel_problem([], "rows") is None
+    # the narrow stream's rows differ from the wide one's only past its width: the cut rows are all the same
+    other = _lp_rows([[1, 2, 3]] * 12, [row5[:2] + [-9.0]] * 12)
+    assert channel_problem([wide, other], "rows") is None
+    zeros = _lp_rows([[7, -1]] * 16 + [[8, -1]] * 16, [[0.0, -3.0]] * 32)
+    assert channel_problem([zeros], "scores") == (
+        "every logprob the engine reported in its scores is 0.0 (32 rows): no margin or noise can be measured on them")
+    varied = _lp_rows([[1, 2]] * 32, [[-0.5 - i / 64, -2.0] for i in range(32)])
+    assert channel_problem([varied], "rows") is None
+
+
+# --- the scorer check and the calibration that uses it (judge/calibration.py) ---------------------------------
+
+def _cal_sample(pid="p"):
+    from specparity.judge.calibration import Sample
+
+    ids = [5, 6, 7, 8, 9, 4]
+    # decode margins 3, 0.5, 3, 3, exactly 2 (not above the bound) and 3 at a row whose top is another token
+    decoded = scores(ids, [[5, 1], [6, 1], [7, 1], [8, 1], [9, 1], [3, 4]],
+                     [[-0.125, -3.125], [-0.125, -0.625], [-0.125, -3.125], [-0.125, -3.125], [-0.125, -2.125],
+                      [-0.125, -3.125]])
+    # the scorer: its argmax is the next token at 2, the previous one at 3, another at 4 and 5
+    tf = scores(ids, [[5, 1], [6, 1], [8, 7], [7, 8], [1, 9], [1, 4]],
+                [[-0.125, -3.0], [-0.125, -0.5], [-0.125, -0.25], [-0.125, -0.25], [-0.125, -0.25], [-0.1, -0.2]],
+                logprobs=[-0.125, -0.125, -0.25, -0.25, -0.25, -0.2])
+    return Sample(pid, ids, decoded, tf)
+
+
+def test_check_scorer_counts_clear_positions_disagreements_and_shifts():
+    from specparity.judge.calibration import Sample, check_scorer
+
+    s = _cal_sample()
+    c = check_scorer([s], 2.0)
+    assert (c.clear_positions, c.disagreements, c.shifted_later, c.shifted_earlier, c.wrong_ids, c.clear_nats) == (
+        3, 2, 1, 1, 0, 2.0)
+    assert c.first == "p position 2: baseline token 7 with decode margin 3 nats, scorer row for token 7 with argmax 8"
+    assert not c.passed and c.to_json() == {**vars(c), "passed": False}
+    # a lower bound takes the margin of exactly 2 in: one more clear position, one more disagreement
+    low = check_scorer([s], 1.5)
+    assert (low.clear_positions, low.disagreements, low.shifted_later, low.shifted_earlier) == (4, 3, 1, 1)
+    # a row scoring another token is counted (and named first when it comes first); an unscored row is not
+    wrong_tf = scores([5, 0, 7], [[5, 1], [6, 1], [7, 1]], [[-0.1, -3.0], [-0.1, -3.0], [-0.1, -3.0]],
+                      logprobs=[-0.1, -0.1, np.nan])
+    wrong_tf.token_ids[2] = 99
+    wrong = Sample("q", [5, 6, 7], scores([5, 6, 7], [[5, 1], [6, 1], [7, 1]], [[-0.1, -3.0]] * 3), wrong_tf)
+    both = check_scorer([wrong, s], 2.0)
+    assert (both.clear_positions, both.disagreements, both.wrong_ids) == (5, 2, 1)
+    assert both.first == "q position 1: baseline token 6 with decode margin 2.9 nats, scorer row for token 0 with argmax 6"
+    empty = Sample("e", [], scores(np.zeros(0, np.int64), np.zeros((0, 2), np.int64), np.zeros((0, 2))),
+                   scores(np.zeros(0, np.int64), np.zeros((0, 2), np.int64), np.zeros((0, 2))))
+    fine = check_scorer([empty, wrong], 2.0)
+    assert fine.first.startswith("q position 1") and fine.passed is False
+    # the stream, the decode rows and the scorer's rows are cut to the shortest of the three
+    short = Sample("s", s.output_ids[:3], s.decoded, s.teacher_forced)
+    assert check_scorer([short], 2.0).disagreements == 1
+    one = Sample("k1", [5], scores([5], [[5]], [[-0.1]]), scores([5], [[6]], [[-0.1]]))
+    assert check_scorer([one], 0.0).clear_positions == 0  # one alternative: no margin, nothing clear
+
+
+def test_require_fit_scorer_and_sound_channels_name_the_side():
+    from specparity.judge.calibration import (DegenerateLogprobs, Sample, ScorerRefused, _decode_margins,
+                                              require_fit_scorer, require_sound_channels)
+
+    with pytest.raises(ScorerRefused) as err:
+        require_fit_scorer([_cal_sample()], 2.0, "engine")
+    assert str(err.value) == (
+        "teacher-forced scorer refused (engine): its argmax differs from the baseline's token at 2 of 3 positions "
+        "where the baseline's own margin exceeds 2 nats (first: p position 2: baseline token 7 with decode margin "
+        "3 nats, scorer row for token 7 with argmax 8)")
+    ok = _cal_sample()
+    assert require_fit_scorer([ok], 5.0, "engine").passed
+    one = scores([5, 6], [[5], [6]], [[-0.5], [-0.25]])
+    assert np.isnan(_decode_margins(one, 2)).all() and _decode_margins(one, 2).dtype == np.float32
+    assert _decode_margins(ok.decoded, 2).tolist() == [3.0, 0.5]
+    const = scores([1] * 32, [[1, 2]] * 32, [[-0.5, -1.5]] * 32)
+    varied = scores([1] * 32, [[1, 2]] * 32, [[-0.5 - i / 64, -1.5] for i in range(32)])
+    for sides, what in (((const, varied, None), "baseline's decode logprobs"),
+                        ((varied, const, None), "teacher-forced scores (s)"),
+                        ((varied, varied, const), "teacher-forced scores on the speculative server (s)")):
+        with pytest.raises(DegenerateLogprobs) as err:
+            require_sound_channels([Sample("p", [1] * 32, *sides)], "s")
+        assert str(err.value).startswith(f"refusing to calibrate: every row of the engine's {what} is the same")
+    require_sound_channels([Sample("p", [1] * 32, varied, varied, None)], "s")
+
+
+def _model_rows(n, seed, k=4):
+    rng = np.random.default_rng(seed)
+    top_lp = np.sort(-np.round(rng.uniform(0.5, 12.0, (n, k)) * 64) / 64, axis=1)[:, ::-1].copy()
+    top_lp[:, 0] = -np.round(rng.uniform(0.01, 0.1, n) * 1024) / 1024
+    top_ids = np.stack([rng.permutation(50)[:k] for _ in range(n)])
+    return TokenScores(top_ids[:, 0].copy(), top_lp[:, 0].astype(np.float32), top_ids, top_lp.astype(np.float32))
+
+
+def _moved(s, step, seed):
+    rng = np.random.default_rng(seed)
+    t = (s.top_logprobs + rng.integers(-4, 5, s.top_logprobs.shape) * step).astype(np.float32)
+    return TokenScores(s.token_ids.copy(), t[:, 0].copy(), s.top_ids.copy(), t)
+
+
+def test_calibrate_checks_both_scorers_measures_both_noises_and_keeps_every_setting():
+    from specparity.judge.calibration import Sample, ScorerRefused, calibrate
+
+    samples = []
+    for i in range(3):
+        d = _model_rows(40, i)
+        samples.append(Sample(f"p{i}", list(d.token_ids), d, _moved(d, 2.0 ** -10, 10 + i),
+                              _moved(d, 2.0 ** -8, 20 + i)))
+    check, th = calibrate(samples, scorer="s", ceiling=1.5, multiplier=2.0, label="L", cross_note="")
+    assert check.passed and check.clear_positions > 0 and th.source == "measured"
+    assert (th.ceiling, th.multiplier, th.calibration) == (1.5, 2.0, "L")
+    assert (th.noise.positions, th.noise.pairs, th.noise.near_window) == (120, 360, 1.5)
+    assert (th.cross.positions, th.cross.pairs, th.cross.near_window) == (120, 360, 1.5)
+    assert th.cross.max_abs_delta > th.noise.max_abs_delta and th.cross.largest_at is not None
+    assert th.nats == pytest.approx(2.0 * max(th.noise.flip_noise, th.cross.flip_noise))
+    assert th.flip_rate is not None and th.flip_rate.window == th.nats and th.flip_rate.measured_positions == 120
+    _, over = calibrate(samples, scorer="s", override=0.25, cross_note="n")
+    assert (over.nats, over.source, over.flip_rate.window) == (0.25, "override", 0.25)
+    alone = [Sample(s.prompt_id, s.output_ids, s.decoded, s.teacher_forced) for s in samples]
+    _, within = calibrate(alone, scorer="s", cross_note="one instance")
+    assert within.cross is None and within.cross_note == "one instance"
+    shifted = [Sample(s.prompt_id, s.output_ids, s.decoded, s.teacher_forced, _cal_sample().teacher_forced)
+               for s in samples[:1]] + samples[1:]
+    shifted[0] = Sample("p0", _cal_sample().output_ids, _cal_sample().decoded, _cal_sample().decoded,
+                        _cal_sample().teacher_forced)
+    with pytest.raises(ScorerRefused) as err:
+        calibrate(shifted, scorer="s")
+    assert str(err.value).startswith("teacher-forced scorer refused (s, on the speculative server): its argmax differs")
+
+
+# --- structured output: the JSON prefix scanner and the constraint checks (judge/structured.py) --------------
+
+@pytest.mark.parametrize("text, state", [
+    ("", "prefix"), (" \n\t ", "prefix"), ("1", "complete"), ('"x"', "complete"), ("true", "complete"),
+    (' {"a": {"b": []}} ', "complete"), ("[1, 2]", "complete"),
+    ("[", "prefix"), ("  [1, 2", "prefix"), ("[ 1 ,\n\t2\r", "prefix"), ("[1,", "prefix"), ("[]]", "invalid"),
+    ("[1 2", "invalid"), ("[1,]", "invalid"), ("[1}", "invalid"), ("[[]", "prefix"), ("[[],", "prefix"),
+    ("{", "prefix"), ('{"a"', "prefix"), ('{"a":', "prefix"), ('{"a" :  1', "prefix"), ('{"a": 1,', "prefix"),
+    ('{"a": 1, }', "invalid"), ("{1", "invalid"), ('{"a" 1', "invalid"), ('{"a": 1]', "invalid"),
+    ('{"a": 1}}', "invalid"), ('{"a": {}', "prefix"), ('{"a": [', "prefix"), ('{"a": [1], "b"', "prefix"),
+    ('{"a": 1, "b": {"c": [true', "prefix"), ('{"a": 1 "b"', "invalid"), ('{"a": 1, 2', "invalid"),
+    ("tr", "prefix"), ("f", "prefix"), ("[tru", "prefix"), ("[true", "prefix"), ("[true,", "prefix"),
+    ("[nul", "prefix"), ("[n", "prefix"), ("[trux", "invalid"), ("[tx", "invalid"), ("[true false", "invalid"),
+    ("true false", "invalid"), ("[false, nulL", "invalid"), ("[xtrue", "invalid"),
+    ("-", "prefix"), ("[-", "prefix"), ("[1.5e", "prefix"), ("[1.5e+3, 2", "prefix"), ("[01", "invalid"),
+    ("[-]", "invalid"), ("1 2", "invalid"), ("[1, -2.5]x", "invalid"), ("[1, 2] ,", "invalid"),
+    ('"abc', "prefix"), ('"ab\\', "prefix"), ('"a\\x', "invalid"), ('"\\u12', "prefix"), ('"\\u12G', "prefix"),
+    ('["a\tb', "invalid"), ('"a"b', "invalid"), ('{"a\\"b": 1', "prefix"), ('["a"', "prefix"),
+    ('"a\nb"', "invalid"), ('"\\"', "prefix"), ('"a" "b"', "invalid"), ('["a", "b\\n', "prefix"),
+    ('{"k\x01": 1', "invalid"), ('{"k', "prefix"), ('{"k\\q', "invalid"), ('["\\/\\b\\f\\r\\t\\"\\\\', "prefix"),
+    ('["x\x1f"]', "invalid"), ('["é"', "prefix"), ("[\"a\" , \"b\" ,", "prefix"), ('[{"a": 1}, {', "prefix"),
+    ('[{"a": 1} {', "invalid"), ('{"a": "x"}', "complete"), ('{"a": "x\\u00e9"', "prefix"),
+])
+def test_json_prefix_state_of_every_kind_of_text(text, state):
+    from specparity.judge.structured import json_prefix_state
+
+    assert json_prefix_state(text) == state
+
+
+def test_string_helpers_find_the_closing_quote_and_judge_the_open_part():
+    from specparity.judge.structured import _string_at, _string_end, _string_ok
+
+    assert _string_end('x"ab"c', 1) == 5 and _string_end('"a\\"b"', 0) == 6 and _string_end('"ab', 0) is None
+    assert _string_end('"a\\', 0) is None and _string_end('"a\tb"', 0) is None and _string_end('""', 0) == 2
+    assert _string_at('["ab"]', 1) == 5 and _string_at('["ab', 1) == "prefix" and _string_at('["a\x00', 1) == "invalid"
+    assert _string_at('"a\\z', 0) == "invalid" and _string_at('"a\\u00', 0) == "prefix"
+    assert _string_ok("") and _string_ok("plain é") and _string_ok('\\"\\\\\\/\\b\\f\\n\\r\\t\\u00aF')
+    assert _string_ok("ends in \\") and _string_ok("\\u") and _string_ok("\\u1") and _string_ok("x\x7f")
+    assert not _string_ok("\x1f") and not _string_ok("a\nb") and not _string_ok("\\a") and not _string_ok('a"b')
+    assert _string_ok("\\u12345") and _string_ok("\\\\\\") and not _string_ok("\\\\\\x")
+
+
+def test_check_output_says_why_in_words():
+    import json
+
+    from specparity.judge.structured import OutputCheck, _clip, check_output
+    from specparity.model.constraints import Constraint
+
+    schema = Constraint("json_schema", json.dumps({"type": "object", "properties": {
+        "n": {"type": "integer"}, "items": {"type": "array", "items": {"type": "string"}}}, "required": ["n"]},
+        sort_keys=True))
+    assert check_output(schema, '{"n": 1}', "stop") == OutputCheck("valid")
+    assert check_output(schema, '{"n": 1', "length") == OutputCheck(
+        "truncated", "ended at max_new_tokens before the JSON document closed")
+    assert check_output(schema, '{"n": 1', "stop") == OutputCheck("invalid", 'before the JSON document closed: "{\\"n\\": 1"')
+    assert check_output(schema, "no", "length") == OutputCheck("invalid", 'not JSON: "no"')
+    assert check_output(schema, '{"n": 1}', "length") == OutputCheck("valid")
+    assert check_output(schema, '{"n": 1, "items": ["a", 2]}', "stop") == OutputCheck(
+        "invalid", "breaks the schema at items/1: 2 is not of type 'string'")
+    assert check_output(schema, "[]", "stop") == OutputCheck("invalid", "breaks the schema at <root>: [] is not of type 'object'")
+    long_items = json.dumps({"n": 1, "items": ["x" * 300]}).replace('"x', '"x', 1)
+    assert len(check_output(Constraint("json_schema", '{"maxLength": 3, "type": "string"}'), json.dumps("y" * 300),
+                            "stop").why) == 240
+    assert check_output(schema, long_items, "stop").status == "valid"
+    assert check_output(Constraint("grammar", 'root ::= "x"'), "{", "length") == OutputCheck("constrained")
+    assert _clip("é" * 80) == '"' + "é" * 80 + '"' and _clip("é" * 81) == '"' + "é" * 80 + '…"'
+    assert _clip("ab", limit=1) == '"a…"' and _clip("a\nb") == '"a\\nb"'
+
+
+def test_a_constraint_problem_only_where_the_baseline_kept_it_and_speculation_broke_it():
+    from specparity.judge.structured import OutputCheck, constraint_problem
+
+    valid, invalid, truncated = OutputCheck("valid"), OutputCheck("invalid", "not JSON: \"x\""), OutputCheck("truncated")
+    assert constraint_problem(valid, invalid) == (
+        'constraint broken under speculation: the speculative output not JSON: "x" (the baseline\'s is valid)')
+    for base, spec in ((None, invalid), (valid, None), (valid, valid), (valid, truncated), (invalid, invalid),
+                       (truncated, invalid), (OutputCheck("constrained"), invalid)):
+        assert constraint_problem(base, spec) is None, (base, spec)
+
+
+def test_hide_forced_rows_hides_only_finite_rows_below_their_argmax():
+    from specparity.judge.structured import hide_forced_rows
+
+    nan = np.nan
+    s = TokenScores(np.array([5, 7, 9, 3, 4]), np.array([-0.5, -2.0, -1.0, -1.0, nan], np.float32),
+                    np.array([[5, 6], [8, 7], [-1, 9], [3, 4], [4, 1]]),
+                    np.array([[-0.5, -3.0], [-0.5, -2.0], [-9.0, -1.0], [-1.0, -1.0], [-0.1, -0.2]], np.float32))
+    out = hide_forced_rows(s)
+    assert [out.reported(i) for i in range(5)] == [True, False, True, True, False]
+    assert np.isnan(out.logprobs[1]) and out.top_ids[1].tolist() == [-1, -1] and np.isnan(out.top_logprobs[1]).all()
+    assert out.top_ids[2].tolist() == [-1, 9] and out.logprobs[2] == -1.0 and out.top_logprobs[0].tolist() == [-0.5, -3.0]
+    assert out.token_ids.tolist() == [5, 7, 9, 3, 4] and out.token_ids is not s.token_ids
+    assert s.top_ids[1].tolist() == [8, 7] and s.logprobs[1] == -2.0  # the input is left alone
+    kept = TokenScores(s.token_ids[[0, 2, 3]], s.logprobs[[0, 2, 3]], s.top_ids[[0, 2, 3]], s.top_logprobs[[0, 2, 3]])
+    assert hide_forced_rows(kept) is kept
+    empty = TokenScores.empty()
+    assert hide_forced_rows(empty) is empty
+
+
+def _constrained(ids, finish, error=None):
+    res = GenerationResult("r", ids, "", finish, TokenScores.empty(), SpecStats(False))
+    res.error = error
+    return res
+
+
+def test_judge_constraint_records_both_checks_and_fails_a_broken_one():
+    import json
+
+    from specparity.judge.structured import apply_constraint_checks, judge_constraint, output_text
+    from specparity.model.constraints import Constraint
+    from specparity.model.verdicts import Verdict
+
+    words = {1: '{"n": ', 2: "1", 3: "}", 4: '"x"', 0: "</s>"}
+
+    def decode(ids):
+        return "".join(words[i] for i in ids)
+
+    assert output_text(_constrained([1, 2, 3, 0], "stop"), decode) == '{"n": 1}'
+    assert output_text(_constrained([1, 2, 3, 0], "length"), decode) == '{"n": 1}</s>'
+    assert output_text(_constrained([], "stop"), decode) == ""
+    schema = Constraint("json_schema", json.dumps({"type": "object", "required": ["n"]}))
+    v = Verdict("p", "c", "near_tie", "a near tie")
+    judge_constraint(v, schema, _constrained([1, 2, 3, 0], "stop"), _constrained([1, 4, 3, 0], "stop"), decode)
+    assert v.constraint["kind"] == "json_schema" and v.constraint["baseline"] == {"status": "valid", "why": ""}
+    assert v.klass == "near_tie" and v.constraint["spec"] == {"status": "valid", "why": ""}  # {"n": "x"} has an n
+    assert "problem" not in v.constraint
+    bad = Verdict("p", "c", "near_tie", "a near tie")
+    judge_constraint(bad, schema, _constrained([1, 2, 3, 0], "stop"), _constrained([1, 2, 0], "stop"), decode)
+    why = 'before the JSON document closed: "{\\"n\\": 1"'
+    assert bad.constraint == {"kind": "json_schema", "baseline": {"status": "valid", "why": ""},
+                              "spec": {"status": "invalid", "why": why},
+                              "problem": f"constraint broken under speculation: the speculative output {why} "
+                                         "(the baseline's is valid)"}
+    assert bad.klass == "diverged" and bad.reason == f"{bad.constraint['problem']}; a near tie"
+    failed = Verdict("p", "c", "error", "engine failed")
+    judge_constraint(failed, schema, _constrained([1, 2, 3, 0], "stop"), _constrained([], "error", error="boom"), decode)
+    assert failed.constraint == {"kind": "json_schema", "baseline": {"status": "valid", "why": ""}, "spec": None}
+    assert failed.klass == "error" and failed.reason == "engine failed"
+    kept_error = Verdict("p", "c", "error", "engine failed")
+    apply_constraint_checks(kept_error, {"kind": "json_schema", "problem": "x"})
+    assert kept_error.klass == "error" and kept_error.reason == "engine failed" and kept_error.constraint["problem"] == "x"
+    checks = {"kind": "grammar", "baseline": {"status": "constrained", "why": ""}}
+    plain = Verdict("p", "c", "exact", "same")
+    apply_constraint_checks(plain, checks)
+    assert plain.constraint == checks and plain.constraint is not checks and (plain.klass, plain.reason) == ("exact", "same")
+    empty = Verdict("p", "c", "exact", "same")
+    apply_constraint_checks(empty, {"kind": "grammar", "problem": ""})
+    assert empty.klass == "exact"
+
+
+def test_unconstrained_baselines_names_the_count_and_the_first_prompt():
+    import json
+    from types import SimpleNamespace
+
+    from specparity.judge.structured import unconstrained_baselines
+    from specparity.model.constraints import Constraint
+
+    words = {1: '{"n": ', 2: "1", 3: "}", 4: "oops", 0: "</s>"}
+
+    def decode(ids):
+        return "".join(words[i] for i in ids)
+
+    schema = Constraint("json_schema", json.dumps({"type": "object", "required": ["n"]}))
+
+    def rec(pid, ids, finish="stop", constraint=schema, error=None, baseline=True):
+        return SimpleNamespace(prompt=SimpleNamespace(id=pid, constraint=constraint),
+                               baseline=_constrained(ids, finish, error) if baseline else None)
+
+    recs = [rec("ok", [1, 2, 3, 0]), rec("cut", [1, 2], "length"), rec("free", [4], constraint=None),
+            rec("gbnf", [4], constraint=Constraint("grammar", 'root ::= "x"')), rec("failed", [4], error="x"),
+            rec("none", [], baseline=False)]
+    assert unconstrained_baselines(recs, decode) is None
+    recs += [rec("bad", [4, 0]), rec("bad2", [1, 3, 0])]
+    assert unconstrained_baselines(recs, decode) == (
+        'the baseline output breaks its prompt\'s JSON schema on 2 prompt(s), first bad (not JSON: "oops"): the '
+        "engine did not apply the constraint it was sent (docs/STRUCTURED.md)")
+
+
+# --- verify/decode invariance: the reports' statuses word for word (judge/invariance.py) ---------------------
+
+def _report(**kw):
+    base = dict(engine="e", dtype="float32", kv_cache_dtype="as the model", width=4, prompts=2, tokens=100,
+                proposed=10, accepted=8, verify_steps=4, threshold=0.01, drift_bound=0.04)
+    base.update(kw)
+    return SelfDraftReport(**base)
+
+
+def test_self_draft_status_of_every_case():
+    assert _report(reported=False, proposed=0).status() == (
+        "warn", "the engine reports no speculation counters: acceptance is unknown")
+    assert _report(proposed=0, accepted=0).status() == ("fail", "no draft token was proposed: the self-draft never ran")
+    assert _report(located=False).status() == (
+        "warn", "2 draft token(s) rejected; the engine reports totals only, so where (and at which margins) is unknown")
+    assert _report(located=False, classes={"exact": 1, "near_tie": 1}).status()[0] == "warn"
+    for klass in ("diverged", "drifted", "error"):
+        assert _report(located=False, classes={"exact": 1, klass: 2}).status() == (
+            "fail", f"outputs not lossless against plain decode: {{'{klass}': 2}}")
+        assert _report(classes={"exact": 1, klass: 2}).status() == (
+            "fail", f"outputs not lossless against plain decode: {{'{klass}': 2}}")
+    assert _report(located=False, accepted=10).status() == (
+        "ok", "every draft token accepted: verify and decode agree on every position")
+    beyond = [Rejection("p", 3, 0.01, "within", False), Rejection("q", 7, 0.5, "beyond", True),
+              Rejection("r", 9, 0.25, "beyond", True)]
+    assert _report(rejections=beyond, classes={"diverged": 1}).status() == (
+        "fail", "2 rejection(s) where the baseline's margin exceeds the drift bound 0.04 nats (first: q position 7, "
+                "margin 0.5): verify and decode disagree beyond the target's noise")
+    unknown = [Rejection("p", 3, 0.01, "within", False), Rejection("q", 5, None, "unknown", False),
+               Rejection("r", 6, 0.02, "noise", False), Rejection("s", 8, None, "unknown", False)]
+    assert _report(rejections=unknown).status() == (
+        "warn", "4 rejection(s), margin unknown at 2 (first: q position 5: the output had already left plain decode "
+                "there, or the engine reported no row), so those are not shown to be arithmetic; the other 2 at a "
+                "margin within the target's noise")
+    assert _report(rejections=unknown[1:2]).status() == (
+        "warn", "1 rejection(s), margin unknown at 1 (first: q position 5: the output had already left plain decode "
+                "there, or the engine reported no row), so those are not shown to be arithmetic")
+    assert _report(rejections=unknown[:1] + unknown[2:3]).status() == (
+        "warn", "2 rejection(s), each at a margin within the target's noise: verify and decode round differently "
+                "there (arithmetic, not a bug)")
+    assert _report(accepted=10, classes={"exact": 2, "near_tie": 1}).status() == (
+        "ok", "every draft token accepted: verify and decode agree on every position")
+    rep = _report(tokens=0, proposed=0, reported=False, classes={"exact": 1, "near_tie": 2, "diverged": 1})
+    assert rep.acceptance is None and rep.rejections_per_1k is None and rep.outputs_differ == 3
+
+
+def test_batch_report_status_names_what_changed():
+    from specparity.judge.invariance import BatchReport
+    from specparity.model.verdicts import Verdict
+
+    def verdicts(*classes):
+        return [Verdict(f"p{i}", "c", k, f"why {i}") for i, k in enumerate(classes)]
+
+    rep = BatchReport("hf", "float32", 4, "how", 0.25, verdicts("exact", "error", "near_tie", "diverged", "drifted",
+                                                                "diverged"))
+    assert rep.status() == ("fail", "4 prompt(s) change beyond a near tie when batched: p1 (error: why 1), "
+                                    "p3 (diverged: why 3), p4 (drifted: why 4)")
+    assert rep.classes == {"exact": 1, "error": 1, "near_tie": 1, "diverged": 2, "drifted": 1}
+    assert BatchReport("hf", "float32", 4, "how", 0.25, verdicts("diverged")).status() == (
+        "fail", "1 prompt(s) change beyond a near tie when batched: p0 (diverged: why 0)")
+    ties = BatchReport("hf", "float32", 2, "how", 0.25, verdicts("exact", "near_tie", "near_tie"))
+    assert ties.status() == ("warn", "2 prompt(s) flip at a near tie when batched (not batch-invariant)")
+    j = ties.to_json()
+    assert (j["status"], j["why"], j["classes"]) == ("warn", ties.status()[1], {"exact": 1, "near_tie": 2})
+    assert j["verdicts"] == [v.to_json() for v in ties.verdicts] and j["batch_size"] == 2
+    assert BatchReport("hf", "float32", 2, "how", 0.25, verdicts("exact", "exact")).status() == (
+        "ok", "every prompt identical alone and batched")
+
+
+def _inv_result(ids, steps, margins=None, k=2):
+    n = len(ids)
+    margins = margins if margins is not None else [5.0] * n
+    top = np.array([[t, t + 1][:k] for t in ids]).reshape(n, k)
+    lp = np.array([[-0.125, -0.125 - m][:k] for m in margins], np.float32).reshape(n, k)
+    return GenerationResult("p", list(ids), "", "length", TokenScores(np.array(ids), lp[:, 0].copy(), top, lp),
+                            SpecStats.from_steps(steps, "test"))
+
+
+def test_self_draft_report_sorts_rejections_by_margin_and_counts_what_it_judged():
+    from specparity.judge.invariance import _margin, rejection_positions, self_draft_report
+    from specparity.model.verdicts import Verdict
+
+    ids = list(range(1, 9))
+    # rejections at positions 3 (margin 0.01: within), 5 (0.03: noise), 7 (0.04: exactly the drift bound)
+    steps = [StepRecord(4, 2, 3), StepRecord(4, 1, 2), StepRecord(3, 1, 2), StepRecord(2, 0, 1)]
+    assert rejection_positions(_inv_result(ids, steps)) == [2, 4, 6, 7]
+    base = _inv_result(ids, [], margins=[5, 5, 0.0078125, 5, 0.03125, 5, 0.0625, 5])
+    spec = _inv_result(ids, steps)
+    exact = Verdict("p", "c", "exact", "")
+    rep = self_draft_report([("p", base, spec, exact)], engine="e", dtype="d", threshold=0.0078125,
+                            drift_bound=0.0625, kv_cache_dtype="fp8", width=3)
+    assert [(r.position, r.baseline_margin, r.against_noise, r.output_differs) for r in rep.rejections] == [
+        (2, 0.0078125, "within", False), (4, 0.03125, "noise", False), (6, 0.0625, "noise", False),
+        (7, 5.0, "beyond", False)]
+    assert (rep.prompts, rep.tokens, rep.proposed, rep.accepted, rep.verify_steps) == (1, 8, 13, 4, 4)
+    assert (rep.kv_cache_dtype, rep.width, rep.threshold, rep.drift_bound, rep.classes) == ("fp8", 3, 0.0078125,
+                                                                                           0.0625, {"exact": 1})
+    # the output left the baseline at 5: margins after it are unknown (the baseline's row is another prefix)
+    other = _inv_result([1, 2, 3, 4, 5, 9, 9, 9], steps)
+    rep = self_draft_report([("p", base, other, Verdict("p", "c", "diverged", ""))], engine="e", dtype="d",
+                            threshold=0.0078125, drift_bound=0.0625)
+    assert [(r.position, r.against_noise, r.output_differs) for r in rep.rejections] == [
+        (2, "within", True), (4, "noise", True), (6, "unknown", True), (7, "unknown", True)]
+    assert rep.kv_cache_dtype == "as the model" and rep.width is None
+    # a rejection at the split itself still reads the baseline's row (same prefix up to there)
+    at_split = _inv_result([1, 2, 3, 4, 5, 6, 9, 9], steps)
+    rep = self_draft_report([("p", base, at_split, None)], engine="e", dtype="d", threshold=0.0078125,
+                            drift_bound=0.0625)
+    assert [r.against_noise for r in rep.rejections] == ["within", "noise", "noise", "unknown"] and rep.classes == {}
+    # a cut block counts its accepted drafts as proposed; errors are counted and skipped
+    cut = _inv_result(ids, [StepRecord(4, 4, 5), StepRecord(4, 2, 3, "limit")])
+    failed = _inv_result(ids, steps)
+    failed.error = "boom"
+    rep = self_draft_report([("p", base, cut, exact), ("q", base, failed, exact), ("r", failed, cut, None)],
+                            engine="e", dtype="d", threshold=0.01, drift_bound=0.1)
+    assert (rep.prompts, rep.proposed, rep.accepted, rep.tokens, rep.classes) == (1, 6, 6, 8, {"exact": 1, "error": 2})
+    totals = GenerationResult("p", ids, "", "length", base.scores, SpecStats(True, proposed=9, accepted=5,
+                                                                              verify_steps=3))
+    none = GenerationResult("p", ids, "", "length", base.scores, SpecStats(False))
+    rep = self_draft_report([("p", base, totals, exact), ("q", base, none, exact)], engine="e", dtype="d",
+                            threshold=0.01, drift_bound=0.1)
+    assert (rep.located, rep.reported, rep.proposed, rep.accepted, rep.verify_steps, rep.prompts, rep.tokens) == (
+        False, False, 9, 5, 3, 2, 16)
+    # the margin: a row past the end, an unreported row and a row of one alternative have none
+    assert _margin(base, 8) is None and _margin(base, 2) == 0.0078125 and _margin(base, 7) == 5.0
+    assert _margin(_inv_result(ids, [], k=1), 2) is None
+    hidden = _inv_result(ids, [])
+    hidden.scores.top_ids[3] = -1
+    hidden.scores.logprobs[3] = np.nan
+    hidden.scores.top_logprobs[3] = np.nan
+    assert _margin(hidden, 3) is None and _margin(hidden, 4) == 5.0
+
+
+def _acc_set(label, values, categories=None, positions=None, artefacts=None):
+    from specparity.judge.acceptance import AcceptanceSet, PromptAcceptance
+
+    return AcceptanceSet(label, {pid: PromptAcceptance(pid, (categories or {}).get(pid, "c"), 4 * s, a, s, e,
+                                                       (positions or {}).get(pid), (artefacts or {}).get(pid))
+                                 for pid, (e, s, a) in values.items()})
+
+
+def _bootstrap(old, new, seed=0, resamples=2000, level=0.95):
+    o, w = np.asarray(old, float), np.asarray(new, float)
+    idx = np.random.default_rng(seed).integers(0, len(old), size=(resamples, len(old)))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        diff = w[idx, 0].sum(1) / w[idx, 1].sum(1) - o[idx, 0].sum(1) / o[idx, 1].sum(1)
+    diff = diff[np.isfinite(diff)]
+    tail = (1 - level) / 2 * 100
+    return float(np.percentile(diff, tail)), float(np.percentile(diff, 100 - tail))
+
+
+def test_paired_interval_is_the_seeded_percentile_bootstrap_of_the_ratio_difference():
+    from specparity.judge.acceptance import paired_interval
+
+    old = [(5, 1), (9, 2), (4, 1), (12, 3), (7, 2), (0, 0)]
+    new = [(4, 1), (8, 2), (3, 1), (10, 3), (6, 2), (1, 1)]
+    assert paired_interval(old, new) == _bootstrap(old, new)
+    assert paired_interval(old, new, seed=3, resamples=500, level=0.8) == _bootstrap(old, new, 3, 500, 0.8)
+    assert paired_interval(old[:2], new[:2]) == _bootstrap(old[:2], new[:2])
+    assert paired_interval(old[:1], new[:1]) is None and paired_interval([], []) is None
+    assert paired_interval([(0, 0), (0, 0)], [(1, 0), (2, 0)]) is None  # no resample has a finite ratio
+
+
+def test_positions_of_and_prompt_acceptance():
+    from specparity.judge.acceptance import positions_of, prompt_acceptance
+
+    steps = [StepRecord(3, 3, 4), StepRecord(3, 0, 1), StepRecord(1, 1, 2), StepRecord(2, 5, 3)]
+    assert positions_of(SpecStats.from_steps(steps, "t")) == [(4, 3), (3, 2), (2, 1)]
+    assert positions_of(SpecStats.from_steps([], "t")) == []
+    assert positions_of(SpecStats(True, proposed=4, accepted=2, verify_steps=2)) is None
+    stats = SpecStats.from_steps(steps, "t")
+    pa = prompt_acceptance("p", "code", stats, [1, 2, 3], [4, 5, 6])
+    assert (pa.prompt_id, pa.category, pa.proposed, pa.accepted, pa.verify_steps, pa.emitted, pa.artefact) == (
+        "p", "code", stats.proposed, stats.accepted, stats.verify_steps, stats.emitted, None)
+    assert pa.positions == [(4, 3), (3, 2), (2, 1)]
+    assert pa.ratio("accept_length") == (stats.emitted, stats.verify_steps)
+    assert pa.ratio("acceptance_rate") == (stats.accepted, stats.proposed)
+    looped = prompt_acceptance("p", "code", stats, [1, 2, 3], [7, 8] * 12)
+    assert looped.artefact is not None and "repetition loop" in looped.artefact
+    assert prompt_acceptance("p", "code", SpecStats(False), None, [1]) is None
+
+
+def test_compare_runs_rows_flags_positions_and_json():
+    from specparity.judge.acceptance import ACCEPT_RATE, RESAMPLES, compare_runs
+
+    old_v = {"a": (10, 4, 5), "b": (9, 3, 6), "c": (12, 4, 9), "d": (8, 4, 3), "e": (6, 3, 3), "x": (1, 1, 0)}
+    new_v = {"a": (8, 4, 3), "b": (9, 3, 5), "c": (10, 4, 7), "d": (8, 4, 4), "e": (5, 3, 2), "y": (1, 1, 0)}
+    cats = {"a": "code", "b": "code", "c": "math", "d": "math", "e": "math"}
+    pos_old = {p: [(2, 1), (1, 1)] for p in "abcde"}
+    old = _acc_set("v1", old_v, cats, pos_old, {"c": "a repetition loop"})
+    new = _acc_set("v2", new_v, cats, {p: [(3, 2)] for p in "abcde"}, {"e": "recites the prompt"})
+    c = compare_runs(old, new)
+    assert c.notes == ["2 prompt(s) with acceptance on one side only are left out"]
+    assert c.flagged == {"c": "a repetition loop", "e": "recites the prompt"}
+    assert [(r.category, r.prompts, r.old, r.new) for r in c.rows] == [
+        ("code", 2, 19 / 7, 17 / 7), ("math", 3, 26 / 11, 23 / 11), ("all", 5, 45 / 18, 40 / 18)]
+    old_pairs = [(10, 4), (9, 3), (12, 4), (8, 4), (6, 3)]
+    new_pairs = [(8, 4), (9, 3), (10, 4), (8, 4), (5, 3)]
+    assert (c.rows[-1].low, c.rows[-1].high) == _bootstrap(old_pairs, new_pairs)
+    assert (c.rows[0].low, c.rows[0].high) == _bootstrap(old_pairs[:2], new_pairs[:2])
+    assert [(r.category, r.prompts) for r in c.clean] == [("code", 2), ("math", 1), ("all", 3)]
+    assert c.clean[1].low is None and c.clean[1].old == 8 / 4
+    assert c.decided_on is c.clean
+    assert [(p.position, p.old, p.new) for p in c.positions] == [(0, (10, 5), (15, 10)), (1, (5, 5), None)]
+    assert c.positions_note == "" and c.not_recorded is None
+    j = c.to_json()
+    assert {k: j[k] for k in ("metric", "old", "new", "rule", "not_recorded", "flagged", "failures", "notes",
+                              "resamples", "seed", "level")} == {
+        "metric": "accept_length", "old": "v1", "new": "v2", "rule": "", "not_recorded": None,
+        "flagged": c.flagged, "failures": [], "notes": c.notes, "resamples": RESAMPLES, "seed": 0, "level": 0.95}
+    assert j["rows"][-1] == {"category": "all", "prompts": 5, "old": 2.5, "new": 40 / 18, "low": c.rows[-1].low,
+                             "high": c.rows[-1].high, "failed": False, "delta": 40 / 18 - 2.5}
+    assert [r["prompts"] for r in j["without_flagged"]] == [2, 1, 3]
+    assert j["positions"] == [{"position": 0, "old": (10, 5), "new": (15, 10)},
+                              {"position": 1, "old": (5, 5), "new": None}]
+    rate = compare_runs(old, new, metric=ACCEPT_RATE)
+    assert rate.metric == ACCEPT_RATE and rate.rows[-1].old == 26 / 72 and rate.rows[-1].new == 21 / 72
+    # one side without per-step records, then neither
+    half = compare_runs(_acc_set("v1", old_v, cats), new)
+    assert half.positions_note == "positions unknown for v1 (the engine reports totals only)"
+    assert [(p.old, p.new) for p in half.positions] == [(None, (15, 10))]
+    none = compare_runs(_acc_set("v1", old_v, cats), _acc_set("v2", new_v, cats))
+    assert none.positions is None and none.to_json()["positions"] is None
+    assert none.positions_note == "positions unknown: neither run has per-step records (the engines report totals only)"
+    # every common prompt flagged: the rule reads every row
+    flagged = compare_runs(_acc_set("v1", {"a": (4, 2, 1)}, artefacts={"a": "loop"}), _acc_set("v2", {"a": (4, 2, 1)}))
+    assert flagged.clean == [] and flagged.decided_on is flagged.rows and flagged.rows[0].low is None
+    assert flagged.notes == []
+
+
+def test_compare_runs_without_counters_on_a_side_or_in_common():
+    from specparity.judge.acceptance import AcceptanceSet, compare_runs
+
+    gone = compare_runs(AcceptanceSet("v1", missing="baselines only"), AcceptanceSet("v2", missing="no counters"))
+    assert gone.not_recorded == "acceptance not recorded — v1: baselines only; v2: no counters"
+    assert (gone.rows, gone.clean, gone.flagged, gone.positions, gone.notes) == ([], [], {}, None, [])
+    apart = compare_runs(_acc_set("v1", {"a": (4, 2, 1)}), _acc_set("v2", {"b": (4, 2, 1), "c": (4, 2, 1)}))
+    assert apart.not_recorded == "acceptance not comparable — no prompt has counters on both sides"
+    assert apart.notes == ["3 prompt(s) with acceptance on one side only are left out"] and apart.rows == []
+
+
+def _baseline_record(pid, ids, rows=None, finish="length", limit=6, stops=(0,), error=None, request=True):
+    from types import SimpleNamespace
+
+    base = _c_stream(ids, rows if rows is not None else _c_rows(ids), finish, error=error)
+    req = SimpleNamespace(max_new_tokens=limit, stop_token_ids=list(stops)) if request else None
+    return SimpleNamespace(prompt=SimpleNamespace(id=pid), baseline=base, request=req)
+
+
+def test_stop_rule_refusal_word_for_word_for_the_stop_set_and_for_the_limit():
+    from types import SimpleNamespace
+
+    from specparity.judge.baseline_checks import baseline_refusal, stop_rule_refusal
+
+    good = _baseline_record("ok", _C_BASE)
+    stopped = _baseline_record("s", [1, 2, 0], finish="stop")
+    off_set = _baseline_record("q", [1, 2, 3], finish="stop", stops=(0, 7))
+    past = _baseline_record("r", [1, 0, 3, 4, 5, 6])
+    skipped = [_baseline_record("e", [1, 2, 3], finish="stop", error="boom"),
+               _baseline_record("n", [1, 2, 3], finish="stop", request=False),
+               SimpleNamespace(prompt=SimpleNamespace(id="b"), baseline=None, request=SimpleNamespace())]
+    assert stop_rule_refusal([good, stopped, *skipped]) is None
+    stop_fix = ("the stop ids come from the model's generation_config.json (GGUF: its end-of-generation tokens): give "
+                "the model's own directory or file, not a tokenizer-only one")
+    assert stop_rule_refusal([good, off_set, past, *skipped]) == (
+        "the baseline breaks the stop rule on 2 of 3 prompt(s), so the stop set or token limit this run uses is not "
+        "the engine's (a configuration error, not a speculation bug): first q: finish_reason is 'stop' but the last "
+        "token is not a stop token; it ends with token 3 (finish 'stop', 3 of max_new_tokens=6); stop set [0, 7]; "
+        + stop_fix)
+    assert stop_rule_refusal([past], _decode) == (
+        "the baseline breaks the stop rule on 1 of 1 prompt(s), so the stop set or token limit this run uses is not "
+        "the engine's (a configuration error, not a speculation bug): first r: continued past stop token 0 at "
+        "position 1 (4 tokens after it); it ends with token 6 '<6>' (finish 'length', 6 of max_new_tokens=6); "
+        "stop set [0]; " + stop_fix)
+    limit_fix = ("the engine did not honour the token limit the run asked for (it stopped short of it or ran past it): "
+                 "check the server's own cap on new tokens and its context size against --max-new-tokens")
+    short = _baseline_record("t", [1, 2, 3])
+    assert stop_rule_refusal([short]) == (
+        "the baseline breaks the stop rule on 1 of 1 prompt(s), so the stop set or token limit this run uses is not "
+        "the engine's (a configuration error, not a speculation bug): first t: finish_reason is 'length' but only 3 of "
+        "max_new_tokens=6 tokens were emitted; it ends with token 3 (finish 'length', 3 of max_new_tokens=6); stop set "
+        "[0]; " + limit_fix)
+    assert baseline_refusal([short], 0.25) == stop_rule_refusal([short])
+    assert baseline_refusal([good], None) is None and baseline_refusal([good], 0.25) is None
+
+
+def test_greedy_refusal_counts_positions_and_prompts_beyond_the_tolerance():
+    from specparity.judge.baseline_checks import baseline_refusal, greedy_refusal
+
+    sampled = _baseline_record("p", _C_BASE, _c_rows(_C_BASE, margins={2: 1.0, 4: 0.5}, chosen={2: 9, 4: 8}))
+    also = _baseline_record("q", _C_BASE, _c_rows(_C_BASE, margins={1: 0.75}, chosen={1: 9}))
+    near = _baseline_record("r", _C_BASE, _c_rows(_C_BASE, margins={1: 0.25}, chosen={1: 9}))
+    good = _baseline_record("ok", _C_BASE)
+    failed = _baseline_record("e", _C_BASE, _c_rows(_C_BASE, margins={1: 2.0}, chosen={1: 9}), error="boom")
+    tail = ("): the engine samples, applies a penalty or a logit processor; configure greedy decoding (temperature 0, "
+            "no repetition/presence/frequency penalty, no logit processor or bias)")
+    assert greedy_refusal([good, near, sampled, also, failed], 0.25) == (
+        "the baseline is not a greedy decode: at 3 position(s) of 2 of 4 prompt(s) the emitted token is not the argmax "
+        "of its own decode row beyond the near-tie threshold 0.25 nats (first p position 2: emitted 3, its row "
+        "prefers 9 by 1 nats" + tail)
+    assert greedy_refusal([near], 0.25) is None and greedy_refusal([near, good], 0.0) is not None
+    assert "beyond the near-tie threshold 1e-05 nats (first r position 1: emitted 2 '<2>', its row prefers 9 '<9>' by " \
+           "0.25 nats)" in greedy_refusal([near], 0.0, _decode)
+    assert "threshold 0.6 nats (first p position 2" in greedy_refusal([sampled, also], 0.6)
+    assert "at 1 position(s) of 1 of 2 prompt(s)" in greedy_refusal([sampled, also], 0.8)
+    assert greedy_refusal([good, failed], 0.25) is None
+    assert baseline_refusal([sampled], 0.25) == greedy_refusal([sampled], 0.25)
