@@ -47,3 +47,47 @@ def test_a_context_below_one_is_refused(tmp_path):
     proc = _tool(tmp_path / "x", "--max-position-embeddings", "0")
     assert proc.returncode == 2 and "--max-position-embeddings: expected a positive integer, got 0" in proc.stderr
     assert not (tmp_path / "x").exists()
+
+
+def _greedy_figures(model_dir) -> tuple[float, float]:
+    """(share of positions whose top-1 / top-2 gap exceeds 1 nat, share of the second half's argmaxes that
+    stay the same without the first half) over 400 seeded random tokens, in float32."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+    ids = torch.randint(10, 4000, (1, 400), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        full = model(ids).logits[0]
+        half = model(ids[:, 200:]).logits[0]
+    top = full.log_softmax(-1).topk(2, -1).values
+    clear = float(((top[:, 0] - top[:, 1]) > 1.0).float().mean())
+    same = float((half[50:].argmax(-1) == full[250:].argmax(-1)).float().mean())
+    return clear, same
+
+
+def test_the_wide_head_variant_is_a_usable_gate_subject_of_the_same_recipe(tmp_path):
+    """``--head-dim 64`` (for attention kernels without head_dim 16): the declared and stored head size,
+    the same context, and what makes the committed model a gate subject — clear greedy margins at most
+    positions, and an output that depends on the context."""
+    out = tmp_path / "long-hd64"
+    _build(out, "--head-dim", "64")
+    from safetensors import safe_open
+
+    config = json.loads((out / "config.json").read_text())
+    committed = json.loads((fixture_dir("long") / "config.json").read_text())
+    assert config["head_dim"] == 64 and committed["head_dim"] == 16
+    assert {k: v for k, v in config.items() if k != "head_dim"} == {k: v for k, v in committed.items() if k != "head_dim"}
+    with safe_open(str(out / "model.safetensors"), "pt") as f:
+        q = f.get_slice("model.layers.0.self_attn.q_proj.weight").get_shape()
+        o = f.get_slice("model.layers.0.self_attn.o_proj.weight").get_shape()
+    assert list(q) == [64, config["hidden_size"]] and list(o) == [config["hidden_size"], 64]
+    clear, same = _greedy_figures(out)
+    assert clear > 0.75, f"only {clear:.0%} of positions have a top-1 / top-2 gap above 1 nat"
+    assert same < 0.9, f"{same:.0%} of the second half's argmaxes ignore the first half"
+
+
+def test_an_odd_head_dim_is_refused(tmp_path):
+    proc = _tool(tmp_path / "x", "--head-dim", "15")
+    assert proc.returncode == 2 and "--head-dim: expected a positive even integer (RoPE rotates pairs), got 15" in proc.stderr
+    assert not (tmp_path / "x").exists()

@@ -5,10 +5,18 @@ for gating llama.cpp at 32K+ tokens of context on a CPU.
     python tools/build_long_fixture.py --manifest            # the committed build (seconds)
     python tools/build_long_fixture.py --out DIR             # elsewhere, manifest untouched
     python tools/build_long_fixture.py --out DIR --max-position-embeddings 131584   # the 128K variant
+    python tools/build_long_fixture.py --out DIR --head-dim 64                      # for vLLM's kernels
 
 The 128K variant has the same weights (RoPE has no parameters; only the context the config declares
 differs): the ``long`` arm sends 131,072-token prompts to a target whose context allows them plus the
 output, which is what a GPU engine gates; it is not committed (the CPU suite gates 32K).
+
+``--head-dim`` builds another model of the same recipe with wider attention heads, for GPU engines
+whose attention kernels do not serve head_dim 16: vLLM 0.26.0's Triton backend refuses head sizes
+below 32, and on an H200 its FlashAttention-3 backend accepts 16 but its first attention call on
+this model did not return (docs/SERVERS.md). The attention output projection is scaled by
+sqrt(16 / head_dim), so the attention output keeps its scale in the residual stream; head_dim 16
+builds the committed bytes.
 
 Why this model: llama-server caps a slot's context at the model's training context
 (``max_position_embeddings``: 4,096 for the fixture target), and a 32K-token prefill of the
@@ -70,7 +78,7 @@ SCALES = {
 SPECIAL_IDS = {"bos_token_id": None, "eos_token_id": [0, 2], "pad_token_id": 4}
 
 
-def build(out: Path, seed: int, positions: int = ARCH["max_position_embeddings"]) -> None:
+def build(out: Path, seed: int, positions: int = ARCH["max_position_embeddings"], head_dim: int = ARCH["head_dim"]) -> None:
     import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
@@ -78,7 +86,7 @@ def build(out: Path, seed: int, positions: int = ARCH["max_position_embeddings"]
     config = Qwen3Config(
         vocab_size=ARCH["vocab_size"], hidden_size=ARCH["hidden_size"], intermediate_size=ARCH["intermediate_size"],
         num_hidden_layers=ARCH["num_hidden_layers"], num_attention_heads=ARCH["num_attention_heads"],
-        num_key_value_heads=ARCH["num_key_value_heads"], head_dim=ARCH["head_dim"],
+        num_key_value_heads=ARCH["num_key_value_heads"], head_dim=head_dim,
         max_position_embeddings=positions,
         rope_parameters={"rope_type": "default", "rope_theta": ARCH["rope_theta"]},
         tie_word_embeddings=False, rms_norm_eps=1e-6, bos_token_id=None, eos_token_id=2, pad_token_id=4,
@@ -100,7 +108,10 @@ def build(out: Path, seed: int, positions: int = ARCH["max_position_embeddings"]
             elif leaf.endswith("norm"):
                 param.fill_(1.0)
             elif leaf in scale_of:
-                param.copy_(normal(param.shape, SCALES[scale_of[leaf]]))
+                std = SCALES[scale_of[leaf]]
+                if leaf == "o_proj":  # a wider head sums more terms: keep the output's scale
+                    std *= (ARCH["head_dim"] / head_dim) ** 0.5
+                param.copy_(normal(param.shape, std))
             else:
                 raise ValueError(f"no scale for parameter {name}")
     out.mkdir(parents=True, exist_ok=True)
@@ -123,11 +134,15 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--max-position-embeddings", type=int, default=ARCH["max_position_embeddings"],
                     help="the context the config declares (default %(default)s; 131584 for 128K prompts)")
+    ap.add_argument("--head-dim", type=int, default=ARCH["head_dim"],
+                    help="the attention head size (default %(default)s; 64 for engines without head_dim-16 kernels)")
     ap.add_argument("--manifest", action="store_true", help="update fixtures/MANIFEST.sha256 for --out")
     args = ap.parse_args()
     if args.max_position_embeddings < 1:
         ap.error(f"--max-position-embeddings: expected a positive integer, got {args.max_position_embeddings}")
-    build(args.out.resolve(), args.seed, args.max_position_embeddings)
+    if args.head_dim < 2 or args.head_dim % 2:
+        ap.error(f"--head-dim: expected a positive even integer (RoPE rotates pairs), got {args.head_dim}")
+    build(args.out.resolve(), args.seed, args.max_position_embeddings, args.head_dim)
     print(f"build_long_fixture: wrote {args.out}", file=sys.stderr)
     if args.manifest:
         sys.path.insert(0, str(REPO / "tools"))
