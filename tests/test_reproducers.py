@@ -85,12 +85,17 @@ def without_rid(body: dict) -> dict:
 
 def rebuilt_identically(report: Path, tmp_path: Path) -> None:
     """``specparity report DIR`` rewrites the reproducers from the journal: the same bytes."""
+    rebuilt_identically_code(report, tmp_path, 1)  # the run failed; rebuilding says so again
+
+
+def rebuilt_identically_code(report: Path, tmp_path: Path, code: int) -> None:
+    """:func:`rebuilt_identically`, the report command exiting ``code`` (the run's own)."""
     before = tree(report / REPRODUCERS)
     saved = tmp_path / "before"
     shutil.copytree(report / REPRODUCERS, saved)
     shutil.rmtree(report / REPRODUCERS)
-    code, out = run_cli("report", report)
-    assert code == 1, out[-3000:]  # the run failed; rebuilding says so again
+    got, out = run_cli("report", report)
+    assert got == code, out[-3000:]
     assert tree(report / REPRODUCERS) == before
     assert before
 
@@ -378,3 +383,70 @@ def test_reproducers_that_cannot_be_written_cost_nothing_else(loop_report, tmp_p
     for pid in failing(prompt_lines(report)):
         assert f"`{pid}`" in summary and pid in (report / "report.md").read_text()
     assert "rendering this report failed" not in (report / "report.html").read_text()
+
+
+# ---------------------------------------------------------------------------------------------- refused calibration
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("engine", sorted(SERVERS))
+def test_a_calibration_finding_leaves_a_reproducer_of_the_measurement(engine, tmp_path):
+    """The speculative fake's teacher-forced rows are 3 nats off at every pair (its decode rows and every
+    argmax right): the gate judges the prompts (every one exact) but finds the speculative server's rows
+    beyond the allowance for two instances. ``reproducers/calibration/`` holds the two scoring bodies the
+    run sent, and a repro.py that, run as a child against the same servers, prints the margin difference
+    the journal recorded there and exits 1; without the skew it exits 0."""
+    server, extra = SERVERS[engine]
+    path = wire_format(engine).path
+    with server() as base, server(speculative=True, scoring_skew_nats=3.0) as spec:
+        report = tmp_path / "report"
+        proc, records = run_lossless(engine, base.url, spec.url, report, *extra, in_process=True)
+        assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+        threshold = next(r for r in records if r["kind"] == "threshold")
+        assert threshold["cross_instance_finding"], threshold
+        root = report / REPRODUCERS
+        assert sorted(p.name for p in root.iterdir()) == ["README.md", "calibration"]  # every prompt exact
+        folder = root / "calibration"
+        spot = json.loads((folder / "request.json").read_text())
+        assert spot["between"] == "cross" and abs(spot["delta_nats"] - 3.0) < 1e-3
+        bodies = [json.loads((folder / f"request{i}.json").read_text()) for i in (1, 2)]
+        for server_, body in zip((base, spec), bodies):
+            assert any(without_rid(b) == body for b in generation_bodies(server_, path)), server_.url
+        assert bodies[0].get("input_ids", bodies[0].get("prompt")) == spot["prompt_ids"] + spot["continuation_ids"]
+        assert heredocs((folder / "repro.sh").read_text()) == bodies
+
+        env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "BASELINE_URL", "SPEC_URL")}
+        done = child([sys.executable, "-I", str(folder / "repro.py")], env=env, timeout=120)
+        assert done.returncode == 1, done.stdout + done.stderr
+        shown = re.search(r"largest \|margin difference\|: (\S+) nats", done.stdout)
+        assert shown and abs(float(shown.group(1)) - spot["delta_nats"]) < 1e-3, done.stdout
+        assert f"top-k at output position {spot['position']}" in done.stdout
+
+        spec.scoring_skew_nats = 0.0
+        done = child([sys.executable, "-I", str(folder / "repro.py")], env=env, timeout=120)
+        assert done.returncode == 0, done.stdout + done.stderr
+        shown = re.search(r"largest \|margin difference\|: (\S+) nats", done.stdout)
+        assert shown and float(shown.group(1)) < 1e-3, done.stdout
+
+    assert "reproducers/calibration/README.md" in (report / REPRODUCERS / "README.md").read_text().replace("](", "](reproducers/")
+    rebuilt_identically_code(report, tmp_path, 0)
+
+
+@pytest.mark.slow
+def test_a_refused_calibration_leaves_only_the_reproducer_of_the_measurement(tmp_path):
+    """The baseline server's teacher-forced rows are 3 nats off its decode rows: the noise within its own
+    instance is above the ceiling, the gate refuses to calibrate and judges nothing. No prompt gets a
+    folder (each would show two identical streams); ``reproducers/calibration/`` does, and its repro.py
+    shows the difference against the same servers (exit 1)."""
+    with SGLangServer(scoring_skew_nats=3.0) as base, SGLangServer(speculative=True) as spec:
+        report = tmp_path / "report"
+        proc, records = run_lossless("sglang", base.url, spec.url, report, "--target", str(TARGET), in_process=True)
+        assert proc.returncode != 0 and any(r["kind"] == "calibration_refused" for r in records)
+        root = report / REPRODUCERS
+        assert sorted(p.name for p in root.iterdir()) == ["README.md", "calibration"]
+        folder = root / "calibration"
+        assert json.loads((folder / "request.json").read_text())["delta_nats"] > 2.0
+        env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "BASELINE_URL", "SPEC_URL")}
+        done = child([sys.executable, "-I", str(folder / "repro.py")], env=env, timeout=120)
+        assert done.returncode == 1 and "near-tie ceiling" in done.stdout, done.stdout + done.stderr
+    assert "calibration/README.md" in (report / "summary.md").read_text()

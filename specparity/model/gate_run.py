@@ -156,6 +156,9 @@ class PromptRecord:
     tf_error: str | None = None  # scoring the baseline failed (the prompt is then an error)
     #: Scoring the speculative output failed (the prompt is then an error unless its tokens diverged).
     spec_tf_error: str | None = None
+    #: A calibration baseline's tokens scored teacher-forced on the speculative server (the cross-instance
+    #: noise is measured between these rows and ``baseline_tf``; journalled on its ``cross_instance`` line).
+    cross_tf: TokenScores | None = None
     #: Where the baseline came from: "run" (this run decoded it), "golden" or "journal" (--resume).
     baseline_from: str = "run"
     #: For a reused baseline: the prompt ids and token limit it was decoded with (checked against

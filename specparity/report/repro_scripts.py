@@ -103,14 +103,85 @@ def parse(answer):
 ''',
 }
 
-_SERVER_MAIN = r'''
+#: Shared by the server scripts: one JSON POST with the standard library.
+POST = r'''
 
 def post(url, body):
     request = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
                                      headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(request, timeout=TIMEOUT_S) as response:
         return json.loads(response.read())
+'''
 
+#: Parsers of one position's row, standard library only, per engine and kind of request: ``score`` (a
+#: teacher-forced scoring of prompt + continuation) or ``decode`` (a generation). Each returns (the chosen
+#: token's logprob or None, the top-k as ``[(token id, logprob, text or None), ...]``) at output position
+#: ``pos``; ``prompt_len`` is the scored prompt's length.
+ROW_PARSERS = {
+    "sglang": r"""
+def row_of(kind, answer, pos, token, prompt_len):
+    meta = answer["meta_info"]
+    if kind == "score":  # logprob_start_len = prompt_len - 1: entry 0 is the last prompt position
+        own, top = meta["input_token_logprobs"][1 + pos], (meta.get("input_top_logprobs") or [])[1 + pos]
+    else:
+        own, top = meta["output_token_logprobs"][pos], (meta.get("output_top_logprobs") or [])[pos]
+    row = [(int(a[1]), float("nan") if a[0] is None else float(a[0]), a[2] if len(a) > 2 else None) for a in top or ()]
+    return (None if own[0] is None or int(own[1]) != token else float(own[0])), row
+""",
+    "vllm": r"""
+def row_of(kind, answer, pos, token, prompt_len):
+    choice = answer["choices"][0]
+    if kind == "score":  # prompt_logprobs of prompt + continuation: {"<id>": {"logprob", "rank", ...}}
+        entries = choice["prompt_logprobs"][prompt_len + pos] or {}
+        ranked = sorted(entries.items(), key=lambda kv: (kv[1].get("rank") or 1e9, -kv[1]["logprob"]))
+        row = [(int(k), float(v["logprob"]), v.get("decoded_token")) for k, v in ranked]
+        own = entries.get(str(token))
+        return (None if own is None else float(own["logprob"])), row
+    block = choice["logprobs"]
+    ids = [int(t.split(":", 1)[1]) for t in block["tokens"]]
+    row = sorted(((int(k.split(":", 1)[1]), float(v), None) for k, v in (block["top_logprobs"][pos] or {}).items()),
+                 key=lambda t: -t[1])
+    own = block["token_logprobs"][pos] if ids[pos] == token else None
+    return (None if own is None else float(own)), row
+""",
+}
+
+_SCORER_MAIN = POST + r"""
+
+def margins(own, row):
+    # logprob(chosen token) - logprob(alternative), for every other token the row reports
+    return {} if own is None else {tid: own - lp for tid, lp, _ in row if tid != TOKEN}
+
+
+def main():
+    seen = []
+    for read in READS:
+        url = os.environ.get(read["env"], read["url"]).rstrip("/")
+        own, row = row_of(read["kind"], post(url + PATH, read["body"]), POSITION, TOKEN, PROMPT_LEN)
+        seen.append((read["label"], own, row))
+        print(f"{read['label']} ({read['kind']} request to {url}): chosen token {TOKEN} logprob "
+              f"{'not reported' if own is None else f'{own:.6f}'}; top-k at output position {POSITION} (id logprob text):")
+        for rank, (tid, lp, text) in enumerate(row):
+            shown = "" if text is None else " " + json.dumps(text, ensure_ascii=False)
+            print(f"    {rank:>2}  {tid:>8}  {lp:>12.6f}{shown}")
+    (_, own_a, row_a), (_, own_b, row_b) = seen
+    m_a, m_b = margins(own_a, row_a), margins(own_b, row_b)
+    shared = [(abs(m_a[t] - m_b[t]), t) for t in m_a if t in m_b]
+    print(f"the gate recorded: {RECORDED}")
+    if not shared:
+        print("no alternative token is reported on both sides: nothing to compare")
+        return 1
+    delta, tid = max(shared)
+    print(f"largest |margin difference|: {delta:.6g} nats (chosen token {TOKEN} against token {tid}); "
+          f"{LIMIT_WORDS}: {LIMIT:g} nats")
+    return 1 if delta > LIMIT else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+"""
+
+_SERVER_MAIN = POST + r'''
 
 def main():
     base_url = os.environ.get("BASELINE_URL", BASELINE_URL).rstrip("/")
@@ -219,4 +290,36 @@ def curl_script(*, title: str, path: str, urls: tuple[str, str], bodies: tuple[d
         lines += [f"echo {shlex.quote(f'== {label}: POST')} \"${var}{path}\"",
                   f"curl -sS -X POST \"${var}{path}\" -H 'Content-Type: application/json' --data-binary @- <<'JSON'",
                   json.dumps(body), "JSON", "echo"]
+    return "\n".join(lines) + "\n"
+
+
+def scorer_script(*, title: str, engine: str, path: str, reads: list[dict[str, Any]], position: int, token: int,
+                  prompt_len: int, limit: float, limit_words: str, recorded: str, timeout_s: float) -> str:
+    """``repro.py`` of a calibration problem: two requests whose rows the gate compared (``reads``: label,
+    URL, the environment variable that overrides it, ``score`` or ``decode``, and the body), and the
+    margins of both rows at one output position."""
+    return (f'#!/usr/bin/env python3\n"""{title}\n\nSends the two requests whose rows the gate compared to the '
+            f'{engine} servers (BASELINE_URL / SPEC_URL\noverride them) and prints both rows at output position '
+            f'{position} (the baseline\'s token {token}) and the\nlargest difference between their margins. Standard '
+            f'library only. Exit status: 1 when that difference\nexceeds {limit:.4g} nats ({limit_words}), 0 when it '
+            'does not.\n"""\n\n'
+            "import json\nimport os\nimport sys\nimport urllib.request\n\n"
+            f"PATH = {json.dumps(path)}\nTIMEOUT_S = {timeout_s:g}\nPOSITION = {position}\nTOKEN = {token}\n"
+            f"PROMPT_LEN = {prompt_len}\nLIMIT = {limit!r}\nLIMIT_WORDS = {json.dumps(limit_words)}\n"
+            f"RECORDED = {json.dumps(recorded, ensure_ascii=False)}\n"
+            f"READS = {_literal(reads)}\n{ROW_PARSERS[engine]}{_SCORER_MAIN}")
+
+
+def scorer_curl_script(*, title: str, path: str, reads: list[dict[str, Any]]) -> str:
+    """``repro.sh`` of a calibration problem: the same two requests as curl lines."""
+    lines = ["#!/bin/sh", f"# {title}", "# The two requests whose rows the gate compared; BASELINE_URL / SPEC_URL override the servers.",
+             "set -eu"]
+    for env in dict.fromkeys(r["env"] for r in reads):
+        url = next(r["url"] for r in reads if r["env"] == env)
+        lines.append(f"{env}=\"${{{env}:-{url}}}\"")
+    for read in reads:
+        label, env = f"== {read['label']} ({read['kind']}): POST", read["env"]
+        lines += [f"echo {shlex.quote(label)} \"${env}{path}\"",
+                  f"curl -sS -X POST \"${env}{path}\" -H 'Content-Type: application/json' --data-binary @- <<'JSON'",
+                  json.dumps(read["body"]), "JSON", "echo"]
     return "\n".join(lines) + "\n"

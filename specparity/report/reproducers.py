@@ -11,6 +11,10 @@ the journal holds them, the first differing position and, to see the same diverg
 * in-process and plugin engines: a ``repro.py`` that rebuilds the engine from the run's ``--engine``
   and options (``GateConfig.engine``) and decodes the request without and with speculation.
 
+A calibration that was refused, or that found the speculative server's rows beyond the allowance for two
+instances, gets ``reproducers/calibration/`` instead of (refused) or beside (found) the prompts' folders:
+the two scorings behind it, where they differ most (:mod:`specparity.report.scorer_repro`).
+
 A reproducer is a rendering of the journal: every number comes from the journalled form of a result
 (``GenerationResult.to_json``, as ``results.jsonl`` holds it), so the folder written at the end
 of a run and the one ``specparity report DIR`` rebuilds from ``results.jsonl`` are the same bytes. A
@@ -28,7 +32,7 @@ from typing import Any
 from specparity.engines.server.wire import WireFormat, shard_index, wire_format
 from specparity.model.gate_run import GateRun, PromptRecord
 from specparity.model.types import GenerationRequest, GenerationResult
-from specparity.report import repro_scripts
+from specparity.report import repro_scripts, scorer_repro
 
 REPRODUCERS = "reproducers"
 INDEX = "README.md"
@@ -147,10 +151,10 @@ class ServerSides:
     bodies: tuple[dict[str, Any], dict[str, Any]]
 
 
-def server_sides(run: GateRun, engine: str, req: GenerationRequest) -> ServerSides | None:
-    """The server each side sent ``req`` to (the run's own sharding) and the exact bodies, rebuilt by
-    the adapter's ``WIRE.body`` from the journalled facts; None when ``engine`` is no built-in server
-    engine. Raises ValueError naming what the journal lacks."""
+def side_servers(run: GateRun, engine: str, req: GenerationRequest) -> tuple[WireFormat, tuple[tuple[str, dict], ...]] | None:
+    """The adapter's wire format and, per side (baseline, speculative), the URL of the server that side sent
+    ``req`` to (the run's own sharding) with the facts its bodies are built from, as journalled; None when
+    ``engine`` is no built-in server engine. Raises ValueError naming what the journal lacks."""
     wire = wire_format(engine)
     if wire is None:
         return None
@@ -158,7 +162,7 @@ def server_sides(run: GateRun, engine: str, req: GenerationRequest) -> ServerSid
     recorded = run.wire
     if "part_of" in recorded:  # a merged run (specparity merge): the servers of the prompt's own shard
         recorded = recorded["parts"][recorded["part_of"].get(req.request_id, 0)]
-    urls, bodies = [], []
+    out = []
     for role in ("baseline", "spec"):
         servers = recorded.get(role) or [{"url": u, "facts": {}} for u in extra.get(f"{role}_urls") or []]
         if not servers:
@@ -167,13 +171,29 @@ def server_sides(run: GateRun, engine: str, req: GenerationRequest) -> ServerSid
         if server.get("facts") is None:
             raise ValueError(f"the {role} server {server['url']} could not say what its requests need: "
                              f"{server.get('error', 'not recorded')}")
-        try:
-            body = wire.body(req, dict(server["facts"]))
-        except KeyError as exc:
-            raise ValueError(f"the journal lacks the {role} server's {exc} (recorded before reproducers existed)") from None
-        bodies.append({k: v for k, v in body.items() if k not in wire.per_request})
-        urls.append(str(server["url"]))
-    return ServerSides(wire, (urls[0], urls[1]), (bodies[0], bodies[1]))
+        out.append((str(server["url"]), dict(server["facts"])))
+    return wire, tuple(out)
+
+
+def built(wire: WireFormat, role: str, build: Any, *args: Any) -> dict[str, Any]:
+    """A body from one of ``wire``'s builders, without the fields set afresh per request; ValueError
+    naming the fact a journal from before reproducers lacks."""
+    try:
+        body = build(*args)
+    except KeyError as exc:
+        raise ValueError(f"the journal lacks the {role} server's {exc} (recorded before reproducers existed)") from None
+    return {k: v for k, v in body.items() if k not in wire.per_request}
+
+
+def server_sides(run: GateRun, engine: str, req: GenerationRequest) -> ServerSides | None:
+    """The server each side sent ``req`` to and the exact bodies, rebuilt by the adapter's ``WIRE.body``
+    from the journalled facts (:func:`side_servers`); None when ``engine`` is no built-in server engine."""
+    found = side_servers(run, engine, req)
+    if found is None:
+        return None
+    wire, servers = found
+    bodies = [built(wire, role, wire.body, req, facts) for role, (_, facts) in zip(("baseline", "spec"), servers)]
+    return ServerSides(wire, (servers[0][0], servers[1][0]), (bodies[0], bodies[1]))
 
 
 # ---------------------------------------------------------------------------------------------- files
@@ -300,6 +320,12 @@ def render_one(rec: PromptRecord, run: GateRun) -> tuple[str, dict[str, tuple[st
 def write_one(rec: PromptRecord, run: GateRun, folder: Path) -> str:
     """Write ``rec``'s reproducer into ``folder`` (removed again if a write fails); returns how it reproduces."""
     how, files = render_one(rec, run)
+    write_folder(folder, files)
+    return how
+
+
+def write_folder(folder: Path, files: dict[str, tuple[str, bool]]) -> None:
+    """Write a reproducer's ``files`` (name -> (text, executable)) into ``folder``, removed again if a write fails."""
     try:
         folder.mkdir(parents=True, exist_ok=True)
         for name, (text, executable) in files.items():
@@ -307,22 +333,43 @@ def write_one(rec: PromptRecord, run: GateRun, folder: Path) -> str:
     except OSError:
         shutil.rmtree(folder, ignore_errors=True)
         raise
-    return how
 
 
 def planned(run: GateRun) -> Reproducers:
     """The reproducers :func:`write_reproducers` writes for ``run`` when every one can be written,
     without writing anything: what a report rendered on its own (``render_summary_md(run, decision)``)
-    links."""
+    links. A refused calibration gets one, of the measurement (:mod:`specparity.report.scorer_repro`),
+    instead of one per unjudged prompt."""
     out = Reproducers()
+    engine = run.fingerprint.engine if run.fingerprint is not None else ""
+    wire, found = wire_format(engine), scorer_repro.problem(run)
+    spot = scorer_repro.find_spot(run, found.between) if found and wire is not None and wire.score is not None else None
+    calibration = ([Reproducer(spot.prompt_id, "calibration", f"{REPRODUCERS}/{scorer_repro.FOLDER}", "server")]
+                   if spot is not None else [])
+    if run.calibration_error:
+        out.written += calibration
+        return out
     records = [r for r in run.records if wanted(r)]
     names = folder_names([r.prompt.id for r in records])
-    engine = run.fingerprint.engine if run.fingerprint is not None else ""
-    how = "server" if wire_format(engine) is not None else "in-process" if run.config.engine else "recorded only"
+    how = "server" if wire is not None else "in-process" if run.config.engine else "recorded only"
     for rec in records:
         assert rec.verdict is not None
         out.written.append(Reproducer(rec.prompt.id, rec.verdict.klass, f"{REPRODUCERS}/{names[rec.prompt.id]}", how))
+    out.written += calibration
     return out
+
+
+def write_calibration(run: GateRun, folder: Path) -> str:
+    """Write the calibration problem's reproducer into ``folder`` (removed again if a write fails)."""
+    found = scorer_repro.problem(run)
+    assert found is not None and run.fingerprint is not None
+    spot = scorer_repro.find_spot(run, found.between)
+    assert spot is not None
+    req = request_of(spot.record, run)
+    servers = side_servers(run, run.fingerprint.engine, req)
+    assert servers is not None
+    write_folder(folder, scorer_repro.render(run, found, spot, req, servers[0], servers[1], built, REQUEST_TIMEOUT_S))
+    return "server"
 
 
 def write_reproducers(run: GateRun, report_dir: str | Path) -> Reproducers:
@@ -338,7 +385,9 @@ def write_reproducers(run: GateRun, report_dir: str | Path) -> Reproducers:
         return out
     for plan in planned(run).written:
         try:
-            how = write_one(run.record(plan.prompt_id), run, Path(report_dir) / plan.folder)
+            folder = Path(report_dir) / plan.folder
+            how = (write_calibration(run, folder) if plan.klass == "calibration"
+                   else write_one(run.record(plan.prompt_id), run, folder))
         except Exception as exc:  # noqa: BLE001 - one reproducer must never cost the run its report
             out.warnings.append(f"reproducer for {plan.prompt_id} not written: {type(exc).__name__}: {exc}")
             continue
@@ -356,6 +405,9 @@ def _index(found: Reproducers) -> str:
              "both sides answering: the request, both streams, the first differing position and a script that "
              "shows it again (`repro.py`).", "", "| prompt | class | reproduces |", "|---|---|---|"]
     lines += [f"| [`{r.prompt_id}`]({r.folder.split('/', 1)[1]}/{INDEX}) | {r.klass} | {r.how} |" for r in found.written]
+    if any(r.klass == "calibration" for r in found.written):
+        lines += ["", "The `calibration` folder is the measurement behind a refused calibration or a cross-instance "
+                  "finding: the two scorings whose rows differ most (`repro.py` prints both rows there)."]
     if found.warnings:
         lines += ["", "Not written:", ""] + [f"- {w}" for w in found.warnings]
     return "\n".join(lines) + "\n"

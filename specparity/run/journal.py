@@ -201,6 +201,8 @@ def load_run(path: str | Path, journal: Journal | None = None) -> GateRun:
             run.coverage.add(rec.spec.spec)
     run.calibration_records = [baseline_record(journal, pid, line) for pid, line in journal.calibration.items()
                                if pid not in journal.order]
+    for rec in (*run.records, *run.calibration_records):
+        rec.cross_tf = _scores((journal.cross_instance.get(rec.prompt.id) or {}).get("scores"))
     if "threshold" in journal.last and journal.last["threshold"].get("nats") is not None:
         run.threshold = NearTieThreshold.from_json(journal.last["threshold"])
         run.scorer_check = journal.last["threshold"].get("scorer_check")

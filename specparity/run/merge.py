@@ -318,6 +318,7 @@ def _samples(run: GateRun, parts: Sequence[Part], owners: dict[str, Part]) -> tu
         other = TokenScores.from_json(line["scores"]) if line is not None and line.get("scores") is not None else None
         if line is not None and line.get("scores") is None:
             failed.append(f"{r.prompt.id}: {line.get('error')}")
+        r.cross_tf = other
         samples.append(Sample(r.prompt.id, r.baseline.output_ids, r.baseline.scores, r.baseline_tf, other))
     if cross_lines:
         note = cross_failure_note(failed, len(measured))

@@ -610,6 +610,7 @@ def _score_spec_side(run: GateRun, scorer: Scorer, measured: Sequence[PromptReco
     for rec, (scores, err) in dispatch(measured, lambda r: _score(there, r.request, r.baseline), run.concurrency):
         if scores is not None:  # a constrained prompt's rows as its other rows are (hide_forced_rows)
             got[id(rec)] = hide_forced_rows(scores) if rec.request.constraint is not None else scores
+            rec.cross_tf = got[id(rec)]
             writer.write({"kind": "cross_instance", "prompt_id": rec.prompt.id, "scores": got[id(rec)].to_json()})
         else:
             failed.append(f"{rec.prompt.id}: {err}")

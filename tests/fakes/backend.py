@@ -208,6 +208,22 @@ def instance_noise(scores: Any, prefix: Sequence[int], nats: float) -> Any:
     return TokenScores(scores.token_ids, logprobs, top_ids, top_lp)
 
 
+def scoring_skew(scores: Any, nats: float) -> Any:
+    """Teacher-forced ``scores`` as a server whose scoring path is wrong computes them: every alternative
+    below a row's top-1 moved down by ``nats`` (the token's own logprob too where it is not the top-1), so
+    every margin against the top-1 grows by ``nats``, no argmax moves and no row's probabilities sum past
+    1 (the ``scoring_skew_nats`` knob; decode rows are left as they are)."""
+    import numpy as np
+
+    from specparity.model.types import TokenScores
+
+    top_lp = scores.top_logprobs.copy()
+    top_lp[:, 1:] -= np.float32(nats)
+    own = scores.logprobs.copy()
+    own[scores.token_ids != scores.top_ids[:, 0]] -= np.float32(nats)
+    return TokenScores(scores.token_ids, own, scores.top_ids, top_lp)
+
+
 def forced_document(constraint: Any) -> str:
     """The one document a fake server's constraint admits: for a JSON schema its smallest instance
     (required properties only; the first enum value, the minimum number, ``minItems`` items, an

@@ -27,6 +27,9 @@ Knobs besides the faults of :class:`~fakes.server.FakeServer`:
 * ``instance_noise_nats=x``: this instance's logits differ from another's by −x, 0 or +x per
   (prefix, token), the same in its decode rows and in its scoring rows — what two server instances
   of one model do (:func:`~fakes.backend.instance_noise`). The argmax never moves.
+* ``scoring_skew_nats=x``: this instance's teacher-forced rows (``logprob_start_len`` scoring) have every
+  alternative below the top-1 x nats lower (:func:`~fakes.backend.scoring_skew`), its decode rows are
+  right: a scoring path that disagrees with another instance by x nats at every pair, argmax unmoved.
 * ``sampling_params.json_schema`` (a JSON string) / ``ebnf``: honoured as a constrained decode
   (:meth:`~fakes.backend.FixtureBackend.constrained_generate`: the schema's smallest instance, a
   one-literal grammar), and recorded in ``constraints_seen`` as ``(rid, kind, text)``;
@@ -59,7 +62,8 @@ import time
 import uuid
 from typing import Any, Sequence
 
-from fakes.backend import DATA, DRAFT, TARGET, FixtureBackend, instance_noise, recorded, shared_backend, shortened
+from fakes.backend import (DATA, DRAFT, TARGET, FixtureBackend, instance_noise, recorded, scoring_skew, shared_backend,
+                           shortened)
 from fakes.prefix_cache import PrefixCache
 from fakes.faults import Rule
 from fakes.server import FakeServer, Reply, Request, json_reply, not_found, refuses
@@ -98,7 +102,8 @@ class SGLangServer(FakeServer):
                  instance_noise_nats: float = 0.0, batch_flip_above: int | None = None, batch_window_s: float = 0.3,
                  rules: Sequence[Rule] = (), die_after: int | None = None,
                  refuse: bool = False, hang_s: float = 30.0, trickle_s: float = 0.1, prefix_cache: bool = False,
-                 prefix_hit_bug: bool = False, server_args: dict[str, Any] | None = None):
+                 prefix_hit_bug: bool = False, server_args: dict[str, Any] | None = None,
+                 scoring_skew_nats: float = 0.0):
         super().__init__(rules=rules, die_after=die_after, refuse=refuse, hang_s=hang_s, trickle_s=trickle_s)
         self.server_args = dict(server_args or {})
         self.backend = backend or shared_backend()
@@ -108,6 +113,7 @@ class SGLangServer(FakeServer):
         self._prefix_cache = PrefixCache(1)
         self.prefix_flipped: list[str] = []
         self.instance_noise_nats = instance_noise_nats
+        self.scoring_skew_nats = scoring_skew_nats
         if version not in ("0.5.23", "0.5.19"):
             raise ValueError("version: 0.5.23 or 0.5.19")
         if near_tie_flips and not speculative:
@@ -358,6 +364,8 @@ class SGLangServer(FakeServer):
             result.scores = instance_noise(result.scores, prompt, self.instance_noise_nats)
             if in_scores is not None:
                 in_scores = instance_noise(in_scores, prompt[: start + 1], self.instance_noise_nats)
+        if self.scoring_skew_nats and in_scores is not None:
+            in_scores = scoring_skew(in_scores, self.scoring_skew_nats)
         if fault == "short_limit":
             result = shortened(result)
         ids = list(result.output_ids)

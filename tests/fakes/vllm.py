@@ -47,6 +47,9 @@ Configuration-arm knobs (``specparity arms``; each a bug that only its arm catch
   ``attention_config.backend`` (default null: chosen by vLLM) and ``parallel_config.tensor_parallel_size``
   / ``pipeline_parallel_size`` (default 1), as the recorded body
   reports them; the fixture model computes the same either way (the gate must see the launch differ).
+* ``scoring_skew_nats=x``: its ``prompt_logprobs`` rows (teacher-forced scoring) have every alternative
+  below the top-1 x nats lower, the actual token's too where it is not the top-1; decode rows are right
+  (as :func:`~fakes.backend.scoring_skew`): a scoring path off by x nats at every pair, argmax unmoved.
 * ``drop_leading=S``: the model does not see the first S tokens of a longer prompt (the fixture target
   has 4096 positions; a long-context prompt of 32K tokens is still counted, cached and answered in full:
   ``usage.prompt_tokens``, ``prompt_logprobs`` with a null row for each position left out). The cut is
@@ -103,7 +106,7 @@ class VLLMServer(FakeServer):
                  kv_cache_dtype: str = "auto", fp8_bug: bool = False, max_num_seqs: int | None = None,
                  drop_leading: int | None = None, long_bug_tokens: int | None = None,
                  attention_backend: str | None = None, tensor_parallel_size: int = 1,
-                 pipeline_parallel_size: int = 1):
+                 pipeline_parallel_size: int = 1, scoring_skew_nats: float = 0.0):
         super().__init__(rules=rules, die_after=die_after, refuse=refuse, hang_s=hang_s, trickle_s=trickle_s)
         self.backend = backend or shared_backend()
         self.grammar_rollback_bug = grammar_rollback_bug
@@ -123,6 +126,7 @@ class VLLMServer(FakeServer):
         self.pipeline_parallel_size = pipeline_parallel_size
         self.drop_leading = drop_leading
         self.long_bug_tokens = long_bug_tokens
+        self.scoring_skew_nats = scoring_skew_nats
         #: Prompts the prefix cache holds (generation requests only), and the answers flipped by an arm's bug.
         self._prefix_cache = PrefixCache(PREFIX_BLOCK)
         self.arm_flipped: list[str] = []
@@ -376,6 +380,11 @@ class VLLMServer(FakeServer):
                     result = flipped
                     self.arm_flipped.append(",".join(map(str, full_prompt)))
             rows = self.backend.prompt_rows(prompt, prompt_logprobs) if prompt_logprobs is not None else None
+            if rows is not None and self.scoring_skew_nats:  # every margin against the top-1 grows, argmax kept
+                x = self.scoring_skew_nats
+                rows = [None if r is None else (r[0] - (x if r[1] > 1 else 0.0), r[1],
+                                                [(tid, lp - (x if j else 0.0)) for j, (tid, lp) in enumerate(r[2])])
+                        for r in rows]
             left_out, prompt = len(full_prompt) - len(prompt), full_prompt
             if fault == "short_limit":
                 result = shortened(result)

@@ -312,7 +312,16 @@ def request_body(req: GenerationRequest, facts: Mapping[str, Any]) -> dict[str, 
                          constraint=req.constraint)
 
 
-WIRE = WireFormat("/generate", request_body, per_request=("rid",))
+def score_body(prompt_ids: Sequence[int], continuation_ids: Sequence[int], top_k: int,
+               facts: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``/generate`` body that scores ``continuation_ids`` teacher-forced: prompt + continuation, one
+    new token, logprobs from the last prompt position (:func:`parse_score` reads it); ``facts["rid"]`` as
+    in :func:`request_body`."""
+    return generate_body([*prompt_ids, *continuation_ids], 1, (), top_k, logprob_start_len=len(prompt_ids) - 1,
+                         rid=facts.get("rid"))
+
+
+WIRE = WireFormat("/generate", request_body, per_request=("rid",), score=score_body)
 
 
 def _float_or_nan(value: Any) -> float:
@@ -571,12 +580,10 @@ class SGLangEngine(ServerEngine):
             return TokenScores.empty(top_k)
         if not prompt_ids:
             raise ServerError("cannot score a continuation without at least one prompt token")
-        ids = list(prompt_ids) + list(continuation_ids)
         endpoint = self.scoring_endpoint(prompt_ids)
         with named_errors(endpoint, "scoring answer malformed"):
-            body = endpoint.post_json("/generate", generate_body(ids, 1, (), top_k,
-                                                                 logprob_start_len=len(prompt_ids) - 1,
-                                                                 rid=f"specparity-score-{uuid.uuid4().hex[:12]}"))
+            body = endpoint.post_json(WIRE.path, score_body(prompt_ids, continuation_ids, top_k,
+                                                            {"rid": f"specparity-score-{uuid.uuid4().hex[:12]}"}))
             return parse_score(body, prompt_ids, continuation_ids, top_k)
 
 

@@ -451,7 +451,15 @@ def request_body(req: GenerationRequest, facts: Mapping[str, Any]) -> dict[str, 
                            logprobs=req.top_k, top_k=int(facts["top_k"]), constraint=req.constraint)
 
 
-WIRE = WireFormat("/v1/completions", request_body)
+def score_body(prompt_ids: Sequence[int], continuation_ids: Sequence[int], top_k: int,
+               facts: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``/v1/completions`` body that scores ``continuation_ids`` teacher-forced: prompt + continuation
+    as the prompt, one new token, ``prompt_logprobs`` k (:func:`parse_prompt_logprobs` reads it)."""
+    return completion_body(facts.get("model"), [*prompt_ids, *continuation_ids], 1, (), logprobs=None,
+                           top_k=int(facts["top_k"]), prompt_logprobs=top_k)
+
+
+WIRE = WireFormat("/v1/completions", request_body, score=score_body)
 
 
 def parse_token_key(key: str) -> int:
@@ -791,11 +799,9 @@ class VLLMEngine(ServerEngine):
         if top_k > self.max_logprobs:
             raise ServerError(f"--top-k {top_k} is above the server's --max-logprobs {self.max_logprobs}")
         endpoint = self.scoring_endpoint(prompt_ids)
-        ids = list(prompt_ids) + list(continuation_ids)
         with named_errors(endpoint, "scoring answer malformed"):
-            body = completion_body(self.model_name(endpoint), ids, 1, (), logprobs=None,
-                                   top_k=top_k_disabled(self.version(endpoint)), prompt_logprobs=top_k)
-            answer = endpoint.post_json("/v1/completions", body)
+            body = score_body(prompt_ids, continuation_ids, top_k, self.request_facts(endpoint))
+            answer = endpoint.post_json(WIRE.path, body)
             if self.is_speculative(endpoint):  # the cross-instance scoring: traffic on a speculative server
                 self.traffic.add(answer, 1)
             if not isinstance(answer, dict) or not answer.get("choices"):

@@ -14,22 +14,28 @@ from __future__ import annotations
 import importlib
 import zlib
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 from specparity.model.types import GenerationRequest
 
 #: ``body(request, facts) -> JSON body`` of one greedy generation request.
 BodyBuilder = Callable[[GenerationRequest, Mapping[str, Any]], dict[str, Any]]
+#: ``score(prompt ids, continuation ids, top_k, facts) -> JSON body`` of one teacher-forced scoring request
+#: (posted to the same path): the continuation's rows read from one prefill of prompt + continuation.
+ScoreBuilder = Callable[[Sequence[int], Sequence[int], int, Mapping[str, Any]], dict[str, Any]]
 
 
 @dataclass(frozen=True)
 class WireFormat:
     """Where an adapter posts a generation request and how it builds the body. ``per_request``: body
-    fields the adapter sets afresh for every request (SGLang's ``rid``), which a reproducer leaves out."""
+    fields the adapter sets afresh for every request (SGLang's ``rid``), which a reproducer leaves out.
+    ``score``: the body of its teacher-forced scoring request, for an adapter that scores a whole
+    continuation in one request (None: llama.cpp scores one request per position)."""
 
     path: str
     body: BodyBuilder
     per_request: tuple[str, ...] = ()
+    score: ScoreBuilder | None = None
 
 
 def shard_index(request_id: str, n: int) -> int:
