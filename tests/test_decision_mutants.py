@@ -496,3 +496,21 @@ def test_decide_a_run_that_stopped_early_or_was_interrupted():
     empty = GateRun(None, GateConfig(), [], interrupted=True)
     assert decide(empty).failures == [
         "the run was interrupted (Ctrl-C or SIGTERM); the verdicts below are of the prompts that finished"]
+
+
+def test_decide_hands_over_the_near_tie_budget_its_failure_line_and_the_policy_given():
+    run = _run(["exact"] * 2 + ["near_tie"] * 2)
+    d = decide(run)
+    line = (f"2/4 near-tie prompts (50%) exceed --max-near-tie {DEFAULT_MAX_NEAR_TIE:.0%} (the fixed budget: no flip "
+            "rate was measured)")
+    assert d.failures == [line] and d.near_tie_failure == line and d.flip_expectation is None
+    assert d.near_tie_budget == near_tie_budget(run, {"exact": 2, "near_tie": 2}, GatePolicy(), None)
+    assert d.near_tie_budget.state == "fail" and d.near_tie_budget.numbers["near_tie"] == 2
+    lenient = decide(run, GatePolicy(max_near_tie=0.5))
+    assert lenient.passed and lenient.near_tie_failure is None and lenient.near_tie_budget.state == "ok"
+    assert lenient.near_tie_budget.numbers["allowed"] == 0.5
+    strict = decide(run, GatePolicy(bit_exact=True))
+    assert strict.failures == ["--bit-exact: 2 near-tie flip(s) where bit-exactness is required: p-2, p-3"]
+    # the run's own policy when none is handed over
+    own = _run(["exact"] * 2 + ["near_tie"] * 2, config=GateConfig(policy=GatePolicy(max_near_tie=0.5)))
+    assert decide(own).passed and not decide(own, GatePolicy(max_near_tie=0.25)).passed

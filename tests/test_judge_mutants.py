@@ -1583,7 +1583,7 @@ def test_acceptance_lines_word_every_row_kind_and_the_positions():
 def test_acceptance_lines_with_flagged_prompts_unknown_positions_and_nothing_recorded():
     from specparity.judge.acceptance import ACCEPT_RATE, Row, lines
 
-    clean = [Row("all", 2, 0.5, 0.25, -0.5, 0.0)]
+    clean = [Row("code", 5, 0.5, 0.25, -0.5, 0.0), Row("all", 2, 0.5, 0.25, -0.5, 0.0)]
     c = _comparison(metric=ACCEPT_RATE, clean=clean, flagged={"p3": "a repetition loop"}, positions=None,
                     positions_note="positions unknown: neither run has per-step records")
     assert lines(c, "A", "B") == [
@@ -1593,6 +1593,7 @@ def test_acceptance_lines_with_flagged_prompts_unknown_positions_and_nothing_rec
         *[line.replace("OLD", "A").replace("NEW", "B") for line in _TABLE], "",
         "without the 1 flagged prompt(s) (the rule is applied to this table):",
         "| category | prompts | A | B | Δ (B − A) | 95% interval of Δ | |", "|---|---:|---:|---:|---:|---|---|",
+        "| code | 5 | 0.500 | 0.250 | -0.250 | [-0.500, +0.000] |  |",
         "| all | 2 | 0.500 | 0.250 | -0.250 | [-0.500, +0.000] (not judged: fewer than 5 prompts) |  |", "",
         "flagged prompts (measurement artefacts):", "- p3: a repetition loop", "",
         "positions unknown: neither run has per-step records"]
@@ -1929,18 +1930,42 @@ def test_calibrate_checks_both_scorers_measures_both_noises_and_keeps_every_sett
     ("[nul", "prefix"), ("[n", "prefix"), ("[trux", "invalid"), ("[tx", "invalid"), ("[true false", "invalid"),
     ("true false", "invalid"), ("[false, nulL", "invalid"), ("[xtrue", "invalid"),
     ("-", "prefix"), ("[-", "prefix"), ("[1.5e", "prefix"), ("[1.5e+3, 2", "prefix"), ("[01", "invalid"),
-    ("[-]", "invalid"), ("1 2", "invalid"), ("[1, -2.5]x", "invalid"), ("[1, 2] ,", "invalid"),
+    ("[-]", "invalid"), ("1 2", "invalid"), ("[1E5, 2", "prefix"), ("[2.5E-3", "prefix"), ("[X", "invalid"),
+    ("[1, X", "invalid"), ("[1, -2.5]x", "invalid"), ("[1, 2] ,", "invalid"),
     ('"abc', "prefix"), ('"ab\\', "prefix"), ('"a\\x', "invalid"), ('"\\u12', "prefix"), ('"\\u12G', "prefix"),
     ('["a\tb', "invalid"), ('"a"b', "invalid"), ('{"a\\"b": 1', "prefix"), ('["a"', "prefix"),
     ('"a\nb"', "invalid"), ('"\\"', "prefix"), ('"a" "b"', "invalid"), ('["a", "b\\n', "prefix"),
     ('{"k\x01": 1', "invalid"), ('{"k', "prefix"), ('{"k\\q', "invalid"), ('["\\/\\b\\f\\r\\t\\"\\\\', "prefix"),
-    ('["x\x1f"]', "invalid"), ('["é"', "prefix"), ("[\"a\" , \"b\" ,", "prefix"), ('[{"a": 1}, {', "prefix"),
+    ('["x\x1f"]', "invalid"), ('["\x01a"', "invalid"), ('["\x01a"]', "invalid"), ('["é"', "prefix"), ("[\"a\" , \"b\" ,", "prefix"), ('[{"a": 1}, {', "prefix"),
     ('[{"a": 1} {', "invalid"), ('{"a": "x"}', "complete"), ('{"a": "x\\u00e9"', "prefix"),
 ])
 def test_json_prefix_state_of_every_kind_of_text(text, state):
     from specparity.judge.structured import json_prefix_state
 
-    assert json_prefix_state(text) == state
+    assert _in_bounded_steps(json_prefix_state, text) == state
+
+
+def _in_bounded_steps(fn, *args, budget: int = 100_000):
+    """``fn(*args)``, failing once the Python code under it has run ``budget`` lines: a scanner over a few
+    dozen characters that runs that long does not advance (a count of steps, not of seconds)."""
+    import sys
+
+    steps = 0
+
+    def local(frame, event, arg):
+        nonlocal steps
+        if event == "line":
+            steps += 1
+            if steps > budget:
+                raise AssertionError(f"{fn.__name__} ran {budget} lines on {args!r}: it does not advance")
+        return local
+
+    before = sys.gettrace()
+    sys.settrace(lambda frame, event, arg: local)
+    try:
+        return fn(*args)
+    finally:
+        sys.settrace(before)
 
 
 def test_string_helpers_find_the_closing_quote_and_judge_the_open_part():
@@ -2000,7 +2025,7 @@ def test_hide_forced_rows_hides_only_finite_rows_below_their_argmax():
     nan = np.nan
     s = TokenScores(np.array([5, 7, 9, 3, 4]), np.array([-0.5, -2.0, -1.0, -1.0, nan], np.float32),
                     np.array([[5, 6], [8, 7], [-1, 9], [3, 4], [4, 1]]),
-                    np.array([[-0.5, -3.0], [-0.5, -2.0], [-9.0, -1.0], [-1.0, -1.0], [-0.1, -0.2]], np.float32))
+                    np.array([[-0.5, -3.0], [-0.5, -2.0], [-0.5, -1.0], [-1.0, -1.0], [-0.1, -0.2]], np.float32))
     out = hide_forced_rows(s)
     assert [out.reported(i) for i in range(5)] == [True, False, True, True, False]
     assert np.isnan(out.logprobs[1]) and out.top_ids[1].tolist() == [-1, -1] and np.isnan(out.top_logprobs[1]).all()
@@ -2048,6 +2073,10 @@ def test_judge_constraint_records_both_checks_and_fails_a_broken_one():
                               "problem": f"constraint broken under speculation: the speculative output {why} "
                                          "(the baseline's is valid)"}
     assert bad.klass == "diverged" and bad.reason == f"{bad.constraint['problem']}; a near tie"
+    cut = Verdict("p", "c", "exact", "same")
+    judge_constraint(cut, schema, _constrained([1, 2], "length"), _constrained([1, 2], "length"), decode)
+    truncated = {"status": "truncated", "why": "ended at max_new_tokens before the JSON document closed"}
+    assert cut.constraint == {"kind": "json_schema", "baseline": truncated, "spec": truncated}
     failed = Verdict("p", "c", "error", "engine failed")
     judge_constraint(failed, schema, _constrained([1, 2, 3, 0], "stop"), _constrained([], "error", error="boom"), decode)
     assert failed.constraint == {"kind": "json_schema", "baseline": {"status": "valid", "why": ""}, "spec": None}
@@ -2252,7 +2281,12 @@ def test_paired_interval_is_the_seeded_percentile_bootstrap_of_the_ratio_differe
     assert paired_interval(old, new, seed=3, resamples=500, level=0.8) == _bootstrap(old, new, 3, 500, 0.8)
     assert paired_interval(old[:2], new[:2]) == _bootstrap(old[:2], new[:2])
     assert paired_interval(old[:1], new[:1]) is None and paired_interval([], []) is None
-    assert paired_interval([(0, 0), (0, 0)], [(1, 0), (2, 0)]) is None  # no resample has a finite ratio
+    import warnings
+
+    with warnings.catch_warnings():  # 0/0 and x/0 in a resample are dropped quietly
+        warnings.simplefilter("error")
+        assert paired_interval([(0, 0), (0, 0)], [(1, 0), (2, 0)]) is None  # no resample has a finite ratio
+        assert paired_interval([(0, 0), (2, 1)], [(1, 0), (2, 1)]) == _bootstrap([(0, 0), (2, 1)], [(1, 0), (2, 1)])
 
 
 def test_positions_of_and_prompt_acceptance():
@@ -2272,6 +2306,9 @@ def test_positions_of_and_prompt_acceptance():
     looped = prompt_acceptance("p", "code", stats, [1, 2, 3], [7, 8] * 12)
     assert looped.artefact is not None and "repetition loop" in looped.artefact
     assert prompt_acceptance("p", "code", SpecStats(False), None, [1]) is None
+    prompt = list(range(100, 140))
+    recited = prompt_acceptance("p", "code", stats, prompt, prompt[5:25])
+    assert recited.artefact is not None and "recite" in recited.artefact
 
 
 def test_compare_runs_rows_flags_positions_and_json():
@@ -2297,6 +2334,8 @@ def test_compare_runs_rows_flags_positions_and_json():
     assert c.decided_on is c.clean
     assert [(p.position, p.old, p.new) for p in c.positions] == [(0, (10, 5), (15, 10)), (1, (5, 5), None)]
     assert c.positions_note == "" and c.not_recorded is None
+    back = compare_runs(new, old)  # the old side now has the shorter per-position record
+    assert [(p.position, p.old, p.new) for p in back.positions] == [(0, (15, 10), (10, 5)), (1, None, (5, 5))]
     j = c.to_json()
     assert {k: j[k] for k in ("metric", "old", "new", "rule", "not_recorded", "flagged", "failures", "notes",
                               "resamples", "seed", "level")} == {
@@ -2328,9 +2367,23 @@ def test_compare_runs_without_counters_on_a_side_or_in_common():
     gone = compare_runs(AcceptanceSet("v1", missing="baselines only"), AcceptanceSet("v2", missing="no counters"))
     assert gone.not_recorded == "acceptance not recorded — v1: baselines only; v2: no counters"
     assert (gone.rows, gone.clean, gone.flagged, gone.positions, gone.notes) == ([], [], {}, None, [])
+    assert (gone.metric, gone.old_label, gone.new_label) == ("accept_length", "v1", "v2")
+    rate = compare_runs(AcceptanceSet("v1", missing="x"), AcceptanceSet("v2"), metric="acceptance_rate")
+    assert (rate.metric, rate.not_recorded) == ("acceptance_rate", "acceptance not recorded — v1: x")
     apart = compare_runs(_acc_set("v1", {"a": (4, 2, 1)}), _acc_set("v2", {"b": (4, 2, 1), "c": (4, 2, 1)}))
     assert apart.not_recorded == "acceptance not comparable — no prompt has counters on both sides"
     assert apart.notes == ["3 prompt(s) with acceptance on one side only are left out"] and apart.rows == []
+    assert (apart.metric, apart.old_label, apart.new_label) == ("accept_length", "v1", "v2")
+    assert (apart.clean, apart.flagged, apart.positions) == ([], {}, None)
+    assert compare_runs(_acc_set("v1", {"a": (4, 2, 1)}), _acc_set("v2", {"b": (4, 2, 1)}),
+                        metric="acceptance_rate").metric == "acceptance_rate"
+
+
+def test_a_ratio_of_no_denominator_is_unknown():
+    from specparity.judge.acceptance import _ratio
+
+    assert _ratio([]) is None and _ratio([(0, 0), (3, 0)]) is None
+    assert _ratio([(3, 2), (1, 2)]) == 1.0 and _ratio([(0, 4)]) == 0.0
 
 
 def _baseline_record(pid, ids, rows=None, finish="length", limit=6, stops=(0,), error=None, request=True):
@@ -2399,3 +2452,96 @@ def test_greedy_refusal_counts_positions_and_prompts_beyond_the_tolerance():
     assert "at 1 position(s) of 1 of 2 prompt(s)" in greedy_refusal([sampled, also], 0.8)
     assert greedy_refusal([good, failed], 0.25) is None
     assert baseline_refusal([sampled], 0.25) == greedy_refusal([sampled], 0.25)
+
+
+# --- the comparison's building blocks (judge/compare.py) ----------------------------------------------------
+
+def test_first_mismatch_of_equal_prefix_and_differing_streams():
+    from specparity.judge.compare import first_mismatch
+
+    assert first_mismatch([1, 2, 3], [1, 2, 3]) is None and first_mismatch([], []) is None
+    assert first_mismatch([1, 2, 3], [1, 9, 3]) == 1 and first_mismatch([5], [6]) == 0
+    assert first_mismatch([1, 2], [1, 2, 3]) == 2 and first_mismatch([1, 2, 3], [1, 2]) == 2
+    assert first_mismatch([], [4]) == 0 and first_mismatch([1, 2, 3, 4], [1, 2, 3, 5]) == 3
+    assert first_mismatch([2**40, 1], [2**40, 2]) == 1
+
+
+def test_measure_drift_counts_positions_over_the_bound_up_to_the_split():
+    from specparity.judge.compare import measure_drift
+
+    ids = [1, 2, 3, 4, 5]
+    base = _c_rows(ids, margins={i: 1.0 for i in range(5)})
+    spec = _c_rows(ids, margins={0: 1.0, 1: 1.25, 2: 1.5, 3: 1.0, 4: 3.0}, unreported=(3,))
+    d = measure_drift(base, spec, 5, 0.25)
+    assert (d.bound, d.max_nats, d.start, d.over, d.checked) == (0.25, 2.0, 2, 2, 4)
+    d = measure_drift(base, spec, 3, 0.25)  # positions 0..2 only
+    assert (d.max_nats, d.start, d.over, d.checked) == (0.5, 2, 1, 3)
+    d = measure_drift(base, spec, 5, 0.5)  # exactly the bound is within it
+    assert (d.max_nats, d.start, d.over, d.checked) == (2.0, 4, 1, 4)
+    d = measure_drift(base, spec, 2, 0.5)
+    assert (d.max_nats, d.start, d.over, d.checked) == (0.25, None, 0, 2)
+    hidden = _c_rows(ids, unreported=range(5))
+    d = measure_drift(base, hidden, 5, 0.25)
+    assert (d.bound, d.max_nats, d.start, d.over, d.checked) == (0.25, None, None, 0, 0)
+    assert measure_drift(base, spec, 0, 0.25).checked == 0
+
+
+def test_tf_violations_and_own_row_rejections_with_their_margins():
+    from specparity.judge.compare import own_row_rejections, tf_violations
+
+    ids = [1, 2, 3, 4, 5, 6]
+    rows = _c_rows(ids, margins={1: 0.5, 2: 2.0, 4: 1e-6, 5: 0.75}, chosen={1: 9, 2: 8, 4: 7, 5: 9})
+    rows.token_ids[5] = -1  # the row did not score the token: no margin
+    got = [(v.position, v.spec_token, v.target_argmax, v.margin) for v in tf_violations(ids, rows)]
+    assert got == [(1, 2, 9, 0.5), (2, 3, 8, 2.0), (4, 5, 7, pytest.approx(1e-6, abs=1e-7)), (5, 6, 9, None)]
+    assert [v.position for v in tf_violations(ids, rows, start=2)] == [2, 4, 5]
+    assert tf_violations(ids, rows, start=6) == [] and tf_violations(ids[:1], rows) == []
+    assert tf_violations(ids, _c_rows(ids)) == []
+    nan_row = _c_rows(ids, margins={3: 1.0}, chosen={3: 9})
+    nan_row.logprobs[3] = np.nan
+    assert [(v.position, v.margin) for v in tf_violations(ids, nan_row)] == [(3, None)]
+    assert [(v.position, v.margin) for v in tf_violations(ids[:4], rows)] == [(1, 0.5), (2, 2.0)]
+    # the row that chose the token: only margins above the tolerance, only rows holding the token's logprob
+    assert [(v.position, v.margin) for v in own_row_rejections(ids, rows)] == [(1, 0.5), (2, 2.0)]
+    assert [v.position for v in own_row_rejections(ids, rows, tolerance=0.5)] == [2]
+    assert [v.position for v in own_row_rejections(ids, rows, tolerance=1e-7)] == [1, 2, 4]
+    unreported = _c_rows(ids, margins={1: 0.5}, chosen={1: 9}, unreported=(1,))
+    assert own_row_rejections(ids, unreported) == [] and own_row_rejections([], rows) == []
+    no_top = _c_rows(ids, margins={1: 0.5}, chosen={1: 9})
+    no_top.top_ids[1, 0] = -1
+    assert own_row_rejections(ids, no_top) == []
+    assert [v.position for v in own_row_rejections(ids[:2], rows)] == [1]
+
+
+def test_finish_and_stream_problems_word_for_word():
+    from specparity.judge.compare import _stream_problem, finish_problem, stop_rule_problem
+
+    assert finish_problem(_c_stream([1], _c_rows([1]), "abort")) == (
+        "the engine broke the protocol: finish_reason 'abort' for a finished stream (expected 'stop' or 'length')")
+    assert finish_problem(_c_stream([], _c_rows([]), "stop")) == (
+        "the engine broke the protocol: finish_reason 'stop' with no token (a finished stream holds the stop token "
+        "it ended on, or max_new_tokens >= 1 tokens)")
+    assert finish_problem(_c_stream([1], _c_rows([1]), "length")) is None
+    assert finish_problem(_c_stream([0], _c_rows([0]), "stop")) is None
+    stops = {0, 7}
+    assert _stream_problem(_c_stream([1, 2, 3], _c_rows([1, 2, 3])), 2, stops) == (
+        "emitted 3 tokens, more than max_new_tokens=2")
+    assert _stream_problem(_c_stream([1, 7, 3, 4], _c_rows([1, 7, 3, 4])), 6, stops) == (
+        "continued past stop token 7 at position 1 (2 tokens after it)")
+    assert _stream_problem(_c_stream([1, 2, 0], _c_rows([1, 2, 0]), "stop"), 6, stops) is None
+    assert _stream_problem(_c_stream([1, 2, 0], _c_rows([1, 2, 0]), "length"), 3, stops) is None
+    assert _stream_problem(_c_stream([1, 2], _c_rows([1, 2]), "stop"), 6, stops) == (
+        "finish_reason is 'stop' but the last token is not a stop token")
+    assert _stream_problem(_c_stream([], _c_rows([]), "stop"), 6, stops) == (
+        "finish_reason is 'stop' but the last token is not a stop token")
+    assert _stream_problem(_c_stream([1, 2], _c_rows([1, 2]), "length"), 6, stops) == (
+        "finish_reason is 'length' but only 2 of max_new_tokens=6 tokens were emitted")
+    assert _stream_problem(_c_stream([1, 2], _c_rows([1, 2]), "length"), 2, stops) is None
+    assert _stream_problem(_c_stream([1, 2], _c_rows([1, 2]), "error"), 6, stops) is None
+    assert stop_rule_problem(_c_stream([], _c_rows([]), "stop"), 6, [7, 0]) == (
+        "finish_reason is 'stop' but the last token is not a stop token; it ends with no token (finish 'stop', 0 of "
+        "max_new_tokens=6); stop set [0, 7]")
+    assert stop_rule_problem(_c_stream([1, 2], _c_rows([1, 2]), "stop"), 6, [0], _decode) == (
+        "finish_reason is 'stop' but the last token is not a stop token; it ends with token 2 '<2>' (finish 'stop', "
+        "2 of max_new_tokens=6); stop set [0]")
+    assert stop_rule_problem(_c_stream([1, 0], _c_rows([1, 0]), "stop"), 6, [0]) is None
