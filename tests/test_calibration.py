@@ -187,3 +187,23 @@ def test_threshold_and_drift_floor_cover_float32_resolution():
     t = derive_threshold(NoiseStats(0.0, 0.0, 201, 1407))
     assert t.nats == FLOOR_NATS and t.drift_nats == FLOOR_NATS
     assert FLOOR_NATS > 2 * float(np.spacing(np.float32(40.0)))
+
+
+def test_the_widest_difference_names_the_largest_margin_change_and_breaks_ties_by_prompt_id():
+    """The spot a calibration reproducer sends again: the largest |Δmargin| of the comparisons asked for;
+    of equal ones the first prompt by id whatever the order the samples came in, then the first position."""
+    from specparity.judge.calibration import Sample, widest_difference
+    from specparity.model.types import TokenScores
+
+    def rows(shift: float, at: int) -> TokenScores:
+        """Four positions, each choosing token i with logprob 0 against token 9 at -5 (``shift`` lower at ``at``)."""
+        top_lp = np.array([[0.0, -5.0 - (shift if i == at else 0.0)] for i in range(4)], np.float32)
+        top_ids = np.array([[i, 9] for i in range(4)])
+        return TokenScores(np.arange(4), top_lp[:, 0].copy(), top_ids, top_lp)
+
+    base = rows(0.0, 0)
+    samples = [Sample("b", [0, 1, 2, 3], base, base, rows(3.0, 2)), Sample("a", [0, 1, 2, 3], base, rows(1.0, 1), rows(3.0, 3))]
+    assert widest_difference(samples) == {"prompt_id": "a", "position": 3, "delta_nats": 3.0, "between": "cross"}
+    assert widest_difference(samples, ("within",)) == {"prompt_id": "a", "position": 1, "delta_nats": 1.0,
+                                                       "between": "within"}
+    assert widest_difference([Sample("a", [0], base, base, None)], ("cross",)) is None

@@ -163,6 +163,29 @@ def cross_instance_noise(samples: Sequence[Sample], window: float | None = None)
     return stats
 
 
+def widest_difference(samples: Sequence[Sample], between: Sequence[str] = ("cross", "within")) -> dict[str, Any] | None:
+    """Where two scorings of the same tokens differ most, in the comparisons ``between`` (keys of
+    :data:`specparity.model.cross_instance.COMPARISONS`): ``{"prompt_id", "position", "delta_nats", "between"}`` of the largest
+    |Δmargin|; of equal ones the first prompt by id, then the first position (None: no position was
+    scored twice). A reproducer of a calibration problem sends the two scorings of that spot again."""
+    best: tuple[float, str, int, str] | None = None
+    for s in sorted(samples, key=lambda s: s.prompt_id):
+        pairs = {"cross": (s.teacher_forced, s.spec_side), "within": (s.decoded, s.teacher_forced)}
+        for name in between:
+            a, b = pairs[name]
+            if b is None:
+                continue
+            deltas = position_deltas(a, b)
+            if deltas.size == 0 or not np.isfinite(deltas).any():
+                continue
+            i = int(np.nanargmax(deltas))
+            if best is None or float(deltas[i]) > best[0]:
+                best = (float(deltas[i]), s.prompt_id, i, name)
+    if best is None:
+        return None
+    return {"prompt_id": best[1], "position": best[2], "delta_nats": best[0], "between": best[3]}
+
+
 def largest_at(samples: Sequence[Sample]) -> str | None:
     """"PROMPT position N" of the largest |Δmargin| between a sample's teacher-forced rows on the two
     servers: where a reader reproduces the difference (both servers scoring that prompt's baseline)."""

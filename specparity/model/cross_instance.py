@@ -67,6 +67,13 @@ class CrossFigure:
         return f"{self.cross:.3g} vs {self.within:.3g} ({self.what}; {self.cap:.3g})"
 
 
+#: The two comparisons a calibration makes, in words: which rows, from which server (a calibration
+#: problem's spot names one, :func:`specparity.judge.calibration.widest_difference`).
+COMPARISONS = {
+    "cross": "the baseline's tokens scored teacher-forced on the baseline server and on the speculative server",
+    "within": "the baseline server's own decode rows and its teacher-forced scoring of the same tokens",
+}
+
 #: What decides a server's numerics, for the advice a finding gives.
 NUMERICS = "dtype, quantization, KV cache dtype, attention backend, tensor-parallel size"
 

@@ -250,6 +250,10 @@ class GateRun:
     #: Why the gate could not be calibrated (scorer refused, threshold above the ceiling): nothing
     #: was judged, and the engine or its scorer is to blame, not the speculative loop.
     calibration_error: str | None = None
+    #: Where the two scorings behind a calibration problem (a refusal, or a cross-instance finding) differ
+    #: most, among the selected prompts (:func:`specparity.judge.calibration.widest_difference`): what the
+    #: report's ``reproducers/calibration/`` sends again. None without such a problem.
+    calibration_spot: dict[str, Any] | None = None
     #: The scorer check's findings (:class:`specparity.judge.calibration.ScorerCheck`), as JSON.
     scorer_check: dict[str, Any] | None = None
     #: Why the golden could not be used (missing, another fingerprint, unreadable): nothing was

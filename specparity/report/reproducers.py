@@ -343,7 +343,7 @@ def planned(run: GateRun) -> Reproducers:
     out = Reproducers()
     engine = run.fingerprint.engine if run.fingerprint is not None else ""
     wire, found = wire_format(engine), scorer_repro.problem(run)
-    spot = scorer_repro.find_spot(run, found.between) if found and wire is not None and wire.score is not None else None
+    spot = scorer_repro.find_spot(run) if found and wire is not None and wire.score is not None else None
     calibration = ([Reproducer(spot.prompt_id, "calibration", f"{REPRODUCERS}/{scorer_repro.FOLDER}", "server")]
                    if spot is not None else [])
     if run.calibration_error:
@@ -363,7 +363,7 @@ def write_calibration(run: GateRun, folder: Path) -> str:
     """Write the calibration problem's reproducer into ``folder`` (removed again if a write fails)."""
     found = scorer_repro.problem(run)
     assert found is not None and run.fingerprint is not None
-    spot = scorer_repro.find_spot(run, found.between)
+    spot = scorer_repro.find_spot(run)
     assert spot is not None
     req = request_of(spot.record, run)
     servers = side_servers(run, run.fingerprint.engine, req)

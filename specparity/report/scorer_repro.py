@@ -6,9 +6,10 @@ speculative server's rows differ from the baseline server's by more than the all
 instances (a calibration finding), the prompts are judged but the finding has no prompt of its own.
 What an engine developer needs in both cases is the measurement itself: the baseline's tokens scored teacher-forced on the
 baseline server and on the speculative one (the cross-instance rows), or the baseline server's own
-decode and teacher-forced rows — at the output position where their margins differ most. That spot is
-found in the journal's rows (``PromptRecord.baseline`` / ``baseline_tf`` / ``cross_tf``), so ``specparity
-report DIR`` writes the same files; the requests are rebuilt by the adapter's own wire format
+decode and teacher-forced rows — at the output position where their margins differ most. The run finds
+that spot (:func:`specparity.judge.calibration.widest_difference`) and journals it on its threshold or
+refusal line (``GateRun.calibration_spot``), so ``specparity report DIR`` writes the same files; the
+requests are rebuilt by the adapter's own wire format
 (:mod:`specparity.engines.server.wire`). Engines that score one request per position (llama.cpp) or
 run in-process get none.
 """
@@ -19,27 +20,20 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
 from specparity.engines.server.wire import WireFormat
-from specparity.judge.noise import position_deltas
+from specparity.model.cross_instance import COMPARISONS
 from specparity.model.gate_run import GateRun, PromptRecord
 from specparity.model.types import GenerationRequest
 from specparity.report import repro_scripts
 
 #: The folder under ``reproducers/`` (a prompt id is never this: folder names of prompts are their ids).
 FOLDER = "calibration"
-#: The two comparisons the calibration measures, in words: which rows, from which server.
-BETWEEN = {
-    "cross": "the baseline's tokens scored teacher-forced on the baseline server and on the speculative server",
-    "within": "the baseline server's own decode rows and its teacher-forced scoring of the same tokens",
-}
 
 
 @dataclass(frozen=True)
 class ScorerSpot:
     """Where two scorings of the same tokens differ most: the prompt, the output position, the largest
-    |Δmargin| there (nats) and which comparison (a key of :data:`BETWEEN`)."""
+    |Δmargin| there (nats) and which comparison (a key of :data:`COMPARISONS`)."""
 
     record: PromptRecord
     position: int
@@ -52,54 +46,43 @@ class ScorerSpot:
 
     def describe(self) -> str:
         return (f"{self.prompt_id} output position {self.position}: |Δmargin| {self.delta:.4g} nats between "
-                f"{BETWEEN[self.between]}")
+                f"{COMPARISONS[self.between]}")
 
 
 @dataclass(frozen=True)
 class Problem:
-    """What the calibration ran into: the comparisons that show it, the figure the measurement is held
-    against (nats) and that figure's name, and a title."""
+    """What the calibration ran into: the figure the measurement is held against (nats), that figure's
+    name, and a title."""
 
-    between: tuple[str, ...]
     limit: float
     limit_words: str
     title: str
 
 
 def problem(run: GateRun) -> Problem | None:
-    """A refused calibration (either comparison, against the ceiling), or a cross-instance finding (the
-    cross comparison, against the smallest allowance it exceeds); None when the calibration had neither."""
+    """A refused calibration (held against the ceiling), or a cross-instance finding (against the smallest
+    allowance it exceeds); None when the calibration had neither."""
     if run.calibration_error:
-        return Problem(("cross", "within"), float(run.config.near_tie_ceiling),
+        return Problem(float(run.config.near_tie_ceiling),
                        "the near-tie ceiling the gate refused to calibrate beyond", "the refused calibration")
     t = run.threshold
     if t is not None and t.cross_finding():
         cap = min(f.cap for f in t.cross_figures() if f.excess)
-        return Problem(("cross",), float(cap), "the allowance for two server instances, which the finding exceeds",
+        return Problem(float(cap), "the allowance for two server instances, which the finding exceeds",
                        "the speculative server's rows beyond the allowance")
     return None
 
 
-def find_spot(run: GateRun, between: tuple[str, ...] = ("cross", "within")) -> ScorerSpot | None:
-    """The largest |Δmargin| over the selected prompts whose request and rows the journal holds, in the
-    comparisons ``between``; of equal ones the first prompt by id (a run journals its prompts in the order
-    they finished), then the first position; None when no position was scored twice."""
-    best: ScorerSpot | None = None
-    for rec in sorted(run.records, key=lambda r: r.prompt.id):
-        if rec.request is None or rec.baseline is None or rec.baseline_tf is None:
-            continue
-        pairs = {"cross": (rec.baseline_tf, rec.cross_tf), "within": (rec.baseline.scores, rec.baseline_tf)}
-        for name in between:
-            a, b = pairs[name]
-            if b is None:
-                continue
-            deltas = position_deltas(a, b)
-            if deltas.size == 0 or not np.isfinite(deltas).any():
-                continue
-            i = int(np.nanargmax(deltas))
-            if best is None or float(deltas[i]) > best.delta:
-                best = ScorerSpot(rec, i, float(deltas[i]), name)
-    return best
+def find_spot(run: GateRun) -> ScorerSpot | None:
+    """The journalled spot of the calibration's problem (``GateRun.calibration_spot``) with its prompt's
+    record; None when the run has none, or the journal lacks that prompt's request or baseline."""
+    spot = run.calibration_spot
+    if not spot:
+        return None
+    rec = next((r for r in run.records if r.prompt.id == spot.get("prompt_id")), None)
+    if rec is None or rec.request is None or rec.baseline is None or spot.get("between") not in COMPARISONS:
+        return None
+    return ScorerSpot(rec, int(spot["position"]), float(spot["delta_nats"]), str(spot["between"]))
 
 
 def reads(spot: ScorerSpot, req: GenerationRequest, wire: WireFormat, servers: tuple[tuple[str, dict], ...],

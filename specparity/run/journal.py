@@ -206,9 +206,11 @@ def load_run(path: str | Path, journal: Journal | None = None) -> GateRun:
     if "threshold" in journal.last and journal.last["threshold"].get("nats") is not None:
         run.threshold = NearTieThreshold.from_json(journal.last["threshold"])
         run.scorer_check = journal.last["threshold"].get("scorer_check")
+        run.calibration_spot = journal.last["threshold"].get("spot")
     if "calibration_refused" in journal.segment_kinds:
         run.calibration_error = journal.last["calibration_refused"]["error"]
         run.scorer_check = journal.last["calibration_refused"].get("scorer_check")
+        run.calibration_spot = journal.last["calibration_refused"].get("spot")
     agg = journal.last.get("aggregate_counters")
     if agg is not None:
         if agg.get("error"):

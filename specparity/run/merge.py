@@ -39,7 +39,8 @@ from specparity.model.types import Fingerprint, GenerationRequest, SpecStats, To
 from specparity.model.verdicts import Verdict
 from specparity.run.golden import VOLATILE_EXTRA, describe_difference
 from specparity.run.journal import JOURNAL, RESULTS_SCHEMA, Journal, JournalError, load_run, read_journal
-from specparity.run.runner import ResultsWriter, calibration_label, calibration_measured, cross_failure_note, judge_prompt
+from specparity.run.runner import (ResultsWriter, calibration_label, calibration_measured, calibration_spot,
+                                   cross_failure_note, judge_prompt)
 
 #: Run settings every shard must share (else their prompts answer other requests, or their noise is
 #: another measurement), with the flag that sets each.
@@ -341,6 +342,7 @@ def _recalibrate(run: GateRun, parts: Sequence[Part], owners: dict[str, Part], m
         run.scorer_check = check.to_json()
     except (CalibrationError, ValueError) as exc:
         run.calibration_error = str(exc)
+    run.calibration_spot = calibration_spot(run, samples)
 
 
 def _same_threshold(a: NearTieThreshold | None, b: NearTieThreshold) -> bool:
@@ -428,9 +430,11 @@ def _write_journal(run: GateRun, parts: Sequence[Part], owners: dict[str, Part],
             if line is not None:
                 writer.write(line)
         if run.threshold is not None and run.calibration_error is None:
-            writer.write({"kind": "threshold", **run.threshold.to_json(), "scorer_check": run.scorer_check})
+            writer.write({"kind": "threshold", **run.threshold.to_json(), "scorer_check": run.scorer_check,
+                          "spot": run.calibration_spot})
         else:
-            writer.write({"kind": "calibration_refused", "error": run.calibration_error, "scorer_check": run.scorer_check})
+            writer.write({"kind": "calibration_refused", "error": run.calibration_error, "scorer_check": run.scorer_check,
+                          "spot": run.calibration_spot})
         for rec in run.records:
             writer.write(rec.to_json())
         if run.counters_error:

@@ -30,7 +30,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 from typing import IO, Any, Callable, Iterable, Iterator, Sequence, TypeVar
 
-from specparity.judge.calibration import Sample, calibrate
+from specparity.judge.calibration import Sample, calibrate, widest_difference
 from specparity.judge.baseline_checks import baseline_refusal
 from specparity.judge.compare import compare, finish_problem, first_mismatch
 from specparity.model.verdicts import Verdict
@@ -554,6 +554,19 @@ def calibration_measured(run: GateRun) -> list[PromptRecord]:
     return [r for r in pool if r.baseline is not None and not r.baseline.error and r.baseline_tf is not None]
 
 
+def calibration_spot(run: GateRun, samples: Sequence[Sample]) -> dict[str, Any] | None:
+    """Where the two scorings behind the calibration's problem differ most, among the selected prompts
+    (their requests are journalled, so a reproducer can send them again): both comparisons for a refused
+    calibration, the cross-instance one for a finding; None without a problem."""
+    selected = {r.prompt.id for r in run.records}
+    chosen = [s for s in samples if s.prompt_id in selected]
+    if run.calibration_error:
+        return widest_difference(chosen)
+    if run.threshold is not None and run.threshold.cross_finding():
+        return widest_difference(chosen, ("cross",))
+    return None
+
+
 def _calibrate(run: GateRun, scorer: Scorer, writer: ResultsWriter, say: Callable[[str], None]) -> bool:
     """Measure the noise on the calibration set, check the scorer, derive the threshold.
 
@@ -580,15 +593,19 @@ def _calibrate(run: GateRun, scorer: Scorer, writer: ResultsWriter, say: Callabl
                                          override=config.near_tie_nats, label=calibration_label(run, len(measured)),
                                          cross_note=cross_note)
         run.scorer_check = check.to_json()
+        run.calibration_spot = calibration_spot(run, samples)
     except (CalibrationError, ValueError) as exc:  # ValueError: no position was scored both ways
         run.calibration_error = str(exc)
-        writer.write({"kind": "calibration_refused", "error": run.calibration_error, "scorer_check": run.scorer_check})
+        run.calibration_spot = calibration_spot(run, samples)
+        writer.write({"kind": "calibration_refused", "error": run.calibration_error, "scorer_check": run.scorer_check,
+                      "spot": run.calibration_spot})
         for rec in run.records:
             rec.verdict = Verdict(rec.prompt.id, rec.prompt.category, "error", f"not judged: {exc}")
             writer.write(rec.to_json())
         say(f"calibration refused: {exc}")
         return False
-    writer.write({"kind": "threshold", **run.threshold.to_json(), "scorer_check": run.scorer_check})
+    writer.write({"kind": "threshold", **run.threshold.to_json(), "scorer_check": run.scorer_check,
+                  "spot": run.calibration_spot})
     say(f"near-tie threshold: {run.threshold.describe()}")
     return True
 
