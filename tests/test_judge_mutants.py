@@ -1841,6 +1841,16 @@ def test_check_scorer_counts_clear_positions_disagreements_and_shifts():
     # the stream, the decode rows and the scorer's rows are cut to the shortest of the three
     short = Sample("s", s.output_ids[:3], s.decoded, s.teacher_forced)
     assert check_scorer([short], 2.0).disagreements == 1
+    cut_rows = [Sample("d", s.output_ids, TokenScores(s.decoded.token_ids[:3], s.decoded.logprobs[:3],
+                                                      s.decoded.top_ids[:3], s.decoded.top_logprobs[:3]), s.teacher_forced),
+                Sample("t", s.output_ids, s.decoded, TokenScores(s.teacher_forced.token_ids[:3],
+                                                                 s.teacher_forced.logprobs[:3],
+                                                                 s.teacher_forced.top_ids[:3],
+                                                                 s.teacher_forced.top_logprobs[:3]))]
+    assert [check_scorer([c], 2.0).disagreements for c in cut_rows] == [1, 1]
+    single = Sample("k0", [7], scores([7], [[7, 1]], [[-0.125, -3.125]]), scores([7], [[6, 7]], [[-0.1, -0.2]],
+                                                                                 logprobs=[-0.2]))
+    assert (check_scorer([single], 2.0).disagreements, check_scorer([single], 2.0).clear_positions) == (1, 1)
     one = Sample("k1", [5], scores([5], [[5]], [[-0.1]]), scores([5], [[6]], [[-0.1]]))
     assert check_scorer([one], 0.0).clear_positions == 0  # one alternative: no margin, nothing clear
 
@@ -1931,7 +1941,8 @@ def test_calibrate_checks_both_scorers_measures_both_noises_and_keeps_every_sett
     ("true false", "invalid"), ("[false, nulL", "invalid"), ("[xtrue", "invalid"),
     ("-", "prefix"), ("[-", "prefix"), ("[1.5e", "prefix"), ("[1.5e+3, 2", "prefix"), ("[01", "invalid"),
     ("[-]", "invalid"), ("1 2", "invalid"), ("[1E5, 2", "prefix"), ("[2.5E-3", "prefix"), ("[X", "invalid"),
-    ("[1, X", "invalid"), ("[1, -2.5]x", "invalid"), ("[1, 2] ,", "invalid"),
+    ("[1, X", "invalid"), ("[[]x", "invalid"), ("[[] x", "invalid"), ('["a" x', "invalid"), ("[,", "invalid"),
+    ('{"a": }', "invalid"), ("[{}x", "invalid"), ("[{} x", "invalid"), ("[1, -2.5]x", "invalid"), ("[1, 2] ,", "invalid"),
     ('"abc', "prefix"), ('"ab\\', "prefix"), ('"a\\x', "invalid"), ('"\\u12', "prefix"), ('"\\u12G', "prefix"),
     ('["a\tb', "invalid"), ('"a"b', "invalid"), ('{"a\\"b": 1', "prefix"), ('["a"', "prefix"),
     ('"a\nb"', "invalid"), ('"\\"', "prefix"), ('"a" "b"', "invalid"), ('["a", "b\\n', "prefix"),
@@ -2240,10 +2251,14 @@ def test_self_draft_report_sorts_rejections_by_margin_and_counts_what_it_judged(
     totals = GenerationResult("p", ids, "", "length", base.scores, SpecStats(True, proposed=9, accepted=5,
                                                                               verify_steps=3))
     none = GenerationResult("p", ids, "", "length", base.scores, SpecStats(False))
-    rep = self_draft_report([("p", base, totals, exact), ("q", base, none, exact)], engine="e", dtype="d",
-                            threshold=0.01, drift_bound=0.1)
+    rep = self_draft_report([("q", base, none, exact), ("p", base, totals, exact), ("r", base, totals, exact)],
+                            engine="hf", dtype="bf16", threshold=0.01, drift_bound=0.1)
     assert (rep.located, rep.reported, rep.proposed, rep.accepted, rep.verify_steps, rep.prompts, rep.tokens) == (
-        False, False, 9, 5, 3, 2, 16)
+        False, False, 18, 10, 6, 3, 24)
+    assert (rep.engine, rep.dtype, rep.classes) == ("hf", "bf16", {"exact": 3})
+    rep = self_draft_report([("p", base, spec, exact), ("q", base, spec, exact)], engine="e", dtype="d",
+                            threshold=0.01, drift_bound=0.1)
+    assert (rep.verify_steps, rep.accepted, rep.proposed, len(rep.rejections)) == (8, 8, 26, 8)
     # the margin: a row past the end, an unreported row and a row of one alternative have none
     assert _margin(base, 8) is None and _margin(base, 2) == 0.0078125 and _margin(base, 7) == 5.0
     assert _margin(_inv_result(ids, [], k=1), 2) is None
@@ -2511,6 +2526,11 @@ def test_tf_violations_and_own_row_rejections_with_their_margins():
     no_top.top_ids[1, 0] = -1
     assert own_row_rejections(ids, no_top) == []
     assert [v.position for v in own_row_rejections(ids[:2], rows)] == [1]
+    first = _c_rows(ids, margins={0: 0.5}, chosen={0: 9})  # the first position is checked by default
+    assert [(v.position, v.margin) for v in tf_violations(ids, first)] == [(0, 0.5)]
+    assert tf_violations(ids, first, start=1) == []
+    zero = _c_rows(ids, margins={3: 0.5}, chosen={3: 0})  # token id 0 is a real token
+    assert [(v.position, v.target_argmax, v.margin) for v in own_row_rejections(ids, zero)] == [(3, 0, 0.5)]
 
 
 def test_finish_and_stream_problems_word_for_word():

@@ -34,6 +34,18 @@ except (OSError, KeyError, ValueError):
     covered = set()
 total = collections.Counter()
 survivors = []
+for meta in sorted(glob.glob("mutants/specparity/**/*.py.meta", recursive=True)):  # per file first
+    codes = json.load(open(meta))["exit_code_by_key"]
+    if not codes:
+        continue
+    words = collections.Counter()
+    for key, code in codes.items():
+        if code == 33 and key.rsplit("__mutmut_", 1)[0] in covered:
+            code = None
+        words[WORDS.get(code, "timeout" if code in (-24, 24, 36, -9) else f"exit {code}")] += 1
+    ran = sum(n for w, n in words.items() if w != "not run")
+    print(f"  {meta[len('mutants/specparity/'):-len('.meta')]:32} {len(codes):4} mutants, {ran:4} run, "
+          f"{words['killed'] + words['timeout']:4} killed ({words['timeout']} by timeout), {words['survived']} survived")
 for name, prefix in PARTS.items():
     counts = collections.Counter()
     for meta in sorted(glob.glob("mutants/specparity/**/*.py.meta", recursive=True)):
