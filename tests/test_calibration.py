@@ -207,3 +207,22 @@ def test_the_widest_difference_names_the_largest_margin_change_and_breaks_ties_b
     assert widest_difference(samples, ("within",)) == {"prompt_id": "a", "position": 1, "delta_nats": 1.0,
                                                        "between": "within"}
     assert widest_difference([Sample("a", [0], base, base, None)], ("cross",)) is None
+
+
+def test_the_widest_difference_looks_past_a_comparison_it_cannot_make():
+    """A sample without the speculative side's rows, or whose two rows share no alternative, still has
+    its other comparison looked at; a one-position stream is a spot; rows that share nothing are none."""
+    from specparity.judge.calibration import Sample, widest_difference
+    from specparity.model.types import TokenScores
+
+    def rows(n: int, shift: float = 0.0, alt: int = 9) -> TokenScores:
+        top_lp = np.array([[0.0, -5.0 - shift]] * n, np.float32)
+        return TokenScores(np.arange(n), top_lp[:, 0].copy(), np.array([[i, alt] for i in range(n)]), top_lp)
+
+    within_only = Sample("a", [0, 1], rows(2), rows(2, 1.5), None)
+    assert widest_difference([within_only]) == {"prompt_id": "a", "position": 0, "delta_nats": 1.5, "between": "within"}
+    unshared = Sample("a", [0, 1], rows(2), rows(2, 1.5), rows(2, alt=8))  # cross rows share no alternative
+    assert widest_difference([unshared])["between"] == "within"
+    assert widest_difference([unshared], ("cross",)) is None
+    one = Sample("a", [0], rows(1), rows(1), rows(1, 2.0))
+    assert widest_difference([one]) == {"prompt_id": "a", "position": 0, "delta_nats": 2.0, "between": "cross"}
