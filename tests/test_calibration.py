@@ -226,3 +226,35 @@ def test_the_widest_difference_looks_past_a_comparison_it_cannot_make():
     assert widest_difference([unshared], ("cross",)) is None
     one = Sample("a", [0], rows(1), rows(1), rows(1, 2.0))
     assert widest_difference([one]) == {"prompt_id": "a", "position": 0, "delta_nats": 2.0, "between": "cross"}
+
+
+def _varying(tokens):
+    """Rows of ``tokens`` whose margins differ from row to row (a channel that varies like a model's)."""
+    return _rows(tokens, [5.0 + 0.01 * i for i in range(len(tokens))])
+
+
+def test_calibrate_names_its_scorer_and_the_prompt_in_each_refusal():
+    """Which scorer and which side a refusal is about, and the prompt its evidence starts at; an
+    identical-row channel is named with the scorer too; without a label or a note the threshold has none."""
+    from specparity.judge.calibration import DegenerateLogprobs, ScorerRefused, calibrate
+
+    tokens = list(range(3, 43))
+    good, wrong = _varying(tokens), _varying([t + 1 for t in tokens])
+    with pytest.raises(ScorerRefused, match=r"teacher-forced scorer refused \(the scorer\)"):
+        calibrate([Sample("p", tokens, _varying(tokens), wrong)], scorer="the scorer")
+    with pytest.raises(ScorerRefused, match=r"\(the scorer, on the speculative server\).*first: q position 0"):
+        calibrate([Sample("q", tokens, _varying(tokens), good, wrong)], scorer="the scorer")
+    with pytest.raises(DegenerateLogprobs, match=r"teacher-forced scores \(the scorer\) is the same"):
+        calibrate([Sample("p", tokens, _varying(tokens), _rows(tokens, [5.0] * len(tokens)))], scorer="the scorer")
+    _, threshold = calibrate([Sample("p", tokens, _varying(tokens), good, good)], scorer="the scorer")
+    assert threshold.calibration == "" and threshold.cross_note == ""
+
+
+def test_check_scorer_counts_shifts_over_every_sample():
+    """A scorer whose row i is the distribution of position i - 1, on two baselines: each one's shifted
+    positions are counted, not only the last one's."""
+    tokens = [3, 7, 9, 11, 13, 17]
+    shifted = _rows([19] + tokens[:-1], [5.0] * 6)
+    shifted.token_ids = np.array(tokens)
+    check = check_scorer([Sample(p, tokens, _rows(tokens, [5.0] * 6), shifted) for p in ("a", "b")], clear_nats=2.0)
+    assert check.shifted_earlier == 2 * (len(tokens) - 1) and check.shifted_later == 0
