@@ -70,6 +70,12 @@ def child(args: list[str], *, env: dict[str, str] | None = None, timeout: float 
     return subprocess.run(args, capture_output=True, text=True, timeout=timeout, env=env, preexec_fn=defaults)
 
 
+def script_env() -> dict[str, str]:
+    """The environment a reproducer script runs in: a user's, without this checkout on the path and
+    without server overrides (so it talks to the URLs it recorded)."""
+    return {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "BASELINE_URL", "SPEC_URL")}
+
+
 def heredocs(script: str) -> list[dict]:
     """The JSON bodies a ``repro.sh`` sends (each between ``<<'JSON'`` and ``JSON``)."""
     return [json.loads(m) for m in re.findall(r"<<'JSON'\n(.*?)\nJSON\n", script, re.S)]
@@ -146,7 +152,7 @@ def test_server_reproducer_shows_the_divergence_again(engine, tmp_path):
 
         # repro.py: standard library only, against the same servers, the fault armed again
         spec.near_tie_flips = 1
-        env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "BASELINE_URL", "SPEC_URL")}
+        env = script_env()
         before = len(generation_bodies(spec, path))
         done = child([sys.executable, "-I", str(folder / "repro.py")], env=env, timeout=120)
         assert done.returncode == 1, done.stdout + done.stderr
@@ -308,7 +314,7 @@ def test_llamacpp_reproducer_sends_the_bodies_the_run_sent(tmp_path):
         assert bodies[0] == bodies[1]  # llama.cpp: the same body on both sides
         sent = [b for b in generation_bodies(spec, path) if b == bodies[1]]
         assert len(sent) == 1, "the run sent the speculative server another body for this prompt"
-        env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "BASELINE_URL", "SPEC_URL")}
+        env = script_env()
         before = [len(generation_bodies(s, path)) for s in (base, spec)]
         done = child([sys.executable, "-I", str(folder / "repro.py")], env=env, timeout=120)
         assert done.returncode == 0 and "identical" in done.stdout, done.stdout + done.stderr
@@ -360,7 +366,7 @@ def test_constrained_prompt_reproducer_sends_the_constraint(tmp_path):
         for side in ("baseline", "spec"):
             body = json.loads((folder / f"{side}.request.json").read_text())
             assert body["structured_outputs"] == {"grammar": grammar}
-        env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "BASELINE_URL", "SPEC_URL")}
+        env = script_env()
         done = child([sys.executable, "-I", str(folder / "repro.py")], env=env, timeout=120)
     assert done.returncode == 1, done.stdout + done.stderr
     assert [int(p) for p in POSITION.findall(done.stdout)] == [wanted["tool-literal"]], done.stdout
@@ -415,7 +421,7 @@ def test_a_calibration_finding_leaves_a_reproducer_of_the_measurement(engine, tm
         assert bodies[0].get("input_ids", bodies[0].get("prompt")) == spot["prompt_ids"] + spot["continuation_ids"]
         assert heredocs((folder / "repro.sh").read_text()) == bodies
 
-        env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "BASELINE_URL", "SPEC_URL")}
+        env = script_env()
         done = child([sys.executable, "-I", str(folder / "repro.py")], env=env, timeout=120)
         assert done.returncode == 1, done.stdout + done.stderr
         shown = re.search(r"largest \|margin difference\|: (\S+) nats", done.stdout)
@@ -446,7 +452,7 @@ def test_a_refused_calibration_leaves_only_the_reproducer_of_the_measurement(tmp
         assert sorted(p.name for p in root.iterdir()) == ["README.md", "calibration"]
         folder = root / "calibration"
         assert json.loads((folder / "request.json").read_text())["delta_nats"] > 2.0
-        env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "BASELINE_URL", "SPEC_URL")}
+        env = script_env()
         done = child([sys.executable, "-I", str(folder / "repro.py")], env=env, timeout=120)
         assert done.returncode == 1 and "near-tie ceiling" in done.stdout, done.stdout + done.stderr
     assert "calibration/README.md" in (report / "summary.md").read_text()

@@ -250,6 +250,11 @@ def pretty_json(value: Any, indent: str = "") -> str:
     return json.dumps(value)
 
 
+def json_file(value: Any) -> str:
+    """A reproducer's JSON file: :func:`pretty_json` and a final newline."""
+    return pretty_json(value) + "\n"
+
+
 def _literal(value: Any) -> str:
     """``value`` as Python source: JSON text inside ``json.loads`` (pasteable as it stands)."""
     return f'json.loads(r"""{pretty_json(value)}""")'

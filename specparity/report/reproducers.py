@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from specparity.engines.server.wire import WireFormat, shard_index, wire_format
+from specparity.engines.server.wire import WireFormat, replayed, shard_index, wire_format
 from specparity.model.gate_run import GateRun, PromptRecord
 from specparity.model.types import GenerationRequest, GenerationResult
 from specparity.report import repro_scripts, scorer_repro
@@ -175,16 +175,6 @@ def side_servers(run: GateRun, engine: str, req: GenerationRequest) -> tuple[Wir
     return wire, tuple(out)
 
 
-def built(wire: WireFormat, role: str, build: Any, *args: Any) -> dict[str, Any]:
-    """A body from one of ``wire``'s builders, without the fields set afresh per request; ValueError
-    naming the fact a journal from before reproducers lacks."""
-    try:
-        body = build(*args)
-    except KeyError as exc:
-        raise ValueError(f"the journal lacks the {role} server's {exc} (recorded before reproducers existed)") from None
-    return {k: v for k, v in body.items() if k not in wire.per_request}
-
-
 def server_sides(run: GateRun, engine: str, req: GenerationRequest) -> ServerSides | None:
     """The server each side sent ``req`` to and the exact bodies, rebuilt by the adapter's ``WIRE.body``
     from the journalled facts (:func:`side_servers`); None when ``engine`` is no built-in server engine."""
@@ -192,7 +182,7 @@ def server_sides(run: GateRun, engine: str, req: GenerationRequest) -> ServerSid
     if found is None:
         return None
     wire, servers = found
-    bodies = [built(wire, role, wire.body, req, facts) for role, (_, facts) in zip(("baseline", "spec"), servers)]
+    bodies = [replayed(wire, role, wire.body, req, facts) for role, (_, facts) in zip(("baseline", "spec"), servers)]
     return ServerSides(wire, (servers[0][0], servers[1][0]), (bodies[0], bodies[1]))
 
 
@@ -204,10 +194,6 @@ def _write(folder: Path, name: str, text: str, executable: bool = False) -> None
     path.write_text(text, encoding="utf-8")
     if executable:
         path.chmod(0o755)
-
-
-def _dump(value: Any) -> str:
-    return repro_scripts.pretty_json(value) + "\n"
 
 
 def _topk_table(base: dict[str, Any], spec: dict[str, Any], pos: int) -> list[str]:
@@ -293,16 +279,16 @@ def render_one(rec: PromptRecord, run: GateRun) -> tuple[str, dict[str, tuple[st
     recorded = recorded_line(rec, position)
     title = f"Reproducer for prompt {rec.prompt.id}: {recorded}."
     files: dict[str, tuple[str, bool]] = {
-        "request.json": (_dump(request_json(req)), False),
-        "streams.json": (_dump({**streams, "verdict": {"class": rec.verdict.klass, "reason": rec.verdict.reason,
+        "request.json": (repro_scripts.json_file(request_json(req)), False),
+        "streams.json": (repro_scripts.json_file({**streams, "verdict": {"class": rec.verdict.klass, "reason": rec.verdict.reason,
                                                        "first_difference": position}}), False),
     }
     sides = server_sides(run, run.fingerprint.engine, req) if run.fingerprint is not None else None
     how = "recorded only"
     if sides is not None:
         how = "server"
-        files["baseline.request.json"] = (_dump(sides.bodies[0]), False)
-        files["spec.request.json"] = (_dump(sides.bodies[1]), False)
+        files["baseline.request.json"] = (repro_scripts.json_file(sides.bodies[0]), False)
+        files["spec.request.json"] = (repro_scripts.json_file(sides.bodies[1]), False)
         files["repro.sh"] = (repro_scripts.curl_script(title=title, path=sides.wire.path, urls=sides.urls,
                                                        bodies=sides.bodies), True)
         files["repro.py"] = (repro_scripts.server_script(
@@ -310,7 +296,7 @@ def render_one(rec: PromptRecord, run: GateRun) -> tuple[str, dict[str, tuple[st
             recorded=recorded, timeout_s=REQUEST_TIMEOUT_S), True)
     elif run.config.engine:
         how = "in-process"
-        files["engine.json"] = (_dump(run.config.engine), False)
+        files["engine.json"] = (repro_scripts.json_file(run.config.engine), False)
         files["repro.py"] = (repro_scripts.inprocess_script(title=title, engine=run.config.engine,
                                                             request=request_json(req), recorded=recorded), True)
     readme = _readme(rec, run, req, streams, position, how, ["README.md", *files], sides)
@@ -368,7 +354,7 @@ def write_calibration(run: GateRun, folder: Path) -> str:
     req = request_of(spot.record, run)
     servers = side_servers(run, run.fingerprint.engine, req)
     assert servers is not None
-    write_folder(folder, scorer_repro.render(run, found, spot, req, servers[0], servers[1], built, REQUEST_TIMEOUT_S))
+    write_folder(folder, scorer_repro.render(run, found, spot, req, servers[0], servers[1], REQUEST_TIMEOUT_S))
     return "server"
 
 

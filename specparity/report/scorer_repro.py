@@ -20,7 +20,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from specparity.engines.server.wire import WireFormat
+from specparity.engines.server.wire import WireFormat, replayed
 from specparity.model.cross_instance import COMPARISONS
 from specparity.model.gate_run import GateRun, PromptRecord
 from specparity.model.types import GenerationRequest
@@ -79,22 +79,24 @@ def find_spot(run: GateRun) -> ScorerSpot | None:
     spot = run.calibration_spot
     if not spot:
         return None
-    rec = next((r for r in run.records if r.prompt.id == spot.get("prompt_id")), None)
-    if rec is None or rec.request is None or rec.baseline is None or spot.get("between") not in COMPARISONS:
+    try:
+        rec = run.record(str(spot.get("prompt_id")))
+    except KeyError:
+        return None
+    if rec.request is None or rec.baseline is None or spot.get("between") not in COMPARISONS:
         return None
     return ScorerSpot(rec, int(spot["position"]), float(spot["delta_nats"]), str(spot["between"]))
 
 
-def reads(spot: ScorerSpot, req: GenerationRequest, wire: WireFormat, servers: tuple[tuple[str, dict], ...],
-          built: Any) -> list[dict[str, Any]]:
-    """The two requests of ``spot``'s comparison: label, URL, the variable that overrides it, kind, body.
-    ``built(wire, role, builder, *args)`` makes a body (the reproducers' one way)."""
+def reads(spot: ScorerSpot, req: GenerationRequest, wire: WireFormat,
+          servers: tuple[tuple[str, dict], ...]) -> list[dict[str, Any]]:
+    """The two requests of ``spot``'s comparison: label, URL, the variable that overrides it, kind, body."""
     assert wire.score is not None and spot.record.baseline is not None
     continuation = list(spot.record.baseline.output_ids)
     (base_url, base_facts), (spec_url, spec_facts) = servers
 
     def score(role: str, facts: dict) -> dict[str, Any]:
-        return built(wire, role, wire.score, list(req.prompt_ids), continuation, int(req.top_k), facts)
+        return replayed(wire, role, wire.score, list(req.prompt_ids), continuation, int(req.top_k), facts)
 
     first = {"label": "baseline server, teacher-forced", "url": base_url, "env": "BASELINE_URL", "kind": "score",
              "body": score("baseline", base_facts)}
@@ -102,7 +104,7 @@ def reads(spot: ScorerSpot, req: GenerationRequest, wire: WireFormat, servers: t
         return [first, {"label": "speculative server, teacher-forced", "url": spec_url, "env": "SPEC_URL",
                         "kind": "score", "body": score("spec", spec_facts)}]
     return [{"label": "baseline server, decode", "url": base_url, "env": "BASELINE_URL", "kind": "decode",
-             "body": built(wire, "baseline", wire.body, req, base_facts)}, first]
+             "body": replayed(wire, "baseline", wire.body, req, base_facts)}, first]
 
 
 def _rows_table(spot: ScorerSpot) -> list[str]:
@@ -124,23 +126,22 @@ def _rows_table(spot: ScorerSpot) -> list[str]:
 
 
 def render(run: GateRun, found: Problem, spot: ScorerSpot, req: GenerationRequest, wire: WireFormat,
-           servers: tuple[tuple[str, dict], ...], built: Any, timeout_s: float) -> dict[str, tuple[str, bool]]:
+           servers: tuple[tuple[str, dict], ...], timeout_s: float) -> dict[str, tuple[str, bool]]:
     """The folder's files (name -> (text, executable)), built whole before anything is written."""
     assert run.fingerprint is not None and spot.record.baseline is not None
     engine = run.fingerprint.engine
-    requests = reads(spot, req, wire, servers, built)
+    requests = reads(spot, req, wire, servers)
     token = int(spot.record.baseline.output_ids[spot.position])
     recorded = f"{found.title}; the rows differ most here: {spot.describe()}"
     title = f"Reproducer of {found.title}: {spot.describe()}."
-    dump = lambda value: repro_scripts.pretty_json(value) + "\n"  # noqa: E731 - the reproducers' JSON layout
     files: dict[str, tuple[str, bool]] = {
-        "request.json": (dump({"prompt_id": spot.prompt_id, "prompt_ids": list(req.prompt_ids),
+        "request.json": (repro_scripts.json_file({"prompt_id": spot.prompt_id, "prompt_ids": list(req.prompt_ids),
                                "continuation_ids": [int(t) for t in spot.record.baseline.output_ids],
                                "position": spot.position, "token": token, "top_k": int(req.top_k),
                                "between": spot.between, "delta_nats": spot.delta}), False),
     }
     for i, read in enumerate(requests, 1):
-        files[f"request{i}.json"] = (dump(read["body"]), False)
+        files[f"request{i}.json"] = (repro_scripts.json_file(read["body"]), False)
     files["repro.sh"] = (repro_scripts.scorer_curl_script(title=title, path=wire.path, reads=requests), True)
     files["repro.py"] = (repro_scripts.scorer_script(
         title=title, engine=engine, path=wire.path, reads=requests, position=spot.position, token=token,

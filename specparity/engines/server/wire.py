@@ -38,6 +38,16 @@ class WireFormat:
     score: ScoreBuilder | None = None
 
 
+def replayed(wire: WireFormat, role: str, build: Callable[..., dict[str, Any]], *args: Any) -> dict[str, Any]:
+    """A body one of ``wire``'s builders makes from journalled facts, without the fields set afresh per
+    request (what a reproducer sends); ValueError naming the fact a journal from before reproducers lacks."""
+    try:
+        body = build(*args)
+    except KeyError as exc:
+        raise ValueError(f"the journal lacks the {role} server's {exc} (recorded before reproducers existed)") from None
+    return {k: v for k, v in body.items() if k not in wire.per_request}
+
+
 def shard_index(request_id: str, n: int) -> int:
     """Which of ``n`` servers of one side serves ``request_id`` (:meth:`~specparity.engines.server.http.Fleet.pick`):
     a stable hash, so a reproducer names the same server the run used."""
