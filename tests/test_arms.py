@@ -325,6 +325,24 @@ def test_a_bug_on_a_prefix_cache_hit_is_caught_only_by_prefix_warm(capsys, tmp_p
     assert code == exitcodes.GATE_FAILED, out + err
 
 
+def test_prefix_warm_on_an_eagle_server_counts_only_prompts_past_the_dropped_block(capsys, tmp_path, prompts):
+    """An EAGLE-3 server (the method read back from its dev-mode config) answers a warm prompt of two blocks
+    with nothing cached, as vLLM does: the arm still proves the warm path on the longer prompts and names
+    the ones it cannot count, where counting them would call a working cache cold."""
+    prompt_file, chosen = prompts
+    base = VLLMServer(dev_mode=True)
+    spec = VLLMServer(speculative=True, prefix_cache=True, prompt_tokens_details=True, dev_mode=True,
+                      spec_method="eagle3")
+    with base, spec:
+        code, out, err = arms(capsys, *url_args("vllm", base, spec, prompt_file, tmp_path), "--arms", "prefix-warm")
+    row = rows(tmp_path)["prefix-warm"]
+    cached = row["evidence"]["facts"]["cached_tokens"]
+    assert any(n == 0 for n in cached.values()) and any(n > 0 for n in cached.values()), cached
+    assert row["status"] == "PASS" and row["evidence"]["exercised"] is True, row
+    assert any("two cache units" in line for line in row["evidence"]["lines"]), row["evidence"]
+    assert code == exitcodes.PASS, out + err
+
+
 def test_a_prefix_warm_arm_without_cached_token_counts_is_not_exercised(capsys, tmp_path, prompts):
     """The server caches prefixes but does not say so (vLLM without --enable-prompt-tokens-details)."""
     prompt_file, _chosen = prompts
@@ -442,10 +460,46 @@ def test_prefix_warm_counts_only_prompts_long_enough_to_be_cached():
                    for rid in cached]
         engine = SimpleNamespace(noted_request=lambda rid, spec: {"cached_tokens": cached[rid]}, warm_errors={})
         plan = SimpleNamespace(arm=ARMS["prefix-warm"], setup=SimpleNamespace(engine_spec="vllm"))
-        return collect_evidence(plan, engine, SimpleNamespace(records=records), {})
+        return collect_evidence(plan, engine, SimpleNamespace(records=records, fingerprint=None), {})
 
     proven = run_with({"short": 0, "long": 2 * unit})
     assert proven.exercised is True and any("shorter than one cache unit" in line for line in proven.lines)
     assert run_with({"short": 0, "long": 0}).exercised is False
     only_short = run_with({"short": 0})
     assert only_short.exercised is False and any("long enough" in line for line in only_short.lines)
+
+
+def test_prefix_warm_floor_counts_the_block_vllm_drops_for_hidden_state_drafts():
+    """For a draft that reads the target's hidden states (EAGLE, EAGLE-3, MTP, DFlash) vLLM drops the last
+    matched block of every hit: a prompt of two blocks finds nothing cached there, and counting it would
+    call a working cache cold (live vLLM 0.26.0 answered exactly floor((n - 1) / 16) * 16 - 16)."""
+    from types import SimpleNamespace
+
+    from specparity.engines.server.arm_knobs import PREFIX_CACHE_UNIT, prefix_cache_floor
+    from specparity.model.arms import ARMS
+    from specparity.model.types import GenerationRequest
+    from specparity.run.arm_runs import collect_evidence
+
+    unit = PREFIX_CACHE_UNIT["vllm"]
+    assert prefix_cache_floor("vllm", {"method": "ngram"})[0] == unit + 1
+    assert prefix_cache_floor("vllm", None)[0] == unit + 1
+    assert prefix_cache_floor("vllm", {"method": "eagle3"})[0] == 2 * unit + 1
+    assert prefix_cache_floor("sglang", {"method": "eagle3"})[0] == PREFIX_CACHE_UNIT["sglang"] + 1
+    lengths = {"two-blocks": 2 * unit, "three-blocks": 3 * unit + 1}
+
+    def run_with(cached: dict[str, int], method: str):
+        records = [SimpleNamespace(spec=object(), request=GenerationRequest(rid, [1] * lengths[rid], 8))
+                   for rid in cached]
+        engine = SimpleNamespace(noted_request=lambda rid, spec: {"cached_tokens": cached[rid]}, warm_errors={})
+        plan = SimpleNamespace(arm=ARMS["prefix-warm"], setup=SimpleNamespace(engine_spec="vllm"))
+        run = SimpleNamespace(records=records, fingerprint=SimpleNamespace(spec_config={"method": method}))
+        return collect_evidence(plan, engine, run, {})
+
+    # what vLLM answers for EAGLE-3: the two-block prompt finds nothing, the longer one two blocks
+    eagle = run_with({"two-blocks": 0, "three-blocks": 2 * unit}, "eagle3")
+    assert eagle.exercised is True, eagle.lines
+    assert any("two cache units" in line and "two-blocks" in line for line in eagle.lines), eagle.lines
+    # the same answers under n-gram (nothing dropped) are a cold cache
+    assert run_with({"two-blocks": 0, "three-blocks": 2 * unit}, "ngram").exercised is False
+    # and a hidden-state draft whose long prompt found nothing is still not proven
+    assert run_with({"two-blocks": 0, "three-blocks": 0}, "eagle3").exercised is False

@@ -114,6 +114,29 @@ def test_a_server_that_logs_an_error_and_kills_itself_is_named_by_the_error(tmp_
     assert "out-of-memory killer" not in first
 
 
+def test_a_vllm_start_up_failure_is_named_by_the_engine_cores_error_not_the_wrapper(tmp_path):
+    """vLLM's front end ends its log with a wrapper (``RuntimeError: ... See root cause above``) after a
+    traceback longer than the log tail shown; the error worth naming is the engine core's, logged with
+    vLLM's process tag and logger prefix (the shape of a live vLLM 0.26.0 log whose KV cache did not fit)."""
+    cause = ("ValueError: No available memory for the cache blocks. Try increasing `gpu_memory_utilization` "
+             "when initializing the engine.")
+    lines = ["(EngineCore pid=2568) INFO 12-02 19:01:44 [gpu_worker.py:560] Available KV cache memory: -0.59 GiB",
+             "(EngineCore pid=2568) ERROR 12-02 19:01:44 [core.py:1330] Traceback (most recent call last):",
+             f"(EngineCore pid=2568) ERROR 12-02 19:01:44 [core.py:1330] {cause}",
+             f"(EngineCore pid=2568) {cause}",
+             "(APIServer pid=2448) Traceback (most recent call last):"]
+    lines += [f'(APIServer pid=2448)   File "vllm/v1/engine/core_client.py", line {n}, in __init__' for n in range(60)]
+    lines.append("(APIServer pid=2448) RuntimeError: Engine core initialization failed. See root cause above. "
+                 "Failed core proc(s): {}")
+    script = tmp_path / "vllm_dies.py"
+    script.write_text(f"import sys\nprint({chr(10).join(lines)!r}, flush=True)\nsys.exit(1)\n")
+    proc = ServerProcess("vllm-spec", [sys.executable, str(script)], [], log_dir=str(tmp_path), startup_timeout_s=30)
+    with pytest.raises(LaunchError) as info:
+        proc.start()
+    first = str(info.value).splitlines()[0]
+    assert first.startswith(f"vllm-spec exited with code 1 during start-up after logging {cause}; log "), first
+
+
 def test_process_not_ready_in_time(tmp_path):
     proc = toy(tmp_path, delay=60, timeout=1.0)
     with pytest.raises(LaunchError, match=r"not ready after 1 s \(GET /health: HTTP 503"):

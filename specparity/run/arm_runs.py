@@ -22,11 +22,11 @@ from specparity.engines.server.arm_knobs import (
     ArmLaunch,
     ArmSetupError,
     ArmSizing,
-    PREFIX_CACHE_UNIT,
     arm_launch,
     kv_cache_dtypes,
     long_prompt_tokens,
     preemptions,
+    prefix_cache_floor,
     request_facts,
     requests_in_flight,
 )
@@ -327,11 +327,12 @@ def collect_evidence(plan: ArmPlan, engine: Any, run: Any, before: dict[str, Any
     if name == "prefix-warm":
         cached = request_facts(engine, ids, speculative=True, key="cached_tokens")
         warm_errors = getattr(engine, "warm_errors", {})
-        # a prompt shorter than one cache unit and the token the engine always recomputes has nothing to
-        # find cached (vLLM caches whole blocks): it neither proves nor disproves the warm path
-        unit = PREFIX_CACHE_UNIT.get(plan.setup.engine_spec, 1)
+        # a prompt too short for the cache to hold any of it (vLLM caches whole blocks, recomputes the last
+        # prompt token, and for EAGLE-like drafts the last matched block) neither proves nor disproves it
+        spec_config = run.fingerprint.spec_config if run.fingerprint is not None else None
+        floor, why_short = prefix_cache_floor(plan.setup.engine_spec, spec_config)
         length = {r.request.request_id: len(r.request.prompt_ids) for r in judged}
-        short = [rid for rid in cached if length.get(rid, 0) < unit + 1]
+        short = [rid for rid in cached if length.get(rid, 0) < floor]
         cached_long = {rid: n for rid, n in cached.items() if rid not in short}
         cold = [rid for rid, n in cached_long.items() if not n]
         unknown = [rid for rid, n in cached.items() if n is None]
@@ -341,8 +342,8 @@ def collect_evidence(plan: ArmPlan, engine: Any, run: Any, before: dict[str, Any
             lines.append(f"warm-up failed for {len(warm_errors)} prompt(s): " +
                          "; ".join(f"{k}: {v}" for k, v in list(warm_errors.items())[:3]))
         if short:
-            lines.append(f"{len(short)} prompt(s) shorter than one cache unit ({unit} tokens) plus the recomputed "
-                         f"last token, which nothing can be cached for, are not counted: {', '.join(short[:8])}")
+            lines.append(f"{len(short)} prompt(s) shorter than {why_short} ({floor} tokens), which nothing can "
+                         f"be cached for, are not counted: {', '.join(short[:8])}")
         if not ids or not cached_long:
             why = "no speculative request was judged" if not ids else "no judged prompt is long enough to be cached"
             return Evidence(False, lines + [why], {"cached_tokens": cached})

@@ -39,7 +39,10 @@ Configuration-arm knobs (``specparity arms``; each a bug that only its arm catch
 * ``prefix_cache=True``: generation requests (not ``prompt_logprobs`` scoring) are cached by prefix in
   blocks of ``PREFIX_BLOCK`` tokens (the last prompt token is never cached); ``prompt_tokens_details=True``
   (``--enable-prompt-tokens-details``) answers ``usage.prompt_tokens_details.cached_tokens``;
-  ``prefix_hit_bug=True`` flips an answer whose whole prompt was cached before.
+  ``prefix_hit_bug=True`` flips an answer whose whole prompt was cached before. ``spec_method`` (default
+  ``draft_model``) is the dev-mode ``speculative_config.method``; for a draft that reads the target's
+  hidden states (``eagle``, ``eagle3``, ``mtp``, ``dflash``, ``dspark``) a hit loses its last block, as
+  vLLM 0.26.0 recomputes it for the draft (``find_longest_cache_hit``).
 * ``batch_invariant=True`` with ``deterministic_bug=True``: a speculative server that flips its answers
   only in batch-invariant mode; ``kv_cache_dtype`` (dev-mode ``cache_config.cache_dtype``, default
   ``auto``) with ``fp8_bug=True``: flips only when it starts with ``fp8``.
@@ -81,6 +84,9 @@ from fakes.faults import Rule
 from fakes.server import FakeServer, Reply, Request, json_reply, not_found, refuses
 from specparity.model.constraints import Constraint
 
+#: Speculative methods whose prefix-cache hits vLLM 0.26.0 shortens by one block (its
+#: ``SpeculativeConfig.use_eagle``).
+HIDDEN_STATE_DRAFTS = ("eagle", "eagle3", "mtp", "dflash", "dspark")
 #: The fake prefix cache's block size (vLLM's default ``--block-size``).
 PREFIX_BLOCK = 16
 #: Knobs vLLM fills from ``generation_config.json`` when a request leaves them unset.
@@ -106,7 +112,7 @@ class VLLMServer(FakeServer):
                  kv_cache_dtype: str = "auto", fp8_bug: bool = False, max_num_seqs: int | None = None,
                  drop_leading: int | None = None, long_bug_tokens: int | None = None,
                  attention_backend: str | None = None, tensor_parallel_size: int = 1,
-                 pipeline_parallel_size: int = 1, scoring_skew_nats: float = 0.0):
+                 pipeline_parallel_size: int = 1, scoring_skew_nats: float = 0.0, spec_method: str = "draft_model"):
         super().__init__(rules=rules, die_after=die_after, refuse=refuse, hang_s=hang_s, trickle_s=trickle_s)
         self.backend = backend or shared_backend()
         self.grammar_rollback_bug = grammar_rollback_bug
@@ -127,6 +133,7 @@ class VLLMServer(FakeServer):
         self.drop_leading = drop_leading
         self.long_bug_tokens = long_bug_tokens
         self.scoring_skew_nats = scoring_skew_nats
+        self.spec_method = spec_method
         #: Prompts the prefix cache holds (generation requests only), and the answers flipped by an arm's bug.
         self._prefix_cache = PrefixCache(PREFIX_BLOCK)
         self.arm_flipped: list[str] = []
@@ -248,7 +255,7 @@ class VLLMServer(FakeServer):
         without ``KEY``, as its *parsed* value: ``VLLM_BATCH_INVARIANT`` is
         ``bool(int(os.getenv(...)))``, so JSON ``true``/``false``) and ``system_env``
         (``collect_env``; a few keys here)."""
-        spec = ({"method": "draft_model", "model": str(DRAFT), "num_speculative_tokens": self.num_spec_tokens}
+        spec = ({"method": self.spec_method, "model": str(DRAFT), "num_speculative_tokens": self.num_spec_tokens}
                 if self.speculative else None)
         config = {"model_config": {"model": str(TARGET), "dtype": "torch.float32", "max_model_len": 4096,
                                    "served_model_name": self.served},
@@ -263,7 +270,7 @@ class VLLMServer(FakeServer):
                             "served_model_name": self.served}
             spec = copy.deepcopy(live["speculative_config"]) if self.speculative else None
             if spec is not None:
-                spec.update({"method": "draft_model", "model": str(DRAFT), "num_speculative_tokens": self.num_spec_tokens,
+                spec.update({"method": self.spec_method, "model": str(DRAFT), "num_speculative_tokens": self.num_spec_tokens,
                              "prompt_lookup_max": None, "prompt_lookup_min": None, "target_model_config": model_config})
                 spec["draft_model_config"] = {**model_config, "model": str(DRAFT), "tokenizer": str(DRAFT)}
             config = {"model_config": model_config, "speculative_config": spec}
@@ -284,7 +291,10 @@ class VLLMServer(FakeServer):
         tokens only, and never the prompt's last token (vLLM recomputes it to get the first logits)."""
         if not self.prefix_cache:
             return 0, False
-        return self._prefix_cache.lookup(prompt)
+        cached, full = self._prefix_cache.lookup(prompt)
+        if self.spec_method in HIDDEN_STATE_DRAFTS and self.speculative:
+            cached = max(0, cached - PREFIX_BLOCK)
+        return cached, full
 
     def completions(self, body: Any, fault: str | None = None) -> Reply:
         if not isinstance(body, dict):

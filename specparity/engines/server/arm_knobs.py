@@ -29,6 +29,12 @@ VLLM_BLOCK_TOKENS = 16
 #: What a prefix cache holds, in tokens, per engine: vLLM caches whole KV blocks; SGLang's radix cache
 #: holds any prefix (page size 1). Either recomputes a prompt's last token.
 PREFIX_CACHE_UNIT = {"vllm": VLLM_BLOCK_TOKENS, "sglang": 1}
+#: Speculative methods whose draft reads the target's hidden states. vLLM drops the last matched block
+#: of every prefix-cache hit for them, so that the block is recomputed and its hidden states reach the
+#: draft (``SpeculativeConfig.use_eagle`` in ``vllm/config/speculative.py``, the EAGLE drop in
+#: ``find_longest_cache_hit``, ``vllm/v1/core/single_type_kv_cache_manager.py``; read in 0.26.0): a
+#: warm prompt then finds ``floor((n - 1) / 16) * 16 - 16`` tokens cached, nothing below 33 tokens.
+VLLM_HIDDEN_STATE_METHODS = frozenset({"eagle", "eagle3", "mtp", "dflash", "dspark"})
 LOOKAHEAD_TOKENS = 16
 #: Preemption counters, and a sample that shows the server's metrics are on: vLLM
 #: (``vllm:num_preemptions``, a counter declared from the start) and SGLang
@@ -266,6 +272,19 @@ def kv_cache_dtypes(engine: Any) -> list[tuple[str, str, str | None]]:
             dtype = (engine.raw_server_info(endpoint) or {}).get("kv_cache_dtype")
         out.append((role, endpoint.base_url, None if dtype is None else str(dtype)))
     return out
+
+
+def prefix_cache_floor(engine_spec: str, spec_config: dict[str, Any] | None) -> tuple[int, str]:
+    """The fewest prompt tokens for which a warm request must find part of its prompt cached, and the
+    reason in words: one cache unit plus the last prompt token (always recomputed), and on vLLM one
+    block more when the speculative method drafts from the target's hidden states
+    (:data:`VLLM_HIDDEN_STATE_METHODS`). Shorter prompts neither prove nor disprove the warm path."""
+    unit = PREFIX_CACHE_UNIT.get(engine_spec, 1)
+    method = (spec_config or {}).get("method")
+    if engine_spec == "vllm" and method in VLLM_HIDDEN_STATE_METHODS:
+        return 2 * unit + 1, (f"two cache units ({unit} tokens each: vLLM drops a hit's last block for "
+                              f"{method}, whose draft needs its hidden states) plus the recomputed last token")
+    return unit + 1, f"one cache unit ({unit} tokens) plus the recomputed last token"
 
 
 def request_facts(engine: Any, request_ids: Sequence[str], *, speculative: bool, key: str) -> dict[str, Any]:

@@ -69,15 +69,31 @@ def describe_exit(name: str, code: int | None, *, guess: bool = True) -> str:
     return f"{name} was killed by {sig.name}" + (f" ({cause})" if cause else "")
 
 
+#: How much of a dead server's log is searched for the error it logged (a traceback printed by
+#: several processes runs to hundreds of lines).
+LOG_SCAN_LINES = 2000
 #: A log line that names a Python exception (``ValueError: ...``, ``torch.OutOfMemoryError: ...``).
 _LOGGED_ERROR = re.compile(r"^(?:[\w.]+\.)?(?:\w*Error|\w*Exception|Exception)(?:\([^)]*\))?: .+")
 
 
+#: What a server puts before a logged line: vLLM's process tag (``(EngineCore pid=2568)``) and its
+#: logger's level, date and source (``ERROR 12-02 19:01:44 [core.py:1330]``).
+_LOG_PREFIX = re.compile(r"^\(\w+ pid=\d+\)\s*(?:[A-Z]+ \d\d-\d\d [\d:.]+ \[[^\]]*\]\s*)?")
+#: An exception that only wraps another one logged before it (vLLM's API server:
+#: ``RuntimeError: Engine core initialization failed. See root cause above.``).
+_POINTS_ABOVE = re.compile(r"\babove\b", re.IGNORECASE)
+
+
 def logged_error(text: str) -> str | None:
-    """The last exception line a server logged, if any: a server whose launcher kills its own process
-    tree when a child fails (SGLang) dies of SIGKILL, and its signal says less than the error it logged."""
-    found = [line.strip() for line in text.splitlines() if _LOGGED_ERROR.match(line.strip())]
-    return found[-1] if found else None
+    """The last exception line a server logged that names its own cause, if any: a server whose
+    launcher kills its own process tree when a child fails (SGLang) dies of SIGKILL, and its signal says
+    less than the error it logged; vLLM's front end ends with a wrapper that points to the engine core's
+    error above it, which is the one worth reading (``ValueError: No available memory for the cache
+    blocks``)."""
+    found = [line for line in (_LOG_PREFIX.sub("", raw.strip()) for raw in text.splitlines())
+             if _LOGGED_ERROR.match(line)]
+    causes = [line for line in found if not _POINTS_ABOVE.search(line)]
+    return (causes or found)[-1] if found else None
 
 
 #: Run before a server's exec (``python -c``, argv: the parent's pid, then the server's argv): ask the
@@ -176,7 +192,7 @@ class ServerProcess:
                 code = self.process.poll() if self.process else -1
                 if code is not None:
                     tail = self.log_tail()
-                    error = logged_error(tail)
+                    error = logged_error(self.log_tail(LOG_SCAN_LINES))
                     said = f" after logging {error}" if error else ""
                     raise LaunchError(f"{describe_exit(self.name, code, guess=not error)} during start-up{said}; "
                                       f"log {self.log_path}:\n{tail}")
