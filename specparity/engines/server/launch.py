@@ -72,6 +72,8 @@ def describe_exit(name: str, code: int | None, *, guess: bool = True) -> str:
 #: How much of a dead server's log is searched for the error it logged (a traceback printed by
 #: several processes runs to hundreds of lines).
 LOG_SCAN_LINES = 2000
+#: How much of a dead server's log a launch error quotes.
+LOG_TAIL_LINES = 20
 #: A log line that names a Python exception (``ValueError: ...``, ``torch.OutOfMemoryError: ...``).
 _LOGGED_ERROR = re.compile(r"^(?:[\w.]+\.)?(?:\w*Error|\w*Exception|Exception)(?:\([^)]*\))?: .+")
 
@@ -191,8 +193,9 @@ class ServerProcess:
             while time.monotonic() < deadline:
                 code = self.process.poll() if self.process else -1
                 if code is not None:
-                    tail = self.log_tail()
-                    error = logged_error(self.log_tail(LOG_SCAN_LINES))
+                    scanned = self.log_tail(LOG_SCAN_LINES)
+                    tail = "\n".join(scanned.splitlines()[-LOG_TAIL_LINES:])
+                    error = logged_error(scanned)
                     said = f" after logging {error}" if error else ""
                     raise LaunchError(f"{describe_exit(self.name, code, guess=not error)} during start-up{said}; "
                                       f"log {self.log_path}:\n{tail}")
@@ -211,7 +214,7 @@ class ServerProcess:
     def alive(self) -> bool:
         return self.process is not None and self.process.poll() is None
 
-    def log_tail(self, lines: int = 20) -> str:
+    def log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
         if not self.log_path or not self.log_path.exists():
             return ""
         return "\n".join(self.log_path.read_text(encoding="utf-8", errors="replace").splitlines()[-lines:])
