@@ -14,7 +14,8 @@ pair), on another live pair (``REPORT/shards/i-retry``); what that rerun cannot 
 in the merged journal, never dropped. :mod:`specparity.run.merge` then makes ``REPORT`` the run's.
 
 ``REPORT/ray.json`` says where each pair ran (node, actor pid, URLs), which pairs were lost and which
-shards were rerun where; it is written once the pairs are up, and again at the end.
+shards were rerun where; it is written once the pairs are up, and again at the end, each time replaced
+whole, so a watcher polling it (a dashboard, the fleet test) never reads a half-written file.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from specparity.engines.base import EngineOptions
+from specparity.model.files import replace_whole
 from specparity.model.prompts import Prompt
 from specparity.model.shards import Shard, ShardPlan
 from specparity.run.journal import JOURNAL, JournalError, read_journal
@@ -348,7 +350,7 @@ def run_on_ray(setup: GateSetup, options: RayOptions, say: Callable[[str], None]
     try:
         fleet = start_pairs(ray, setup, options, say)
         pairs = fleet.pairs
-        (out / "ray.json").write_text(json.dumps(fleet.to_json(), indent=1), encoding="utf-8")
+        replace_whole(out / "ray.json", json.dumps(fleet.to_json(), indent=1))
         count = len(pairs)
         work: list[tuple[GateSetup, ShardRun]] = []
         for slot, pair in enumerate(pairs):
@@ -366,7 +368,7 @@ def run_on_ray(setup: GateSetup, options: RayOptions, say: Callable[[str], None]
         if retries:
             fleet.runs += [part for _, part in retries]
             _side_by_side(retries, say)
-        (out / "ray.json").write_text(json.dumps(fleet.to_json(), indent=1), encoding="utf-8")
+        replace_whole(out / "ray.json", json.dumps(fleet.to_json(), indent=1))
         merged = merge_dirs([part.report_dir for part in fleet.runs], str(out),
                             tokenizer=setup.engine_options.extra.get("tokenizer"))
         return merged, fleet
