@@ -442,25 +442,31 @@ def test_sglang_preempt_without_a_readable_counter_is_not_exercised(capsys, tmp_
     assert code == exitcodes.GATE_FAILED, out + err
 
 
+def _prefix_warm_evidence(lengths: dict[str, int], cached: dict[str, int], method: str | None = None):
+    """The prefix-warm arm's evidence on vLLM for prompts of ``lengths`` tokens whose warm requests found
+    ``cached`` tokens, the run's speculative method read from its fingerprint (None: no fingerprint)."""
+    from types import SimpleNamespace
+
+    from specparity.model.types import GenerationRequest
+    from specparity.run.arm_runs import collect_evidence
+
+    records = [SimpleNamespace(spec=object(), request=GenerationRequest(rid, [1] * lengths[rid], 8)) for rid in cached]
+    engine = SimpleNamespace(noted_request=lambda rid, spec: {"cached_tokens": cached[rid]}, warm_errors={})
+    plan = SimpleNamespace(arm=ARMS["prefix-warm"], setup=SimpleNamespace(engine_spec="vllm"))
+    fingerprint = None if method is None else SimpleNamespace(spec_config={"method": method})
+    return collect_evidence(plan, engine, SimpleNamespace(records=records, fingerprint=fingerprint), {})
+
+
 def test_prefix_warm_counts_only_prompts_long_enough_to_be_cached():
     """vLLM caches whole blocks and recomputes a prompt's last token: a prompt of one block or less can find
     nothing cached, so it neither proves nor disproves the warm path; with only such prompts nothing is proven."""
-    from types import SimpleNamespace
-
     from specparity.engines.server.arm_knobs import PREFIX_CACHE_UNIT
-    from specparity.model.arms import ARMS
-    from specparity.model.types import GenerationRequest
-    from specparity.run.arm_runs import collect_evidence
 
     unit = PREFIX_CACHE_UNIT["vllm"]
     lengths = {"short": unit, "long": 3 * unit + 1}
 
     def run_with(cached: dict[str, int]):
-        records = [SimpleNamespace(spec=object(), request=GenerationRequest(rid, [1] * lengths[rid], 8))
-                   for rid in cached]
-        engine = SimpleNamespace(noted_request=lambda rid, spec: {"cached_tokens": cached[rid]}, warm_errors={})
-        plan = SimpleNamespace(arm=ARMS["prefix-warm"], setup=SimpleNamespace(engine_spec="vllm"))
-        return collect_evidence(plan, engine, SimpleNamespace(records=records, fingerprint=None), {})
+        return _prefix_warm_evidence(lengths, cached)
 
     proven = run_with({"short": 0, "long": 2 * unit})
     assert proven.exercised is True and any("shorter than one cache unit" in line for line in proven.lines)
@@ -473,12 +479,7 @@ def test_prefix_warm_floor_counts_the_block_vllm_drops_for_hidden_state_drafts()
     """For a draft that reads the target's hidden states (EAGLE, EAGLE-3, MTP, DFlash) vLLM drops the last
     matched block of every hit: a prompt of two blocks finds nothing cached there, and counting it would
     call a working cache cold (live vLLM 0.26.0 answered exactly floor((n - 1) / 16) * 16 - 16)."""
-    from types import SimpleNamespace
-
     from specparity.engines.server.arm_knobs import PREFIX_CACHE_UNIT, prefix_cache_floor
-    from specparity.model.arms import ARMS
-    from specparity.model.types import GenerationRequest
-    from specparity.run.arm_runs import collect_evidence
 
     unit = PREFIX_CACHE_UNIT["vllm"]
     assert prefix_cache_floor("vllm", {"method": "ngram"})[0] == unit + 1
@@ -488,12 +489,7 @@ def test_prefix_warm_floor_counts_the_block_vllm_drops_for_hidden_state_drafts()
     lengths = {"two-blocks": 2 * unit, "three-blocks": 3 * unit + 1}
 
     def run_with(cached: dict[str, int], method: str):
-        records = [SimpleNamespace(spec=object(), request=GenerationRequest(rid, [1] * lengths[rid], 8))
-                   for rid in cached]
-        engine = SimpleNamespace(noted_request=lambda rid, spec: {"cached_tokens": cached[rid]}, warm_errors={})
-        plan = SimpleNamespace(arm=ARMS["prefix-warm"], setup=SimpleNamespace(engine_spec="vllm"))
-        run = SimpleNamespace(records=records, fingerprint=SimpleNamespace(spec_config={"method": method}))
-        return collect_evidence(plan, engine, run, {})
+        return _prefix_warm_evidence(lengths, cached, method)
 
     # what vLLM answers for EAGLE-3: the two-block prompt finds nothing, the longer one two blocks
     eagle = run_with({"two-blocks": 0, "three-blocks": 2 * unit}, "eagle3")
