@@ -11,7 +11,9 @@
 # Usage: bash ci/pythons.sh [VERSION ...]   (default: 3.10 3.13). An interpreter is python<VERSION>
 # on PATH, else pyenv's ~/.pyenv/versions/<VERSION>.*; a missing one fails (CI must not skip it).
 # The dependencies of both versions install side by side, without compiling every module of
-# transformers to bytecode (--no-compile: pip's compile step took three quarters of the install);
+# transformers to bytecode (--no-compile: pip's compile step took three quarters of the install), at
+# the versions of ci/lock.txt (SPECPARITY_LOCK as in ci/install.sh: another lock file, or none for the
+# newest versions the ranges allow);
 # the package itself (`-e . --no-deps`) one version at a time, so two builds never write the
 # checkout's metadata at once; then the tests of both versions run side by side.
 set -euo pipefail
@@ -62,13 +64,20 @@ reqs = list(project["dependencies"]) + list(project["optional-dependencies"]["te
 open(sys.argv[1], "w").write("\n".join(reqs) + "\n")
 EOF
 
+lock=${SPECPARITY_LOCK:-ci/lock.txt}
+pins=()
+if [ "$lock" != none ]; then
+  [ -f "$lock" ] || { echo "ci/pythons.sh: SPECPARITY_LOCK: $lock is not a file (expected a lock file or 'none')" >&2; exit 4; }
+  pins=(-c "$lock")
+fi
+
 start=$SECONDS
 pids=()
 for v in "${VERSIONS[@]}"; do
   py=$(interpreter "$v")
   (
     "$py" -m venv --clear ".venv-py$v"
-    ".venv-py$v/bin/python" -m pip install -q --no-compile "setuptools>=77" -r "$requirements"
+    ".venv-py$v/bin/python" -m pip install -q --no-compile "${pins[@]}" "setuptools>=77" -r "$requirements"
   ) >"$logs/install-$v.log" 2>&1 &
   pids+=($!)
 done

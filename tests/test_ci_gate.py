@@ -24,9 +24,10 @@ import pytest
 
 from inprocess import run_cli
 from llamacpp_fixtures import SUITE_PYTEST
-from prompt_subsets import first_of_each
+from prompt_subsets import first_of_each, write_subset
 from specparity.gate import exitcodes
 from specparity.model.locations import REPO_ROOT
+from tie_model import build_tie_model
 
 GATE = REPO_ROOT / "ci" / "gate.sh"
 POLICY = REPO_ROOT / "ci" / "policy.toml"
@@ -36,6 +37,9 @@ NO_PLUGINS = SUITE_PYTEST[SUITE_PYTEST.index("no:cacheprovider") + 1:]
 FAST_TAIL = ("--calibration", "selected", "--max-new-tokens", "8", *NO_PLUGINS)
 #: The script has no default engine: the lossless suite runs the reference decoder on the fixtures.
 ENGINE = ("--engine", "dflash")
+#: The prompts of the near-tie policy test: the first six of the default file, where the tie-dense target's
+#: bf16 ties lie on the greedy path (tests/test_bf16_near_ties.py decodes the same ones).
+TIE_PROMPTS = tuple(json.loads(line)["id"] for line in (REPO_ROOT / "prompts" / "default.jsonl").read_text().splitlines()[1:7])
 #: The probes that answer "unknown" for llama.cpp on the fixtures (it runs a GGUF conversion; no FP8 data).
 LLAMACPP_UNKNOWN = ["draft-fp8-scales", "lm-head"]
 
@@ -152,31 +156,37 @@ def test_acceptance_floor_of_the_policy_fails_the_gate(tmp_path, fast, few):
 
 @pytest.mark.slow
 def test_near_ties_pass_or_fail_by_policy(tmp_path):
-    """bf16 flips on prompts/near_tie.jsonl, judged with a 30-nat threshold: near ties within the budget
-    pass; the same flips fail under a policy that lists near_tie in fail_on (bit-exact). The allowing
-    run decodes the file's ``bf16_flip`` category only (its controls never flip); the strict run the
-    prompts that flipped and one that did not (each prompt decodes on its own, so its flips do not
-    depend on the others), not the whole category again."""
-    near_tie = REPO_ROOT / "prompts" / "near_tie.jsonl"
-    tail = ("--dtype", "bfloat16", "--calibration", "selected", "--near-tie-nats", "30", "--near-tie-ceiling", "30",
-            *NO_PLUGINS)
-    code, output = script_lossless(*ENGINE, "--policy", write_policy(tmp_path / "allow.toml", max_near_tie=1.0),
-                                   "--report", "allow", "--", "--prompts", near_tie, "--categories", "bf16_flip", *tail,
-                                   cwd=tmp_path)
+    """bf16 near-tie flips, judged under the policy file: within the budget they pass; the same flips fail
+    under a policy that lists near_tie in fail_on (bit-exact). The flips are made here, on any CPU: the
+    tie-dense copy of the fixture target (tests/tie_model.py) ties exactly at most positions in bf16, and
+    the hand-written loop keeps the draft's token at a tie (``tie_rule=draft``), so the speculative run
+    takes the other side of ties the baseline broke toward the lower id. The allowing run decodes the
+    first prompts of the default file; the strict run the prompts that flipped and one that did not (each
+    prompt decodes on its own, so its flips do not depend on the others)."""
+    target = tmp_path / "tie-target"
+    build_tie_model(target)
+    engine = ("--engine", f"{REPO_ROOT / 'tests' / 'broken_loops.py'}:create", "--target", target)
+    prompts = tmp_path / "first.jsonl"
+    kept = write_subset(prompts, lambda row: row["id"] in TIE_PROMPTS)
+    assert len(kept) == len(TIE_PROMPTS)
+    tail = ("--dtype", "bfloat16", "--engine-opt", "tie_rule=draft", "--calibration", "selected",
+            "--max-new-tokens", "24", *NO_PLUGINS)
+    code, output = script_lossless(*engine, "--policy", write_policy(tmp_path / "allow.toml", max_near_tie=1.0),
+                                   "--report", "allow", "--", "--prompts", prompts, *tail, cwd=tmp_path)
     assert code == exitcodes.PASS, output[-4000:]
     verdicts = [json.loads(line) for line in (tmp_path / "allow" / "lossless" / "results.jsonl").read_text().splitlines()]
-    ties = sorted(v["verdict"]["prompt_id"] for v in verdicts if v.get("kind") == "prompt" and v["verdict"]["class"] == "near_tie")
-    assert ties, "no near-tie flip under bf16: the fixture no longer has near ties on prompts/near_tie.jsonl"
+    classes = {v["verdict"]["prompt_id"]: v["verdict"]["class"] for v in verdicts if v.get("kind") == "prompt"}
+    ties = sorted(p for p, c in classes.items() if c == "near_tie")
+    assert ties, f"no near-tie flip on the tie-dense target in bf16 ({classes}): the near-tie path was not reached"
+    assert set(classes.values()) <= {"exact", "near_tie"}, classes
     counts, _ = junit(tmp_path / "allow" / "junit" / "lossless.xml")
     assert counts["failures"] == 0
 
-    classes = {v["verdict"]["prompt_id"]: v["verdict"]["class"] for v in verdicts if v.get("kind") == "prompt"}
     keep = set(ties) | {next((p for p, c in classes.items() if c == "exact"), ties[0])}
-    header, *rows = [line for line in near_tie.read_text().splitlines() if line.strip()]
     again = tmp_path / "again.jsonl"
-    again.write_text("\n".join([header, *(r for r in rows if json.loads(r)["id"] in keep)]) + "\n")
+    write_subset(again, lambda row: row["id"] in keep)
     strict = write_policy(tmp_path / "strict.toml", fail_on=["diverged", "error", "drifted", "near_tie"])
-    code, output = script_lossless(*ENGINE, "--policy", strict, "--report", "strict", "--", "--prompts", again, *tail,
+    code, output = script_lossless(*engine, "--policy", strict, "--report", "strict", "--", "--prompts", again, *tail,
                                    cwd=tmp_path)
     assert code == exitcodes.GATE_FAILED, output[-4000:]
     counts, cases = junit(tmp_path / "strict" / "junit" / "lossless.xml")
