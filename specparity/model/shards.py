@@ -88,6 +88,12 @@ class ShardPlan:
     calibrates: list[str] = field(default_factory=list)
     part: str = "shard"
     hash: str = SHARD_HASH
+    #: A ``retry`` part: how the pair it replaces was lost, in words.
+    cause: str = ""
+    #: A ``retry`` part whose pair was lost because one of its servers exited (not its node or worker): a
+    #: prompt that pair judged ``error`` keeps that verdict in the merge, the rerun's shown beside it — a
+    #: server that crashes under speculation is a finding, never rerun away.
+    keep_errors: bool = False
 
     @classmethod
     def of(cls, shard: Shard, prompts: Sequence[str], calibration: Sequence[str] | None) -> "ShardPlan":
@@ -96,16 +102,22 @@ class ShardPlan:
         calibrates = [pid for pid in (calibration or []) if shard.holds(pid)]
         return cls(shard, list(prompts), list(calibration) if calibration is not None else None, runs, calibrates)
 
-    def retry(self, runs: Sequence[str], calibrates: Sequence[str]) -> "ShardPlan":
-        """A rerun of ``runs`` and ``calibrates`` of this shard on another server pair."""
-        return ShardPlan(self.shard, self.prompts, self.calibration, list(runs), list(calibrates), "retry", self.hash)
+    def retry(self, runs: Sequence[str], calibrates: Sequence[str], cause: str = "",
+              keep_errors: bool = False) -> "ShardPlan":
+        """A rerun of ``runs`` and ``calibrates`` of this shard on another server pair (``cause``: how the pair
+        was lost; ``keep_errors``: a server of it exited, so its ``error`` verdicts stand)."""
+        return ShardPlan(self.shard, self.prompts, self.calibration, list(runs), list(calibrates), "retry", self.hash,
+                         cause, keep_errors)
 
     def describe(self) -> str:
         """What this journal is a part of, in words (the summary's "Fleet" line)."""
         if self.part == "retry":
             cal = f" and {len(self.calibrates)} calibration prompt(s)" if self.calibration is not None else ""
+            why = f" ({self.cause})" if self.cause else ""
+            kept = ("; the prompts that pair judged error keep that verdict, this rerun's shown beside it"
+                    if self.keep_errors else "")
             return (f"a rerun, on another server pair, of {len(self.runs)} selected prompt(s){cal} of shard "
-                    f"{self.shard.label} that a lost server pair left unfinished")
+                    f"{self.shard.label} that a lost server pair left unfinished{why}{kept}")
         cal = (f" and {len(self.calibrates)} of its {len(self.calibration)} calibration prompt(s)"
                if self.calibration is not None else "")
         return (f"shard {self.shard.label}: {len(self.runs)} of the run's {len(self.prompts)} selected prompt(s){cal}; "
@@ -114,7 +126,8 @@ class ShardPlan:
 
     def to_json(self) -> dict[str, Any]:
         return {"shard": self.shard.to_json(), "part": self.part, "hash": self.hash, "prompts": self.prompts,
-                "calibration": self.calibration, "runs": self.runs, "calibrates": self.calibrates}
+                "calibration": self.calibration, "runs": self.runs, "calibrates": self.calibrates,
+                "cause": self.cause, "keep_errors": self.keep_errors}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> "ShardPlan":
@@ -123,4 +136,4 @@ class ShardPlan:
         calibration = data.get("calibration")
         return cls(shard, list(data["prompts"]), list(calibration) if calibration is not None else None,
                    list(data.get("runs", [])), list(data.get("calibrates", [])), data.get("part", "shard"),
-                   data.get("hash", SHARD_HASH))
+                   data.get("hash", SHARD_HASH), str(data.get("cause", "")), bool(data.get("keep_errors", False)))

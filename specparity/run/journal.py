@@ -30,7 +30,8 @@ from specparity.model.jsonl import JsonlError, read_jsonl
 from specparity.model.threshold import NearTieThreshold
 from specparity.model.prompts import Prompt, PromptFileError
 from specparity.model.gate_run import GateConfig, GateRun, PromptRecord
-from specparity.model.types import Fingerprint, GenerationRequest, GenerationResult, SpecStats, TokenScores
+from specparity.model.run_state import COUNTERS_KIND, RunState
+from specparity.model.types import Fingerprint, GenerationRequest, GenerationResult, TokenScores
 
 RESULTS_SCHEMA = "specparity.results/1"
 JOURNAL = "results.jsonl"
@@ -186,10 +187,7 @@ def load_run(path: str | Path, journal: Journal | None = None) -> GateRun:
     run = GateRun(fingerprint=fingerprint, config=config, records=[])
     run.scorer = head.get("scorer", "")
     run.concurrency = int(head.get("concurrency", 1))
-    caps = head.get("capabilities") or {}
-    run.deterministic = caps.get("deterministic")
-    run.deterministic_partial = caps.get("deterministic_partial")
-    run.deterministic_unknown = caps.get("deterministic_unknown")
+    RunState.from_journal(head, journal.last.get(COUNTERS_KIND)).apply(run)
     run.attachments = [tuple(a) for a in head.get("attachments", [])]
     run.calibrated_apart = bool(head.get("calibrated_apart", False))
     run.calibration_reused = list(head.get("calibration_reused", []))
@@ -211,14 +209,6 @@ def load_run(path: str | Path, journal: Journal | None = None) -> GateRun:
         run.calibration_error = journal.last["calibration_refused"]["error"]
         run.scorer_check = journal.last["calibration_refused"].get("scorer_check")
         run.calibration_spot = journal.last["calibration_refused"].get("spot")
-    agg = journal.last.get("aggregate_counters")
-    if agg is not None:
-        if agg.get("error"):
-            run.counters_error = agg["error"]
-        elif agg.get("unattributed"):
-            run.aggregate_unattributed = agg["unattributed"]
-        else:
-            run.aggregate = SpecStats.from_json(agg)
     run.timings.update(journal.timings)
     run.interrupted = "interrupted" in journal.segment_kinds
     if "fatal" in journal.segment_kinds:
@@ -230,6 +220,5 @@ def load_run(path: str | Path, journal: Journal | None = None) -> GateRun:
     run.resumed_baselines = int(head.get("resumed_baselines", 0))
     run.resumed_verdicts = int(head.get("resumed_verdicts", 0))
     run.wire = dict(head.get("wire") or {})
-    run.skipped_checks = list(head.get("skipped_checks") or [])
     run.fleet_notes = list(head.get("fleet_notes") or [])
     return run

@@ -33,9 +33,10 @@ from specparity.judge.calibration import Sample, calibrate
 from specparity.judge.noise import CalibrationError
 from specparity.model.gate_run import DEFAULT_MAX_NEW_TOKENS, GateRun, PromptRecord
 from specparity.model.prompts import Prompt
+from specparity.model.run_state import RunState
 from specparity.model.shards import ShardPlan, shard_of
 from specparity.model.threshold import NearTieThreshold
-from specparity.model.types import Fingerprint, GenerationRequest, SpecStats, TokenScores
+from specparity.model.types import Fingerprint, GenerationRequest, TokenScores
 from specparity.model.verdicts import Verdict
 from specparity.run.golden import VOLATILE_EXTRA, describe_difference
 from specparity.run.journal import JOURNAL, RESULTS_SCHEMA, Journal, JournalError, load_run, read_journal
@@ -186,6 +187,39 @@ def check_parts(parts: Sequence[Part]) -> dict[str, Part]:
     return owners
 
 
+def keep_crash_errors(parts: Sequence[Part], owners: dict[str, Part]) -> dict[str, Part]:
+    """Give back to its shard's own journal every prompt that journal judged ``error`` and that a ``keep_errors``
+    retry reran (the pair was lost because one of its servers exited): the crash stays the prompt's verdict.
+    Returns those prompts with the retry part whose result is shown beside the error."""
+    mains = {p.plan.shard.index: p for p in parts if p.plan.part == "shard"}
+    beside: dict[str, Part] = {}
+    for part in parts:
+        own = mains.get(part.plan.shard.index)
+        if part.plan.part != "retry" or not part.plan.keep_errors or own is None:
+            continue
+        for pid in part.plan.runs:
+            verdict = (own.journal.judged.get(pid) or {}).get("verdict") or {}
+            if verdict.get("class") == "error":
+                owners[pid] = own
+                beside[pid] = part
+    return beside
+
+
+def _show_reruns(run: GateRun, beside: dict[str, Part], notes: list[str]) -> None:
+    """Each kept crash error names what the rerun on another pair made of the prompt."""
+    for rec in run.records:
+        retry = beside.get(rec.prompt.id)
+        if retry is None or rec.verdict is None:
+            continue
+        line = retry.journal.judged.get(rec.prompt.id) or {}
+        rerun = (line.get("verdict") or {}).get("class", "not finished")
+        rec.verdict.reason += (f" [kept: {retry.plan.cause or 'a server of its pair exited'}; rerun on another server "
+                               f"pair ({retry.path.parent}): {rerun}]")
+    if beside:
+        notes.append(f"{len(beside)} prompt(s) keep the error of a pair lost to a server that exited, the rerun's "
+                     f"class shown beside each: {', '.join(beside)}")
+
+
 def _main(parts: Sequence[Part]) -> Part:
     """The part whose run line speaks for the run: the first shard's own journal (a retry's otherwise)."""
     return next((p for p in parts if p.plan.part == "shard"), parts[0])
@@ -232,13 +266,12 @@ def merge_parts(parts: Sequence[Part], out: str | None, *, tokenizer: str | None
     (:func:`specparity.run.runner.conclude`)."""
     t0 = time.perf_counter()
     owners = check_parts(parts)
+    beside = keep_crash_errors(parts, owners)
     first = _main(parts)
     plan = first.plan
     config = dataclasses.replace(first.run.config, shard=None, report_dir=out, resume=False)
     run = GateRun(fingerprint=first.run.fingerprint, config=config, records=[], scorer=first.run.scorer)
     run.concurrency = first.run.concurrency
-    run.deterministic = first.run.deterministic
-    run.deterministic_partial = first.run.deterministic_partial
     run.calibrated_apart = first.run.calibrated_apart
     run.attachments = [(f"{label} (shard {p.plan.shard.label}{', retry' if p.plan.part == 'retry' else ''})", path)
                        for p in parts for label, path in p.run.attachments]
@@ -287,10 +320,16 @@ def merge_parts(parts: Sequence[Part], out: str | None, *, tokenizer: str | None
                 rec.verdict = Verdict(rec.prompt.id, rec.prompt.category, "error", f"not judged: {run.calibration_error}")
     else:
         _rejudge(run, parts, owners, stops, decode, merged)
+    _show_reruns(run, beside, merged.notes)
     for rec in run.records:
         if rec.spec is not None:
             run.coverage.add(rec.spec.spec)
-    _counters(run, parts, merged.notes)
+    retried = {p.plan.shard.index for p in parts if p.plan.part == "retry"}
+    state, notes = RunState.merge([(p.name, RunState.of(p.run)) for p in parts],
+                                  excused=frozenset(p.name for p in parts
+                                                    if p.plan.part == "shard" and p.plan.shard.index in retried))
+    state.apply(run)
+    merged.notes += notes
     _timings(run, parts)
     _wire(run, parts, owners)
     shards = sorted({p.plan.shard.index for p in parts})
@@ -367,22 +406,6 @@ def _rejudge(run: GateRun, parts: Sequence[Part], owners: dict[str, Part], stops
         merged.rejudged += 1
 
 
-def _counters(run: GateRun, parts: Sequence[Part], notes: list[str]) -> None:
-    """Run-wide counters (engines that report only aggregates): the shards' sums. A shard whose counters
-    could not be read (its server lost before the reading) leaves the sum short, and a note says so; only
-    when no shard's could be read is the run's activity unknown."""
-    errors = [f"{p.name}: {p.run.counters_error}" for p in parts if p.run.counters_error]
-    aggregates = [p.run.aggregate for p in parts if p.run.aggregate is not None]
-    if errors and not aggregates:
-        run.counters_error = "; ".join(errors)
-    elif aggregates:
-        notes.extend(f"run-wide counters not read, left out of the activity: {e}" for e in errors)
-        run.aggregate = SpecStats(available=True, proposed=sum(a.proposed for a in aggregates),
-                                  accepted=sum(a.accepted for a in aggregates),
-                                  verify_steps=sum(a.verify_steps for a in aggregates),
-                                  source=f"the sum of {len(aggregates)} shard(s)' {aggregates[0].source}")
-
-
 def _timings(run: GateRun, parts: Sequence[Part]) -> None:
     """Seconds spent: summed over the shards, except wall-clock spans (``total``, ``*_wall``), whose
     longest is the run's (the shards ran side by side)."""
@@ -414,7 +437,7 @@ def _write_journal(run: GateRun, parts: Sequence[Part], owners: dict[str, Part],
         writer.write({"kind": "run", "schema": RESULTS_SCHEMA,
                       "fingerprint": run.fingerprint.to_json() if run.fingerprint else None,
                       "config": run.config.to_json(), "scorer": run.scorer, "concurrency": run.concurrency,
-                      "capabilities": head.get("capabilities", {}), "attachments": run.attachments,
+                      **RunState.of(run).run_line(head.get("capabilities")), "attachments": run.attachments,
                       "stop_token_ids": head.get("stop_token_ids", []), "calibrated_apart": run.calibrated_apart,
                       "calibration_reused": run.calibration_reused, "resumed_baselines": 0, "resumed_verdicts": 0,
                       "wire": run.wire, "fleet_notes": run.fleet_notes,
@@ -437,10 +460,9 @@ def _write_journal(run: GateRun, parts: Sequence[Part], owners: dict[str, Part],
                           "spot": run.calibration_spot})
         for rec in run.records:
             writer.write(rec.to_json())
-        if run.counters_error:
-            writer.write({"kind": "aggregate_counters", "error": run.counters_error})
-        elif run.aggregate is not None:
-            writer.write({"kind": "aggregate_counters", **run.aggregate.to_json()})
+        counters = RunState.of(run).counters_line()
+        if counters is not None:
+            writer.write(counters)
         run.timings["merge"] = time.perf_counter() - started
         writer.write({"kind": "timings", "timings": {k: round(v, 6) for k, v in run.timings.items()}})
     finally:

@@ -11,7 +11,11 @@ result. A pair lost mid-run (its actor or node gone, its servers not answering) 
 prompts — selected prompts without a verdict or with an ``error``, calibration prompts without a
 measured baseline — rerun once, in full (baseline and speculative run, so a prompt still meets one
 pair), on another live pair (``REPORT/shards/i-retry``); what that rerun cannot finish is an ``error``
-in the merged journal, never dropped. :mod:`specparity.run.merge` then makes ``REPORT`` the run's.
+in the merged journal, never dropped. How the pair was lost decides what the rerun may replace
+(:func:`pair_loss`): a lost node or worker (its actor no longer answers) is rerun away; a pair lost because
+one of its servers exited while its node ran keeps its prompts' ``error`` verdicts, with the rerun's class
+beside each — a speculative server that crashes is what the gate is for, and a passing rerun elsewhere must
+not hide it. :mod:`specparity.run.merge` then makes ``REPORT`` the run's.
 
 ``REPORT/ray.json`` says where each pair ran (node, actor pid, URLs), which pairs were lost and which
 shards were rerun where; it is written once the pairs are up, and again at the end, each time replaced
@@ -175,6 +179,12 @@ class ServerPair:
     def alive(self) -> bool:
         return bool(self.processes) and all(p.alive() for p in self.processes)
 
+    def exited(self) -> dict[str, int | None]:
+        """Each server's exit code by role (None: still running), so a server that died on its own is told
+        from a lost node or worker (then the actor does not answer at all)."""
+        return {role: (None if proc.alive() else (proc.process.poll() if proc.process is not None else -1))
+                for proc, role in zip(self.processes, ("baseline", "spec"))}
+
     def logs(self) -> dict[str, str]:
         """Each server's log, for the run's report directory on the machine that started the run."""
         out = {}
@@ -206,7 +216,8 @@ class ShardRun:
     def to_json(self) -> dict[str, Any]:
         return {"shard": self.plan.shard.label, "part": self.plan.part, "pair": self.pair, "report": self.report_dir,
                 "selected": len(self.plan.runs), "calibration": len(self.plan.calibrates),
-                "exit_code": self.exit_code, "error": self.error}
+                "exit_code": self.exit_code, "error": self.error, "cause": self.plan.cause,
+                "keeps_errors": self.plan.keep_errors}
 
 
 @dataclass
@@ -215,12 +226,18 @@ class Fleet:
 
     pairs: list[PairAddress]
     actors: list[Any] = field(default_factory=list)
-    lost: set[int] = field(default_factory=set)
+    #: Pairs lost (or never up), and how.
+    losses: dict[int, PairLoss] = field(default_factory=dict)
     runs: list[ShardRun] = field(default_factory=list)
     started_s: float = 0.0
 
+    @property
+    def lost(self) -> set[int]:
+        return set(self.losses)
+
     def to_json(self) -> dict[str, Any]:
         return {"pairs": [p.to_json() for p in self.pairs], "lost_pairs": sorted(self.lost),
+                "losses": {str(i): loss.what for i, loss in sorted(self.losses.items())},
                 "shards": [r.to_json() for r in self.runs], "pairs_started_s": round(self.started_s, 3)}
 
 
@@ -244,7 +261,7 @@ def start_pairs(ray: Any, setup: GateSetup, options: RayOptions, say: Callable[[
         except Exception as exc:  # noqa: BLE001 - a pair that did not come up serves no shard
             failed.append(f"pair {i}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
     fleet = Fleet(pairs, actors)
-    fleet.lost = {i for i in range(count) if not any(p.index == i for p in pairs)}
+    fleet.losses = {i: PairLoss("it did not come up") for i in range(count) if not any(p.index == i for p in pairs)}
     fleet.started_s = time.perf_counter() - t0
     if not pairs:
         stop_pairs(ray, fleet, None)
@@ -254,30 +271,58 @@ def start_pairs(ray: Any, setup: GateSetup, options: RayOptions, say: Callable[[
     return fleet
 
 
-def pair_alive(ray: Any, fleet: Fleet, index: int) -> bool:
-    """Whether pair ``index`` still serves: its actor answers that both servers run (URL pairs: both answer
-    ``/health``)."""
-    if index in fleet.lost:
-        return False
+@dataclass(frozen=True)
+class PairLoss:
+    """How a server pair was lost: its node or worker (``server`` None: the actor did not answer, or neither
+    server does), or one of its servers (``baseline`` or ``spec``) exited or stopped answering while the rest
+    ran — an engine failure the run keeps (:attr:`ShardPlan.keep_errors`), never one it reruns away."""
+
+    what: str
+    server: str | None = None
+
+    @property
+    def server_exited(self) -> bool:
+        return self.server is not None
+
+
+def pair_loss(ray: Any, fleet: Fleet, index: int) -> PairLoss | None:
+    """Whether pair ``index`` still serves (None), else how it was lost: its actor answers which of its servers
+    exited (URL pairs: which do not answer ``/health``)."""
+    if index in fleet.losses:
+        return fleet.losses[index]
     if fleet.actors:
         try:
-            return bool(ray.get(fleet.actors[index].alive.remote(), timeout=ALIVE_TIMEOUT_S))
-        except Exception:  # noqa: BLE001 - the actor or its node is gone (ActorDiedError, GetTimeoutError …)
-            return False
+            exited = ray.get(fleet.actors[index].exited.remote(), timeout=ALIVE_TIMEOUT_S)
+        except Exception as exc:  # noqa: BLE001 - the actor or its node is gone (ActorDiedError, GetTimeoutError …)
+            return PairLoss(f"its node or worker was lost ({type(exc).__name__})")
+        down = {role: code for role, code in exited.items() if code is not None}
+    else:
+        pair = next(p for p in fleet.pairs if p.index == index)
+        down = {role: problem for role, problem in (("baseline", _unhealthy(pair.baseline_url)),
+                                                    ("spec", _unhealthy(pair.spec_url))) if problem}
+        if len(down) == 2:
+            return PairLoss(f"neither of its servers answers ({down['baseline']}; {down['spec']}): its machine or "
+                            "network was lost")
+    if not down:
+        return None
+    role = "spec" if "spec" in down else "baseline"
+    server = "speculative server" if role == "spec" else "baseline server"
+    how = f"exited with code {down[role]}" if fleet.actors else f"stopped answering ({down[role]})"
+    return PairLoss(f"its {server} {how} while its node ran", role)
+
+
+def _unhealthy(url: str) -> str | None:
+    """Why the server at ``url`` does not answer ``/health`` (None: it does)."""
     from specparity.engines.server.http import Endpoint, ServerError
     from specparity.engines.server.launch import health_ok
 
-    pair = next(p for p in fleet.pairs if p.index == index)
-    for url in (pair.baseline_url, pair.spec_url):
-        endpoint = Endpoint(url, read_timeout_s=10.0, connect_timeout_s=5.0, connect_retries=0)
-        try:
-            if health_ok(endpoint) is not None:
-                return False
-        except ServerError:
-            return False
-        finally:
-            endpoint.close()
-    return True
+    endpoint = Endpoint(url, read_timeout_s=10.0, connect_timeout_s=5.0, connect_retries=0)
+    try:
+        return health_ok(endpoint)
+    except ServerError as exc:
+        return str(exc)
+    finally:
+        endpoint.close()
 
 
 def stop_pairs(ray: Any, fleet: Fleet, logs_to: Path | None) -> None:
@@ -391,10 +436,13 @@ def _side_by_side(work: Sequence[tuple[GateSetup, ShardRun]], say: Callable[[str
 
 def _retries(ray: Any, setup: GateSetup, fleet: Fleet, parts: Sequence[ShardRun],
              say: Callable[[str], None]) -> list[tuple[GateSetup, ShardRun]]:
-    """For each part whose pair was lost: a rerun of what it left unfinished on another live pair (once)."""
+    """For each part whose pair was lost: a rerun of what it left unfinished on another live pair (once). A pair
+    lost to one of its servers exiting keeps its ``error`` verdicts (the rerun is shown beside them); only a
+    lost node or worker is rerun away."""
     for part in parts:
-        if not pair_alive(ray, fleet, part.pair):
-            fleet.lost.add(part.pair)
+        loss = pair_loss(ray, fleet, part.pair)
+        if loss is not None:
+            fleet.losses[part.pair] = loss
     live = [p for p in fleet.pairs if p.index not in fleet.lost]
     by_id = {p.id: p for p in setup.prompts}
     calibration_by_id = {p.id: p for p in setup.calibration or []}
@@ -404,16 +452,19 @@ def _retries(ray: Any, setup: GateSetup, fleet: Fleet, parts: Sequence[ShardRun]
         if not runs and not calibrates:
             continue
         if not live:
-            say(f"ray: pair {part.pair} was lost and no pair is left to rerun shard {part.plan.shard.label}: "
+            say(f"ray: pair {part.pair} was lost ({fleet.losses[part.pair].what}) and no pair is left to rerun shard "
+                f"{part.plan.shard.label}: "
                 f"{len(runs)} prompt(s) stay unfinished")
             continue
         pair = live[n % len(live)]
-        plan = part.plan.retry(runs, calibrates)
+        loss = fleet.losses[part.pair]
+        plan = part.plan.retry(runs, calibrates, f"pair {part.pair}: {loss.what}", keep_errors=loss.server_exited)
         calibration = ([calibration_by_id[pid] for pid in calibrates]
                        if setup.calibration is not None else None)
         report_dir = f"{part.report_dir}-retry"
         retry = ShardRun(plan, pair.index, report_dir, retry_of=part.report_dir)
-        say(f"ray: pair {part.pair} was lost; rerunning {len(runs)} prompt(s) and {len(calibrates)} calibration "
-            f"prompt(s) of shard {part.plan.shard.label} on pair {pair.index}")
+        say(f"ray: pair {part.pair} was lost ({loss.what}); rerunning {len(runs)} prompt(s) and {len(calibrates)} "
+            f"calibration prompt(s) of shard {part.plan.shard.label} on pair {pair.index}"
+            + ("; its error verdicts stand" if loss.server_exited else ""))
         out.append((shard_setup(setup, plan, [by_id[pid] for pid in runs], calibration, pair, report_dir), retry))
     return out

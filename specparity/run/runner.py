@@ -43,6 +43,7 @@ from specparity.judge.logprob_channel import stream_problem
 from specparity.model.prompts import Prompt
 from specparity.model.shards import ShardPlan
 from specparity.model.gate_run import DEFAULT_MAX_NEW_TOKENS, GateConfig, GateRun, PromptRecord
+from specparity.model.run_state import DECLARATIONS, RunState
 from specparity.model.threshold import NearTieThreshold
 from specparity.report.render import DERIVED_FILES, write_reports
 from specparity.report.reproducers import REPRODUCERS
@@ -273,11 +274,10 @@ def _run_phases(engine: Engine, run: GateRun, writer: ResultsWriter, say: Callab
     run.fingerprint = engine.fingerprint()
     logs = getattr(engine, "server_logs", None)
     run.attachments = list(logs()) if callable(logs) else []
-    run.deterministic = caps.deterministic
-    run.deterministic_partial = caps.deterministic_partial
-    run.deterministic_unknown = caps.deterministic_unknown
     skipped = getattr(engine, "skipped_checks", None)
-    run.skipped_checks = list(skipped()) if callable(skipped) else []
+    state = RunState(**{name: getattr(caps, name) for name in DECLARATIONS},
+                     skipped_checks=list(skipped()) if callable(skipped) else [])
+    state.apply(run)
     wire = getattr(engine, "wire_record", None)
     run.wire = wire() if callable(wire) else {}
     if resume is not None:
@@ -292,12 +292,11 @@ def _run_phases(engine: Engine, run: GateRun, writer: ResultsWriter, say: Callab
     run.fleet_notes = [plan.describe()] if plan is not None else []
     writer.write({"kind": "resume" if resume is not None else "run", "schema": RESULTS_SCHEMA,
                   "fingerprint": run.fingerprint.to_json(), "config": config.to_json(), "scorer": run.scorer,
-                  "concurrency": run.concurrency, "capabilities": vars(caps), "attachments": run.attachments,
+                  "concurrency": run.concurrency, **state.run_line(vars(caps)), "attachments": run.attachments,
                   "stop_token_ids": [int(t) for t in engine.stop_token_ids()],
                   "calibrated_apart": run.calibrated_apart, "calibration_reused": run.calibration_reused,
                   "resumed_baselines": run.resumed_baselines, "resumed_verdicts": run.resumed_verdicts,
-                  "wire": run.wire, "skipped_checks": run.skipped_checks,
-                  "fleet_notes": run.fleet_notes})
+                  "wire": run.wire, "fleet_notes": run.fleet_notes})
     if plan is not None:
         writer.write({"kind": "shard", **plan.to_json()})
     try:
@@ -321,18 +320,18 @@ def _run_phases(engine: Engine, run: GateRun, writer: ResultsWriter, say: Callab
                 delta = _aggregate_delta(counters_before, counters_after)
             except Exception as exc:  # noqa: BLE001 - the verdicts are written; only the activity is unknown
                 run.counters_error = f"{type(exc).__name__}: {exc}"
-                writer.write({"kind": "aggregate_counters", "error": run.counters_error})
+                writer.write(RunState.of(run).counters_line())
             else:
                 # server-wide counters count every client's drafts: this run's only when the servers
                 # served this run's requests alone
                 problem = unattributed(Traffic.from_json(counters_before.get("traffic")),
                                        Traffic.from_json(counters_after.get("traffic")))
-                writer.write({"kind": "aggregate_counters", **delta.to_json(), "unattributed": problem,
-                              "traffic": [counters_before.get("traffic"), counters_after.get("traffic")]})
                 if problem:
                     run.aggregate_unattributed = problem
                 else:
                     run.aggregate = delta
+                writer.write(RunState.of(run).counters_line(
+                    counted=delta, traffic=[counters_before.get("traffic"), counters_after.get("traffic")]))
     finally:
         scorer.close()
 
