@@ -23,14 +23,15 @@
 #  2. arms: `specparity arms --arms default,prefix-warm,preempt --preset sglang-mtp` through arms_live.sh (eager),
 #     with SGLang's default --mamba-radix-cache-strategy and with extra_buffer (SERVER_ARGS).
 #  3. two servers side by side: `specparity run --preset sglang-mtp --engine-opt parallel_start=true` at
-#     --mem-fraction-static 0.3 and 0.15 (pools sized from memory alone), then at 0.3 with --max-total-tokens
-#     and --max-mamba-cache-size (pools sized by count).
+#     --mem-fraction-static 0.3 (pools sized from memory alone), at 0.3 with --max-total-tokens 65536, at 0.3
+#     with --max-total-tokens and --max-mamba-cache-size (pools sized by count), and at 0.15; each starts only
+#     before DEADLINE_PARALLEL seconds into the plan (on one H100 the plan reached part 3 after 728 s).
 # Host flags on every server: triton attention, pytorch sampling, a 2048-token context (after the preset's
 # 32768: the later flag wins; the fixture has 4096 positions), --mm-feature-transport cpu; the eager pair takes
 # --mem-fraction-static 0.3 with nothing else bounding its pools (what decides its cap). Every server started
 # while others start takes --max-total-tokens 65536 --max-mamba-cache-size 512 (BOUND) so that its pools are
 # small and fixed: a server sizes its budget from the memory free at its start minus what another server takes
-# before it profiles (docs/SERVERS.md, the parallel-start row), so unbounded servers starting together fail.
+# before it profiles (docs/live/sglang-0.5.17/hybrid-mtp/README.md), so unbounded servers starting together fail.
 set -u
 HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(cd "$HERE/../../.." && pwd)
@@ -46,7 +47,7 @@ EAGER="--cuda-graph-backend-decode disabled --cuda-graph-backend-prefill disable
 FRAC=${FRAC:-0.3}
 BOUND=${BOUND:---max-total-tokens 65536 --max-mamba-cache-size 512}
 # the latest a step of part 3 may start (seconds since the plan began), so that the plan ends inside a lease
-DEADLINE_PARALLEL=${DEADLINE_PARALLEL:-1080}
+DEADLINE_PARALLEL=${DEADLINE_PARALLEL:-900}
 T0_FILE=$WORK/t0
 
 mkdir -p "$WORK/logs" "$WORK/reports" "$WORK/pgid" "$WORK/info" "$WORK/probes" "$WORK/done"
@@ -198,6 +199,7 @@ all() {
   nvidia-smi >"$WORK/info/nvidia-smi-before-parallel.txt" 2>&1
   # 3. two servers side by side
   parallel f030 "--mem-fraction-static 0.3"
+  parallel f030-tokens "--mem-fraction-static 0.3 --max-total-tokens 65536"
   parallel f030-bound "--mem-fraction-static 0.3 --max-total-tokens 65536 --max-mamba-cache-size 512"
   parallel f015 "--mem-fraction-static 0.15"
   log "PLAN done"
@@ -247,5 +249,5 @@ case "$cmd" in
   status) status "$@" ;;
   collect) collect "$@" ;;
   stop) stopall ;;
-  *) sed -n 2,35p "$0"; exit 4 ;;
+  *) sed -n '2,/^set -u/p' "$0" | sed '$d'; exit 4 ;;
 esac
