@@ -575,8 +575,6 @@ class SGLangEngine(ServerEngine):
         rid = f"specparity-{req.request_id}-{uuid.uuid4().hex[:12]}"
         body = endpoint.post_json(WIRE.path, WIRE.body(req, {**self.request_facts(endpoint), "rid": rid}))
         ids, finish, scores, meta = parse_generate(body, req.top_k)
-        self.note_request(req.request_id, speculative, prompt_tokens=meta.get("prompt_tokens"),
-                          cached_tokens=meta.get("cached_tokens"))
         if speculative:
             spec = spec_stats(meta, len(ids), declared)
         else:

@@ -779,7 +779,6 @@ class VLLMEngine(ServerEngine):
         if speculative:
             self.traffic.add(answer, answer_tokens(answer))
         ids, finish, scores, _ = parse_completion(answer, req.top_k)
-        self.note_request(req.request_id, speculative, **usage_facts(answer))
         if speculative:
             spec = request_spec_stats(answer) or SpecStats.unavailable(
                 "vLLM reports draft counters only run-wide: /metrics, read before and after the speculative phase")
