@@ -24,6 +24,8 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from fakes import SGLangServer, VLLMServer
 from fakes.backend import TARGET
@@ -272,3 +274,27 @@ def test_a_bug_only_on_a_retracted_request_fails_the_preempt_arm_alone(capsys, t
     for arm in ("default", "prefix-warm"):
         assert set(got[arm]["evidence"]["facts"]["preemptions_per_request"].values()) == {0}, got[arm]
     assert code == exitcodes.GATE_FAILED, out + err
+
+
+# --------------------------------------------------------------------------- what a cold request may share
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.lists(st.integers(0, 2), min_size=1, max_size=6),
+                          st.lists(st.integers(0, 2), max_size=4)), min_size=1, max_size=8))
+def test_the_shared_prefix_is_the_longest_with_any_other_judged_request(requests):
+    """What a cold judged request may find cached: the longest prefix its prompt shares with another judged
+    request's prompt and answer (found among its neighbours in sorted order), never with its own."""
+    from types import SimpleNamespace
+
+    from specparity.run.arm_runs import _shared
+
+    judged = [SimpleNamespace(request=SimpleNamespace(request_id=f"r{i}", prompt_ids=prompt),
+                              spec=SimpleNamespace(output_ids=answer)) for i, (prompt, answer) in enumerate(requests)]
+
+    def common(a, b):
+        return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+    want = {r.request.request_id: max((common(r.request.prompt_ids, [*o.request.prompt_ids, *o.spec.output_ids])
+                                       for o in judged if o is not r), default=0) for r in judged}
+    assert _shared(judged) == want

@@ -13,6 +13,7 @@ runs, so an arm the engine cannot set up is refused (exit 4) before any request.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import json
 import threading
@@ -374,11 +375,17 @@ def _common(a: Sequence[int], b: Sequence[int]) -> int:
 def _shared(judged: Sequence[Any]) -> dict[str, int]:
     """{request id: the longest prefix its prompt shares with another judged request's prompt and answer}:
     what the prefix cache may hold for it from the run's other judged requests, which any server reuses
-    (a chat template's opening tokens)."""
-    seqs = [(r.request.request_id, list(r.request.prompt_ids), [*r.request.prompt_ids, *r.spec.output_ids])
-            for r in judged]
-    return {rid: max((_common(prompt, seq) for other, _p, seq in seqs if other != rid), default=0)
-            for rid, prompt, _s in seqs}
+    (a chat template's opening tokens). In sorted order the longest shared prefix is a neighbour's, so each
+    prompt is compared with the nearest other request on either side of where it sorts."""
+    seqs = sorted((tuple(r.request.prompt_ids) + tuple(r.spec.output_ids), i) for i, r in enumerate(judged))
+    out = {}
+    for i, r in enumerate(judged):
+        prompt = tuple(r.request.prompt_ids)
+        at = bisect.bisect_left(seqs, (prompt, -1))
+        left = next((seqs[j][0] for j in range(at - 1, -1, -1) if seqs[j][1] != i), ())
+        right = next((seqs[j][0] for j in range(at, len(seqs)) if seqs[j][1] != i), ())
+        out[r.request.request_id] = max(_common(prompt, left), _common(prompt, right))
+    return out
 
 
 def _cache_off(engine: Any) -> str | None:
