@@ -59,7 +59,8 @@ NO_PREEMPTION = {"llamacpp": "llama-server's slots each own their context"}
 VLLM_HIDDEN_STATE_METHODS = frozenset({"eagle", "eagle3", "mtp", "dflash", "dspark"})
 LOOKAHEAD_TOKENS = 16
 #: Preemption counters, and a sample that shows the server's metrics are on: vLLM
-#: (``vllm:num_preemptions``, a counter declared from the start; its answers say nothing per request) and
+#: (``vllm:num_preemptions``, a counter declared from the start; 0.26.0 counts ``Request.num_preemptions`` per
+#: request, ``v1/request.py``, but no answer carries it) and
 #: SGLang (``sglang:num_retracted_requests_total``, a counter that appears only at the first retraction, with
 #: ``--enable-metrics``; the gauge ``sglang:num_retracted_reqs`` resets after each publish and is not read;
 #: read only where the answers lack their own ``num_retractions``). The proofs take a counter's delta over the
