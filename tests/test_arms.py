@@ -1,4 +1,5 @@
-"""``specparity arms``: the gate once per configuration arm, each arm proven by the engine's own counters.
+"""``specparity arms``: the gate once per configuration arm, each arm proven on its judged requests and by the
+engine (how the proofs read them: ``tests/test_arms_proof.py``).
 
 * bad input is one line, exit 4, before any request: an unknown arm (naming the known ones), an arm
   given twice, an arm an in-process engine or llama.cpp cannot run, an arm that changes the launch of
@@ -41,6 +42,8 @@ from specparity.run.arm_runs import ARM_JSON, ARMS_JSON, ARMS_MD, LONG_FIT_TOKEN
 #: Prompts per run: few, so every request of a phase is in flight at once under the preempt arm.
 PER_CATEGORY = {"math": 2, "code": 2}
 MAX_NEW = ("--max-new-tokens", "12")
+#: A vLLM fake as every arm launches vLLM: answers carry cached prompt tokens, /reset_prefix_cache is there.
+AS_LAUNCHED = {"prompt_tokens_details": True, "dev_mode": True}
 
 
 @pytest.fixture
@@ -167,6 +170,13 @@ def test_vllm_arms_change_both_launches():
     _launch, both = _launched(vllm_engine, "vllm", "fp8-kv", "vllm-ngram")  # its cache dtype is read back there
     assert all(launch.env() == {"VLLM_SERVER_DEV_MODE": "1"} for launch in both)
     assert not any(launch.env() for launch in plain)
+    # every arm, default included: each answer's cached prompt tokens, and dev mode's /reset_prefix_cache
+    for arm in ARMS:
+        if arm == "long":
+            continue  # its context needs a target's positions
+        _launch, both = _launched(vllm_engine, "vllm", arm, "vllm-ngram")
+        assert all("--enable-prompt-tokens-details" in launch.args() for launch in both), arm
+        assert all(launch.env().get("VLLM_SERVER_DEV_MODE") == "1" for launch in both), arm
 
 
 def test_vllm_preempt_sizes_the_kv_cache_below_what_runs_at_once():
@@ -190,7 +200,7 @@ def test_arm_flags_come_after_the_users_server_args_so_they_win():
                             extra={"server_args": ["--enforce-eager", "--max-model-len", "2048"]})
     launch = arm_launch("vllm", "fp8-kv", _sizing(), options)
     argv = vllm_engine.launch_configs(launch.apply(options))[1].args()
-    assert argv[-4:] == ["--max-model-len", "2048", "--kv-cache-dtype", "fp8"]
+    assert argv[-5:] == ["--max-model-len", "2048", "--kv-cache-dtype", "fp8", "--enable-prompt-tokens-details"]
     assert options.extra["server_args"] == ["--enforce-eager", "--max-model-len", "2048"]  # left as it was
 
 
@@ -216,10 +226,16 @@ def test_an_installed_engine_without_the_arms_argument_is_refused_naming_it(tmp_
     (pkg / "engine" / "arg_utils.py").write_text("max_model_len = None\nkv_cache_dtype = 'auto'\n")
     monkeypatch.setattr(arm_knobs, "installed_package_dir", lambda name: pkg if name == "vllm" else None)
     options = EngineOptions(preset="vllm-ngram", target="/models/t")
+    # every vLLM arm answers each request's cached prompt tokens: a front-end flag, in cli_args.py
+    with pytest.raises(arm_knobs.ArmSetupError, match=r"--arms default: the installed vllm .* has no "
+                                                      r"--enable-prompt-tokens-details"):
+        arm_launch("vllm", "default", _sizing(), options)
+    (pkg / "entrypoints" / "openai").mkdir(parents=True)
+    (pkg / "entrypoints" / "openai" / "cli_args.py").write_text("enable_prompt_tokens_details: bool = False\n")
     with pytest.raises(arm_knobs.ArmSetupError, match=r"--arms preempt: the installed vllm .* has no "
                                                       r"--num-gpu-blocks-override \(num_gpu_blocks_override\)"):
         arm_launch("vllm", "preempt", _sizing(), options)
-    assert arm_launch("vllm", "fp8-kv", _sizing(), options).flags == ("--kv-cache-dtype", "fp8")  # declared there
+    assert arm_launch("vllm", "fp8-kv", _sizing(), options).flags[:2] == ("--kv-cache-dtype", "fp8")  # declared there
 
 
 @pytest.mark.skipif(shutil.which("vllm") is not None, reason="a vllm on PATH would really launch")
@@ -280,19 +296,22 @@ def test_a_bug_after_preemption_passes_the_default_arm_and_fails_the_preempt_arm
     tok = HFTokenizer(str(TARGET))
     longest = max(len(tok.encode_prompt(p.prompt, p.messages_as_dicts())) for p in chosen)
     budget = longest + int(MAX_NEW[1])  # one request always fits; several at once do not
-    base, spec = VLLMServer(), VLLMServer(speculative=True, preempt_budget_tokens=budget, preempt_bug=True)
+    base = VLLMServer(**AS_LAUNCHED)
+    spec = VLLMServer(speculative=True, preempt_budget_tokens=budget, preempt_bug=True, **AS_LAUNCHED)
     with base, spec:
-        code, out, err = arms(capsys, *url_args("vllm", base, spec, prompt_file, tmp_path), "--arms", "default,preempt",
-                              "--prelaunched", "--concurrency", "1", "--engine-opt", f"max_concurrency={len(chosen)}")
+        code, out, err = arms(capsys, *url_args("vllm", base, spec, prompt_file, tmp_path), "--arms",
+                              "default,prefix-warm,preempt", "--prelaunched", "--concurrency", "1",
+                              "--engine-opt", f"max_concurrency={len(chosen)}")
     assert spec.preempted, "the fake never preempted: nothing was tested"
     got = rows(tmp_path)
     assert got["default"]["status"] == "PASS" and got["default"]["counts"]["exact"] == len(chosen), got["default"]
+    assert got["prefix-warm"]["status"] == "PASS", got["prefix-warm"]  # one request in flight: none preempted
     assert got["preempt"]["status"] == "FAIL" and got["preempt"]["counts"]["diverged"] >= 1, got["preempt"]
     assert got["preempt"]["evidence"]["exercised"] is True
     assert got["preempt"]["evidence"]["facts"]["preemptions"] == len(spec.preempted)
     assert code == exitcodes.GATE_FAILED, out + err
     assert "preempt" in out and "FAIL" in out
-    for arm in ("default", "preempt"):  # each arm keeps its own journal, summary and proof
+    for arm in ("default", "prefix-warm", "preempt"):  # each arm keeps its own journal, summary and proof
         assert (tmp_path / arm / "results.jsonl").is_file() and (tmp_path / arm / ARM_JSON).is_file()
         assert f"## Arm {arm}:" in (tmp_path / arm / "summary.md").read_text()
     assert "| preempt |" in (tmp_path / ARMS_MD).read_text()
@@ -311,8 +330,8 @@ def test_a_preempt_arm_without_preemptions_is_not_exercised(capsys, tmp_path, pr
 
 def test_a_bug_on_a_prefix_cache_hit_is_caught_only_by_prefix_warm(capsys, tmp_path, prompts):
     prompt_file, chosen = prompts
-    base = VLLMServer()
-    spec = VLLMServer(speculative=True, prefix_cache=True, prompt_tokens_details=True, prefix_hit_bug=True)
+    base = VLLMServer(**AS_LAUNCHED)
+    spec = VLLMServer(speculative=True, prefix_hit_bug=True, **AS_LAUNCHED)
     with base, spec:
         code, out, err = arms(capsys, *url_args("vllm", base, spec, prompt_file, tmp_path), "--arms",
                               "default,prefix-warm")
@@ -330,9 +349,8 @@ def test_prefix_warm_on_an_eagle_server_counts_only_prompts_past_the_dropped_blo
     with nothing cached, as vLLM does: the arm still proves the warm path on the longer prompts and names
     the ones it cannot count, where counting them would call a working cache cold."""
     prompt_file, chosen = prompts
-    base = VLLMServer(dev_mode=True)
-    spec = VLLMServer(speculative=True, prefix_cache=True, prompt_tokens_details=True, dev_mode=True,
-                      spec_method="eagle3")
+    base = VLLMServer(**AS_LAUNCHED)
+    spec = VLLMServer(speculative=True, spec_method="eagle3", **AS_LAUNCHED)
     with base, spec:
         code, out, err = arms(capsys, *url_args("vllm", base, spec, prompt_file, tmp_path), "--arms", "prefix-warm")
     row = rows(tmp_path)["prefix-warm"]
@@ -356,12 +374,12 @@ def test_a_prefix_warm_arm_without_cached_token_counts_is_not_exercised(capsys, 
 def test_a_bug_only_in_deterministic_mode_is_caught_by_the_deterministic_arm(capsys, tmp_path, prompts):
     prompt_file, chosen = prompts
     # the same buggy build: launched plainly (the default arm's servers), and in batch-invariant mode
-    with VLLMServer(dev_mode=True) as base, VLLMServer(speculative=True, dev_mode=True, deterministic_bug=True) as spec:
+    with VLLMServer(**AS_LAUNCHED) as base, VLLMServer(speculative=True, deterministic_bug=True, **AS_LAUNCHED) as spec:
         code, out, err = arms(capsys, *url_args("vllm", base, spec, prompt_file, tmp_path / "plain"), "--arms",
                               "default")
         assert code == exitcodes.PASS and not spec.arm_flipped, out + err
-    with VLLMServer(dev_mode=True, batch_invariant=True) as base, \
-            VLLMServer(speculative=True, dev_mode=True, batch_invariant=True, deterministic_bug=True) as spec:
+    with VLLMServer(batch_invariant=True, **AS_LAUNCHED) as base, \
+            VLLMServer(speculative=True, batch_invariant=True, deterministic_bug=True, **AS_LAUNCHED) as spec:
         code, out, err = arms(capsys, *url_args("vllm", base, spec, prompt_file, tmp_path / "det"), "--arms",
                               "deterministic", "--prelaunched")
         assert spec.arm_flipped
@@ -380,12 +398,12 @@ def test_deterministic_arm_on_servers_that_do_not_declare_it_is_not_exercised(ca
 
 def test_a_bug_only_under_fp8_kv_is_caught_by_the_fp8_arm_with_its_bias_line(capsys, tmp_path, prompts):
     prompt_file, _chosen = prompts
-    with VLLMServer(dev_mode=True) as base, VLLMServer(speculative=True, dev_mode=True, fp8_bug=True) as spec:
+    with VLLMServer(**AS_LAUNCHED) as base, VLLMServer(speculative=True, fp8_bug=True, **AS_LAUNCHED) as spec:
         code, out, err = arms(capsys, *url_args("vllm", base, spec, prompt_file, tmp_path / "plain"), "--arms",
                               "default")
         assert code == exitcodes.PASS, out + err
-    with VLLMServer(dev_mode=True, kv_cache_dtype="fp8") as base, \
-            VLLMServer(speculative=True, dev_mode=True, kv_cache_dtype="fp8", fp8_bug=True) as spec:
+    with VLLMServer(kv_cache_dtype="fp8", **AS_LAUNCHED) as base, \
+            VLLMServer(speculative=True, kv_cache_dtype="fp8", fp8_bug=True, **AS_LAUNCHED) as spec:
         code, out, err = arms(capsys, *url_args("vllm", base, spec, prompt_file, tmp_path / "fp8"), "--arms",
                               "fp8-kv", "--prelaunched")
     row = rows(tmp_path / "fp8")["fp8-kv"]
@@ -403,8 +421,8 @@ def test_a_bug_only_beyond_16k_tokens_is_caught_only_by_the_long_arm(capsys, tmp
     prompt_file, _chosen = prompts
     long_target = TARGET.parent / "long"
     drop = LONG_MIN_TOKENS - 512
-    with VLLMServer(drop_leading=drop) as base, \
-            VLLMServer(speculative=True, drop_leading=drop, long_bug_tokens=16384) as spec:
+    with VLLMServer(drop_leading=drop, **AS_LAUNCHED) as base, \
+            VLLMServer(speculative=True, drop_leading=drop, long_bug_tokens=16384, **AS_LAUNCHED) as spec:
         args = url_args("vllm", base, spec, prompt_file, tmp_path)
         args[args.index("--target") + 1] = str(long_target)
         code, out, err = arms(capsys, *args, "--arms", "default,long", "--prelaunched")
@@ -422,39 +440,67 @@ def test_a_bug_only_beyond_16k_tokens_is_caught_only_by_the_long_arm(capsys, tmp
 
 def test_sglang_prefix_warm_reads_meta_info_cached_tokens(capsys, tmp_path, prompts):
     prompt_file, chosen = prompts
-    with SGLangServer() as base, SGLangServer(speculative=True, prefix_cache=True, prefix_hit_bug=True) as spec:
+    with SGLangServer() as base, SGLangServer(speculative=True, prefix_hit_bug=True) as spec:
         code, out, err = arms(capsys, *url_args("sglang", base, spec, prompt_file, tmp_path), "--arms",
                               "default,prefix-warm")
     got = rows(tmp_path)
     assert got["default"]["status"] == "PASS", got["default"]
-    assert got["prefix-warm"]["status"] == "FAIL" and spec.prefix_flipped, got["prefix-warm"]
+    assert got["prefix-warm"]["status"] == "FAIL" and spec.arm_flipped, got["prefix-warm"]
     assert all(n > 0 for n in got["prefix-warm"]["evidence"]["facts"]["cached_tokens"].values())
     assert code == exitcodes.GATE_FAILED, out + err
 
 
-def test_sglang_preempt_without_a_readable_counter_is_not_exercised(capsys, tmp_path, prompts):
+def test_sglang_preempt_without_retractions_is_not_exercised(capsys, tmp_path, prompts):
+    """SGLang answers each request's retractions (meta_info.num_retractions): none retracted is no proof."""
     prompt_file, chosen = prompts
     with SGLangServer() as base, SGLangServer(speculative=True) as spec:
         code, out, err = arms(capsys, *url_args("sglang", base, spec, prompt_file, tmp_path), "--arms", "preempt",
                               "--prelaunched", "--engine-opt", f"max_concurrency={len(chosen)}")
     row = rows(tmp_path)["preempt"]
-    assert row["status"] == NOT_EXERCISED and "no preemption counter" in " ".join(row["evidence"]["lines"]), row
+    assert row["status"] == NOT_EXERCISED, row
+    assert row["evidence"]["facts"]["preemptions_per_request"] == {p.id: 0 for p in chosen}, row["evidence"]
     assert code == exitcodes.GATE_FAILED, out + err
 
 
-def _prefix_warm_evidence(lengths: dict[str, int], cached: dict[str, int], method: str | None = None):
-    """The prefix-warm arm's evidence on vLLM for prompts of ``lengths`` tokens whose warm requests found
-    ``cached`` tokens, the run's speculative method read from its fingerprint (None: no fingerprint)."""
+def _prefix_warm_evidence(lengths: dict[str, int], cached: dict[str, int], method: str | None = None,
+                          warm_errors: dict[str, str] | None = None):
+    """The prefix-warm arm's evidence on vLLM for prompts of ``lengths`` tokens whose judged requests found
+    ``cached`` tokens after warm-ups that failed with ``warm_errors`` (by prompt; the others succeeded), the
+    run's speculative method read from its fingerprint (None: no fingerprint)."""
     from types import SimpleNamespace
 
     from specparity.model.types import GenerationRequest
     from specparity.run.arm_runs import collect_evidence
 
-    records = [SimpleNamespace(spec=object(), request=GenerationRequest(rid, [1] * lengths[rid], 8)) for rid in cached]
-    engine = SimpleNamespace(noted_request=lambda rid, spec: {"cached_tokens": cached[rid]}, warm_errors={})
+    errors = warm_errors or {}
+    records = [SimpleNamespace(spec=SimpleNamespace(facts={"cached_tokens": n, "prompt_tokens": lengths[rid]},
+                                                    error=None, output_ids=[]),
+                               request=GenerationRequest(rid, [1] * lengths[rid], 8)) for rid, n in cached.items()]
+    engine = SimpleNamespace(warm_results={rid: SimpleNamespace(error=errors.get(rid)) for rid in cached})
     plan = SimpleNamespace(arm=ARMS["prefix-warm"], setup=SimpleNamespace(engine_spec="vllm"))
     fingerprint = None if method is None else SimpleNamespace(spec_config={"method": method})
-    return collect_evidence(plan, engine, SimpleNamespace(records=records, fingerprint=fingerprint), {})
+    return collect_evidence(plan, engine, SimpleNamespace(records=records, fingerprint=fingerprint), None)
+
+
+def test_prefix_warm_needs_each_warm_up_to_succeed_and_the_whole_prompt_cached():
+    """Any cached token used to prove the arm: with every warm-up failed (HTTP 500) and each 200-token prompt
+    finding only the 16-token block it shares with the others, the arm was "exercised". A prompt counts only
+    when its warm-up succeeded and it found all of its prompt a cache can hold (whole blocks of all but its
+    last token)."""
+    from specparity.engines.server.arm_knobs import PREFIX_CACHE_UNIT
+
+    unit = PREFIX_CACHE_UNIT["vllm"]
+    lengths = {f"p{i}": 200 for i in range(3)}
+    whole = (200 - 1) // unit * unit
+    failed = _prefix_warm_evidence(lengths, {rid: unit for rid in lengths},
+                                   warm_errors={rid: "HTTP 500: Internal Server Error" for rid in lengths})
+    assert failed.exercised is False, failed.lines
+    assert any("warm-up failed for 3 prompt(s)" in line for line in failed.lines), failed.lines
+    shared_block_only = _prefix_warm_evidence(lengths, {rid: unit for rid in lengths})
+    assert shared_block_only.exercised is False, shared_block_only.lines
+    assert _prefix_warm_evidence(lengths, {rid: whole for rid in lengths}).exercised is True
+    one_failed = _prefix_warm_evidence(lengths, {rid: whole for rid in lengths}, warm_errors={"p1": "HTTP 500"})
+    assert one_failed.exercised is False, one_failed.lines
 
 
 def test_prefix_warm_counts_only_prompts_long_enough_to_be_cached():
@@ -468,7 +514,7 @@ def test_prefix_warm_counts_only_prompts_long_enough_to_be_cached():
     def run_with(cached: dict[str, int]):
         return _prefix_warm_evidence(lengths, cached)
 
-    proven = run_with({"short": 0, "long": 2 * unit})
+    proven = run_with({"short": 0, "long": 3 * unit})
     assert proven.exercised is True and any("shorter than one cache unit" in line for line in proven.lines)
     assert run_with({"short": 0, "long": 0}).exercised is False
     only_short = run_with({"short": 0})

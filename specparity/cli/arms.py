@@ -80,8 +80,9 @@ def add_arms_command(sub: Any) -> None:
         help="run the gate once per configuration arm (deterministic, preempt, prefix-warm, fp8-kv, long) and "
         "prove each arm happened",
         description="Run the lossless gate once per configuration arm against one engine and one prompt set, each "
-        "arm journalled in REPORT/<arm>/, its proof read from the engine's own counters (an arm not proven is NOT "
-        "EXERCISED: a failure). Prints one table; writes REPORT/arms.md and arms.json; exits with the worst arm. "
+        "arm journalled in REPORT/<arm>/, its proof read from the judged requests and the engine, with the "
+        "proof that it is free of the other arms' conditions (an arm not proven is NOT EXERCISED: a failure). "
+        "Prints one table; writes REPORT/arms.md and arms.json; exits with the worst arm. "
         "Arms: " + "; ".join(f"{a.name}: {a.description}" for a in ARMS.values()) + ". The other options are those "
         "of `specparity run`.",
         epilog=EXIT_CODES_EPILOG,

@@ -1,15 +1,16 @@
 """Configuration arms: the one list of the run configurations ``specparity arms`` knows.
 
 An arm is a named change to an engine's launch or requests (prefix caching warmed, KV cache too small
-to hold every request at once, fp8 KV cache, deterministic kernels, very long prompts) plus the
-engine counter that proves the change happened. Speculative-decoding bugs cluster in these
+to hold every request at once, fp8 KV cache, deterministic kernels, very long prompts) plus the proof,
+read from the judged requests or the engine, that the change happened — and that the other arms'
+conditions did not: the default arm is shown free of all of them. Speculative-decoding bugs cluster in these
 configurations, which engine CIs rarely run; a lossless gate run on the default configuration passes
 them. Each arm is data here; the launch knobs per engine live in
 :mod:`specparity.engines.server.arm_knobs`, the orchestration in :mod:`specparity.run.arm_runs`, and
 every other module reads this registry (one place for the list).
 
-An arm whose proof is missing ends ``not exercised``, which fails: a condition the engine's own counters
-do not show never passes.
+An arm whose proof is missing ends ``not exercised``, which fails: a condition the judged requests and the
+engine do not show never passes.
 """
 
 from __future__ import annotations
@@ -30,8 +31,8 @@ class Arm:
     """One configuration arm.
 
     ``changes`` says what the arm changes, per engine (words for the table and docs: the knobs
-    themselves are in :mod:`specparity.engines.server.arm_knobs`); ``proof`` names the engine counter
-    that shows the condition happened; ``launch``: the arm changes how servers are launched (with
+    themselves are in :mod:`specparity.engines.server.arm_knobs`); ``proof`` names the facts that show the
+    condition happened on the judged requests; ``launch``: the arm changes how servers are launched (with
     ``--baseline-url`` / ``--spec-url`` it runs only under ``--prelaunched``); ``engines``: the
     engines that can set it up, and ``unsupported`` why each other one cannot."""
 
@@ -47,9 +48,20 @@ class Arm:
 ARMS: dict[str, Arm] = {
     a.name: a
     for a in (
-        Arm("default", "the preset as it is",
-            changes={"vllm": "nothing", "sglang": "nothing", "llamacpp": "nothing"},
-            proof={e: "none needed" for e in SERVER_ENGINES},
+        Arm("default", "the preset as it is; its judged requests start from an empty prefix cache",
+            changes={"vllm": "nothing the engine computes (every vLLM arm: --enable-prompt-tokens-details and "
+                             "VLLM_SERVER_DEV_MODE=1, for each answer's cached tokens and /reset_prefix_cache)",
+                     "sglang": "nothing", "llamacpp": "nothing"},
+            proof={"vllm": "free of every other arm's condition: each judged speculative request's "
+                           "usage.prompt_tokens_details.cached_tokens at most the prefix it shares with another "
+                           "judged prompt (cold), no preemption on the speculative servers during the judged "
+                           "requests, no fp8 KV cache, no determinism declared, no prompt of the long arm's size",
+                   "sglang": "free of every other arm's condition: each judged speculative request's "
+                             "meta_info.cached_tokens at most the prefix it shares with another judged prompt "
+                             "(cold) and its meta_info.num_retractions 0, no fp8 KV cache, no determinism "
+                             "declared, no prompt of the long arm's size",
+                   "llamacpp": "free of every other arm's condition: cold and never preempted by construction "
+                               "(cache_prompt false; slots do not preempt), no prompt of the long arm's size"},
             launch=False, engines=SERVER_ENGINES, unsupported={}),
         Arm("deterministic", "the engine's deterministic / batch-invariant switch on both sides; the run is "
             "bit-exact (a near tie fails)",
@@ -66,9 +78,9 @@ ARMS: dict[str, Arm] = {
                              "and --max-model-len cut to the largest request, on both launches",
                      "sglang": "--max-total-tokens N (the same sizing, in tokens), --context-length cut to the "
                                "largest request and --enable-metrics on both launches"},
-            proof={"vllm": "/metrics vllm:num_preemptions_total delta on the speculative servers > 0",
-                   "sglang": "/metrics sglang:num_retracted_requests_total delta on the speculative servers > 0 "
-                             "(the launch adds --enable-metrics)"},
+            proof={"vllm": "/metrics vllm:num_preemptions_total delta on the speculative servers over the judged "
+                           "requests alone > 0 (vLLM answers no per-request count)",
+                   "sglang": "meta_info.num_retractions > 0 on a judged speculative request"},
             launch=True, engines=("vllm", "sglang"),
             unsupported={"llamacpp": "llama-server's slots each own their context; it does not preempt"}),
         Arm("prefix-warm", "every prompt sent once to the speculative server (max_tokens 1) before the judged "
@@ -76,8 +88,12 @@ ARMS: dict[str, Arm] = {
             changes={"vllm": "prefix caching on (its default) and --enable-prompt-tokens-details on both launches; "
                              "a warm-up request per prompt",
                      "sglang": "radix cache on (its default); a warm-up request per prompt"},
-            proof={"vllm": "usage.prompt_tokens_details.cached_tokens > 0 on every judged speculative request",
-                   "sglang": "meta_info.cached_tokens > 0 on every judged speculative request"},
+            proof={"vllm": "every judged speculative request long enough to be cached had a warm-up that succeeded "
+                           "and found its whole prompt cached (usage.prompt_tokens_details.cached_tokens: whole "
+                           "blocks of all but the last token, one block less for a hidden-state draft)",
+                   "sglang": "every judged speculative request long enough to be cached had a warm-up that "
+                             "succeeded and found its whole prompt cached (meta_info.cached_tokens: whole pages of "
+                             "/server_info page_size of all but the last token)"},
             launch=False, engines=("vllm", "sglang"),
             unsupported={"llamacpp": "not wired: llama-server's cache_prompt reuse is not read back (timings.cache_n)"}),
         Arm("fp8-kv", "fp8 KV cache on both sides; the summary states the decode/prefill bias on its own line",

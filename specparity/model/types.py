@@ -235,6 +235,11 @@ class GenerationResult:
     ``scores`` holds, for every output position, the logprob of the chosen token and the top-k
     alternatives as the engine computed them while decoding (for a speculative run: from the
     verify pass). ``error`` is set when the request failed; the other fields are then partial.
+
+    ``facts``: what the server said about how it served the request, where it says it —
+    ``prompt_tokens`` (its own count), ``cached_tokens`` (prompt tokens found in its prefix cache),
+    ``preemptions`` (times the request was preempted or retracted before it finished) — journalled
+    with the answer; the configuration arms prove their condition from them.
     """
 
     request_id: str
@@ -245,9 +250,10 @@ class GenerationResult:
     spec: SpecStats
     wall_s: float = 0.0
     error: str | None = None
+    facts: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out = {
             "request_id": self.request_id,
             "output_ids": list(self.output_ids),
             "text": self.text,
@@ -257,6 +263,9 @@ class GenerationResult:
             "wall_s": round(self.wall_s, 6),
             "error": self.error,
         }
+        if self.facts:
+            out["facts"] = dict(self.facts)
+        return out
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> "GenerationResult":
@@ -269,6 +278,7 @@ class GenerationResult:
             spec=SpecStats.from_json(data["spec"]),
             wall_s=data.get("wall_s", 0.0),
             error=data.get("error"),
+            facts=dict(data.get("facts") or {}),
         )
 
     @classmethod

@@ -2,23 +2,30 @@
 
 Each arm (:mod:`specparity.model.arms`) is a full gate run with its own engine — the servers launched
 with the arm's knobs (:mod:`specparity.engines.server.arm_knobs`) — journalled in ``REPORT/<arm>/``
-as it goes, so a later arm's failure never loses an earlier arm's results. Around each run the arm's
-proof is read from the engine's own counters (preemptions, cached prompt tokens, the determinism
-declaration, the KV cache dtype, prompt token counts); an arm whose proof is missing ends
-``NOT EXERCISED``, a failure (exit 1), never a pass. All plans are made before the first arm runs, so
-an arm the engine cannot set up is refused (exit 4) before any request.
+as it goes, so a later arm's failure never loses an earlier arm's results. The judged speculative
+requests start from an empty prefix cache (:class:`ArmEngine`), and the arm's proof is read from them —
+each answer's cached prompt tokens and preemptions, journalled with it — and from the engine (the
+determinism declaration, the KV cache dtype, a preemption counter over the judged requests alone): the
+arm's own condition, and that it is free of the conditions other arms set up. An arm whose proof is
+missing ends ``NOT EXERCISED``, a failure (exit 1), never a pass. All plans are made before the first arm
+runs, so an arm the engine cannot set up is refused (exit 4) before any request.
 """
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import json
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from specparity.engines.server.arm_knobs import (
+    CACHED_TOKENS_NEED,
+    NO_PREEMPTION,
+    NO_PREFIX_CACHE,
     ArmLaunch,
     ArmSetupError,
     ArmSizing,
@@ -27,8 +34,10 @@ from specparity.engines.server.arm_knobs import (
     long_prompt_tokens,
     preemptions,
     prefix_cache_floor,
-    request_facts,
+    prefix_cache_unit,
+    prefix_full_hit,
     requests_in_flight,
+    reset_prefix_caches,
 )
 from specparity.gate import exitcodes
 from specparity.model.files import replace_whole
@@ -251,8 +260,9 @@ def plan_arms(setup: GateSetup, arms: Sequence[Arm], *, prelaunched: bool = Fals
                                      concurrency=launch.concurrency if launch.concurrency else config.concurrency)
         arm_options = options if urls else launch.apply(options)
         arm_options = dataclasses.replace(arm_options, log_dir=out)
-        text = launch.describe() if not urls else (
-            f"servers at the URLs, as launched (the arm expects: {launch.describe()})" if arm.launch else "nothing")
+        expects = launch.describe()
+        text = expects if not urls else (
+            f"servers at the URLs, as launched (the arm expects: {expects})" if expects != "nothing" else "nothing")
         plans.append(ArmPlan(arm, dataclasses.replace(setup, engine_options=arm_options, config=config,
                                                       prompts=prompts, calibration=calibration), launch, text))
         if server and not urls:  # the launch the arm asks for must be one the engine accepts (its own checks)
@@ -267,108 +277,324 @@ def plan_arms(setup: GateSetup, arms: Sequence[Arm], *, prelaunched: bool = Fals
     return plans
 
 
-# --------------------------------------------------------------------------- request-level change
+# --------------------------------------------------------------------------- the judged phase
 
 
-class PrefixWarmEngine:
-    """The engine, with every speculative request preceded by the same prompt with one output token on
-    the same server, so that the judged request finds its prefix cached. Everything else is the engine's."""
+@dataclass
+class JudgedPhase:
+    """What was done and read as the judged phase started: each speculative server's prefix-cache reset
+    (url, reset, what it said) and their preemption counter then (None: unknown)."""
 
-    def __init__(self, engine: Any):
+    reset: list[tuple[str, bool, str]] = field(default_factory=list)
+    preemptions: int | None = None
+
+
+class ArmEngine:
+    """The engine as an arm runs it. When the judged phase starts — the first speculative request, once the
+    speculative server has scored the calibration's tokens (cross-instance scoring, which its prefix cache
+    keeps) — the speculative servers' prefix caches are reset (:func:`reset_prefix_caches`) and their
+    preemption counter read, so that the judged requests start cold and a counter's delta covers them alone.
+    With ``warm`` (the prefix-warm arm) every speculative request is preceded by the same prompt with one
+    output token on the same server, so that the judged request finds its prompt cached. Everything else is
+    the engine's."""
+
+    def __init__(self, engine: Any, *, warm: bool = False):
         self._engine = engine
-        #: The warm-up answers' errors, by request id (a failed warm-up leaves the judged one cold).
-        self.warm_errors: dict[str, str] = {}
+        self.warm = warm
+        #: The warm-up answers, by the judged request's id.
+        self.warm_results: dict[str, Any] = {}
+        #: Set by the first speculative request (None: no speculative request was sent).
+        self.judged_phase: JudgedPhase | None = None
+        self._lock = threading.Lock()
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._engine, name)
 
+    @property
+    def warm_errors(self) -> dict[str, str]:
+        """The warm-up answers' errors, by the judged request's id (a failed warm-up leaves it cold)."""
+        return {rid: got.error for rid, got in self.warm_results.items() if got.error}
+
+    def start_judged_phase(self) -> JudgedPhase:
+        with self._lock:  # the first of the requests in flight resets; the others wait for it
+            if self.judged_phase is None:
+                phase = JudgedPhase()
+                try:
+                    phase.reset = reset_prefix_caches(self._engine)
+                    phase.preemptions = preemptions(self._engine)
+                except Exception as exc:  # noqa: BLE001 - the proofs then show what was not done
+                    phase.reset.append(("", False, f"{type(exc).__name__}: {exc}"))
+                self.judged_phase = phase
+            return self.judged_phase
+
     def generate(self, requests: Sequence[Any], *, speculative: bool) -> list[Any]:
         if speculative:
-            for req in requests:
-                warm = dataclasses.replace(req, request_id=req.request_id + WARM_SUFFIX, max_new_tokens=1)
-                got = self._engine.generate([warm], speculative=True)[0]
-                if got.error:
-                    self.warm_errors[req.request_id] = got.error
+            self.start_judged_phase()
+            if self.warm:
+                for req in requests:
+                    warm = dataclasses.replace(req, request_id=req.request_id + WARM_SUFFIX, max_new_tokens=1)
+                    self.warm_results[req.request_id] = self._engine.generate([warm], speculative=True)[0]
         return self._engine.generate(requests, speculative=speculative)
 
 
 # --------------------------------------------------------------------------- evidence
 
 
-def _before(plan: ArmPlan, engine: Any) -> dict[str, Any]:
-    if plan.arm.name == "preempt":
-        return {"preemptions": preemptions(engine)}
-    return {}
+@dataclass
+class Check:
+    """One condition read from the judged requests: ``ok`` True (shown as the arm needs it), False (shown
+    otherwise, or not shown at all)."""
+
+    ok: bool
+    lines: list[str]
+    facts: dict[str, Any] = field(default_factory=dict)
 
 
-def collect_evidence(plan: ArmPlan, engine: Any, run: Any, before: dict[str, Any]) -> Evidence:
-    """What the engine's counters prove about ``plan``'s arm, after its run."""
+def _judged(run: Any) -> list[Any]:
+    """The judged speculative requests that were answered (a failed one is the gate's error, not a proof)."""
+    return [r for r in run.records if r.spec is not None and r.request is not None and not r.spec.error]
+
+
+def _name(engine: Any) -> str:
+    return str(getattr(engine, "name", "") or "")
+
+
+def _server(engine: Any) -> bool:
+    return callable(getattr(engine, "every_server", None))
+
+
+def _common(a: Sequence[int], b: Sequence[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def _shared(judged: Sequence[Any]) -> dict[str, int]:
+    """{request id: the longest prefix its prompt shares with another judged request's prompt and answer}:
+    what the prefix cache may hold for it from the run's other judged requests, which any server reuses
+    (a chat template's opening tokens). In sorted order the longest shared prefix is a neighbour's, so each
+    prompt is compared with the nearest other request on either side of where it sorts."""
+    seqs = sorted((tuple(r.request.prompt_ids) + tuple(r.spec.output_ids), i) for i, r in enumerate(judged))
+    out = {}
+    for i, r in enumerate(judged):
+        prompt = tuple(r.request.prompt_ids)
+        at = bisect.bisect_left(seqs, (prompt, -1))
+        left = next((seqs[j][0] for j in range(at - 1, -1, -1) if seqs[j][1] != i), ())
+        right = next((seqs[j][0] for j in range(at, len(seqs)) if seqs[j][1] != i), ())
+        out[r.request.request_id] = max(_common(prompt, left), _common(prompt, right))
+    return out
+
+
+def _cache_off(engine: Any) -> str | None:
+    """Why no request of ``engine`` reads a prefix cache (None: its requests may)."""
+    if not _server(engine):
+        return "the engine runs in process: no prefix cache"
+    why = NO_PREFIX_CACHE.get(_name(engine))
+    return f"{_name(engine)}: {why}" if why else None
+
+
+def _reset_line(phase: JudgedPhase | None) -> list[str]:
+    if phase is None or not phase.reset:
+        return []
+    failed = [(url, said) for url, ok, said in phase.reset if not ok]
+    if not failed:
+        return [f"prefix cache reset on the speculative server(s) before the judged requests "
+                f"({', '.join(url for url, _ok, _said in phase.reset)})"]
+    return ["prefix cache NOT reset before the judged requests: "
+            + "; ".join(f"{url or '?'}: {said[:160]}" for url, said in failed)]
+
+
+def _cached(judged: Sequence[Any]) -> dict[str, int | None]:
+    return {r.request.request_id: r.spec.facts.get("cached_tokens") for r in judged}
+
+
+def _unknown_line(engine: Any, n: int) -> str:
+    need = CACHED_TOKENS_NEED.get(_name(engine))
+    return f"{n} judged answer(s) carried no cached-token count" + (f" ({need})" if need else "")
+
+
+def cold_check(engine: Any, judged: Sequence[Any]) -> Check:
+    """Free of the prefix-warm arm's condition: every judged speculative request found nothing cached beyond
+    the prefix it shares with another judged request (:func:`_shared`; below one cache unit that is nothing)."""
+    off = _cache_off(engine)
+    if off:
+        return Check(True, [f"cold by construction ({off})"], {"cached_tokens": None})
+    cached = _cached(judged)
+    unknown = [rid for rid, n in cached.items() if n is None]
+    if not judged or unknown:
+        return Check(False, [_unknown_line(engine, len(unknown)) if unknown else "no speculative request was answered"],
+                     {"cached_tokens": cached})
+    shared = _shared(judged)
+    facts = {"cached_tokens": cached, "shared_prefix": shared}
+    warm = {rid: n for rid, n in cached.items() if n > shared[rid]}
+    if warm:
+        return Check(False, [f"not cold: {len(warm)} of {len(cached)} judged request(s) found more cached than they "
+                             "share with another judged prompt: "
+                             + ", ".join(f"{rid} {n} (shares {shared[rid]})" for rid, n in list(warm.items())[:6])],
+                     facts)
+    nothing = sum(1 for n in cached.values() if n == 0)
+    if nothing == len(cached):
+        return Check(True, [f"cold: none of the {len(cached)} judged request(s) found anything cached"], facts)
+    return Check(True, [f"cold: {nothing} of {len(cached)} judged request(s) found nothing cached, the others only a "
+                        f"prefix shared with another judged prompt (at most {max(cached.values())} tokens)"], facts)
+
+
+def warm_check(plan: ArmPlan, engine: Any, judged: Sequence[Any], run: Any) -> Check:
+    """The prefix-warm arm's condition: every judged speculative request whose prompt can be cached at all
+    had a warm-up that succeeded and found at least what a prompt cached whole is answered with
+    (:func:`prefix_full_hit`: all but the last prompt token, in whole cache units; the unit read from the
+    server)."""
+    name = _name(engine) or plan.setup.engine_spec
+    unit, source = prefix_cache_unit(engine, name)
+    spec_config = run.fingerprint.spec_config if getattr(run, "fingerprint", None) is not None else None
+    floor, why_short = prefix_cache_floor(name, spec_config, unit)
+    warm_results = getattr(engine, "warm_results", {})
+    cached = _cached(judged)
+    need = {r.request.request_id: prefix_full_hit(name, int(r.spec.facts.get("prompt_tokens") or
+                                                            len(r.request.prompt_ids)), unit, spec_config)
+            for r in judged}
+    short = [rid for rid, n in need.items() if n <= 0]
+    counted = [rid for rid in cached if rid not in short]
+    failed = {rid: warm_results[rid].error for rid in counted if rid in warm_results and warm_results[rid].error}
+    missing = [rid for rid in counted if rid not in warm_results]
+    unknown = [rid for rid in counted if cached[rid] is None]
+    cold = {rid: cached[rid] for rid in counted
+            if rid not in failed and rid not in missing and cached[rid] is not None and cached[rid] < need[rid]}
+    facts = {"cached_tokens": cached, "needed": need, "cache_unit": unit, "cache_unit_source": source,
+             "warm_up_errors": failed}
+    lines = [f"cached prompt tokens per judged speculative request (cache unit {unit} tokens, {source}): "
+             + (", ".join(f"{rid} {n if n is not None else 'unknown'}/{need[rid]}" for rid, n in cached.items())
+                or "none")]
+    if short:
+        lines.append(f"{len(short)} prompt(s) shorter than {why_short} ({floor} tokens), which nothing can be cached "
+                     f"for, are not counted: {', '.join(short[:8])}")
+    if not counted:
+        why = "no speculative request was judged" if not judged else "no judged prompt is long enough to be cached"
+        return Check(False, lines + [why], facts)
+    if failed:
+        lines.append(f"warm-up failed for {len(failed)} prompt(s), which are not warm: "
+                     + "; ".join(f"{k}: {v}" for k, v in list(failed.items())[:3]))
+    if missing:
+        lines.append(f"{len(missing)} prompt(s) were sent no warm-up: {', '.join(missing[:8])}")
+    if unknown:
+        lines.append(_unknown_line(engine, len(unknown)))
+    if cold:
+        lines.append(f"{len(cold)} judged request(s) found less than their whole prompt cached: "
+                     + ", ".join(f"{rid} {n} of {need[rid]}" for rid, n in list(cold.items())[:6]))
+    ok = not (failed or missing or unknown or cold)
+    if ok:
+        lines.append(f"warm: each of the {len(counted)} judged request(s) long enough found its whole prompt cached")
+    return Check(ok, lines, facts)
+
+
+def _preemption_counts(engine: Any, judged: Sequence[Any], phase: JudgedPhase | None) -> tuple[int | None, str, dict]:
+    """(preemptions of the judged speculative requests, how they were counted, facts): the answers' own count
+    where every one carries it (SGLang ``num_retractions``); else the speculative servers' counter over the
+    judged phase alone, from its first speculative request to the end of the run, after the cross-instance
+    scoring (vLLM: no answer says it); None when neither can be read."""
+    if not _server(engine):
+        return 0, "the engine runs in process: nothing is preempted", {}
+    why = NO_PREEMPTION.get(_name(engine))
+    if why:
+        return 0, f"{_name(engine)}: {why}", {}
+    per = {r.request.request_id: r.spec.facts.get("preemptions") for r in judged}
+    if judged and all(n is not None for n in per.values()):
+        hit = {rid: n for rid, n in per.items() if n}
+        return (sum(per.values()), "per judged request (" + (", ".join(f"{rid} {n}" for rid, n in hit.items())
+                                                                 or "none") + ")",
+                {"preemptions_per_request": per})
+    before = phase.preemptions if phase is not None else None
+    after = preemptions(engine) if before is not None else None
+    if before is None or after is None:
+        return None, f"no preemption counter read from the speculative servers ({_name(engine) or '?'}: unknown)", {}
+    return after - before, "on the speculative servers during the judged requests (counter delta)", {}
+
+
+def preempt_check(engine: Any, judged: Sequence[Any], phase: JudgedPhase | None, *, want: bool) -> Check:
+    """``want``: the preempt arm's condition (judged requests were preempted); else free of it (none was)."""
+    n, how, facts = _preemption_counts(engine, judged, phase)
+    facts = {"preemptions": n, **facts}
+    if n is None:
+        return Check(False, [how], facts)
+    if want:
+        return Check(n > 0, [f"preemptions of the judged requests: {n}, {how}"], facts)
+    return Check(n == 0, [f"not preempted: {how}" if n == 0 else
+                          f"preempted: {n} preemption(s) of the judged requests, {how}"], facts)
+
+
+def _launch_conditions(engine: Any, judged: Sequence[Any], run: Any) -> Check:
+    """The default arm free of the launch-level arms' conditions, where the run shows them: determinism
+    declared, an fp8 KV cache, prompts of the long arm's size. Unknown is said, not failed."""
+    lines: list[str] = []
+    bad: list[str] = []
+    if getattr(run, "deterministic", None):
+        bad.append(f"determinism declared ({run.deterministic}): the deterministic arm's condition")
+    dtypes = kv_cache_dtypes(engine) if _server(engine) else []
+    fp8 = [f"{role} {url}" for role, url, d in dtypes if d is not None and d.startswith("fp8")]
+    if fp8:
+        bad.append(f"an fp8 KV cache on {', '.join(fp8)}: the fp8-kv arm's condition")
+    unknown = [f"{role} {url}" for role, url, d in dtypes if d is None]
+    if unknown:
+        lines.append(f"KV cache dtype unknown on {', '.join(unknown)}")
+    long = [r.request.request_id for r in judged if len(r.request.prompt_ids) >= LONG_MIN_TOKENS]
+    if long:
+        bad.append(f"{len(long)} prompt(s) of {LONG_MIN_TOKENS}+ tokens: the long arm's condition")
+    return Check(not bad, bad + lines, {"kv_cache_dtype": dtypes} if dtypes else {})
+
+
+def _combine(phase: JudgedPhase | None, *checks: Check) -> Evidence:
+    """The checks as one proof, with the line on the prefix-cache reset that started the judged phase."""
+    lines = [line for c in checks for line in c.lines] + _reset_line(phase)
+    facts: dict[str, Any] = {"prefix_cache_reset": phase.reset} if phase is not None and phase.reset else {}
+    for c in checks:
+        facts.update(c.facts)
+    return Evidence(all(c.ok for c in checks), lines, facts)
+
+
+def collect_evidence(plan: ArmPlan, engine: Any, run: Any, phase: JudgedPhase | None = None) -> Evidence:
+    """What the judged requests and the engine prove about ``plan``'s arm, after its run: the arm's own
+    condition, and that it is free of the conditions of the arms that the run's own requests can bring
+    about (a warm prefix cache, preemption); the default arm is also free of the launch-level ones."""
     name = plan.arm.name
-    judged = [r for r in run.records if r.spec is not None and r.request is not None]
-    ids = [r.request.request_id for r in judged]
+    phase = phase if phase is not None else getattr(engine, "judged_phase", None)
+    judged = _judged(run)
     if name == "default":
-        return Evidence(None, ["nothing to prove"])
+        return _combine(phase, cold_check(engine, judged), preempt_check(engine, judged, phase, want=False),
+                        _launch_conditions(engine, judged, run))
     if name == "deterministic":
         if run.deterministic:
-            return Evidence(True, [f"deterministic on both sides: {run.deterministic}; judged bit-exact"],
-                            {"deterministic": run.deterministic})
-        said = run.deterministic_partial or "no server declared it"
-        return Evidence(False, [f"determinism not declared on every server of both sides ({said})"],
+            own = Check(True, [f"deterministic on both sides: {run.deterministic}; judged bit-exact"],
+                        {"deterministic": run.deterministic})
+        else:
+            said = run.deterministic_partial or "no server declared it"
+            own = Check(False, [f"determinism not declared on every server of both sides ({said})"],
                         {"deterministic": None, "partial": run.deterministic_partial})
-    if name == "preempt":
-        after = preemptions(engine)
-        b = before.get("preemptions")
-        if after is None or b is None:
-            return Evidence(False, [f"no preemption counter read from the speculative servers "
-                                    f"({getattr(engine, 'name', '?')}: unknown)"], {"preemptions": None})
-        delta = after - b
-        return Evidence(delta > 0, [f"preemptions on the speculative servers during the run: {delta}"],
-                        {"preemptions": delta})
-    if name == "prefix-warm":
-        cached = request_facts(engine, ids, speculative=True, key="cached_tokens")
-        warm_errors = getattr(engine, "warm_errors", {})
-        # a prompt too short for the cache to hold any of it (vLLM caches whole blocks, recomputes the last
-        # prompt token, and for EAGLE-like drafts the last matched block) neither proves nor disproves it
-        spec_config = run.fingerprint.spec_config if run.fingerprint is not None else None
-        floor, why_short = prefix_cache_floor(plan.setup.engine_spec, spec_config)
-        length = {r.request.request_id: len(r.request.prompt_ids) for r in judged}
-        short = [rid for rid in cached if length.get(rid, 0) < floor]
-        cached_long = {rid: n for rid, n in cached.items() if rid not in short}
-        cold = [rid for rid, n in cached_long.items() if not n]
-        unknown = [rid for rid, n in cached.items() if n is None]
-        lines = ["cached prompt tokens per judged speculative request: "
-                 + (", ".join(f"{rid} {n if n is not None else 'unknown'}" for rid, n in cached.items()) or "none")]
-        if warm_errors:
-            lines.append(f"warm-up failed for {len(warm_errors)} prompt(s): " +
-                         "; ".join(f"{k}: {v}" for k, v in list(warm_errors.items())[:3]))
-        if short:
-            lines.append(f"{len(short)} prompt(s) shorter than {why_short} ({floor} tokens), which nothing can "
-                         f"be cached for, are not counted: {', '.join(short[:8])}")
-        if not ids or not cached_long:
-            why = "no speculative request was judged" if not ids else "no judged prompt is long enough to be cached"
-            return Evidence(False, lines + [why], {"cached_tokens": cached})
-        if unknown:
-            lines.append(f"{len(unknown)} answer(s) carried no cached-token count (vLLM needs "
-                         "--enable-prompt-tokens-details)")
-        elif cold:
-            lines.append(f"{len(cold)} judged request(s) found nothing cached")
-        return Evidence(not cold, lines, {"cached_tokens": cached})
-    if name == "fp8-kv":
+    elif name == "preempt":
+        return _combine(phase, preempt_check(engine, judged, phase, want=True), cold_check(engine, judged))
+    elif name == "prefix-warm":
+        return _combine(phase, warm_check(plan, engine, judged, run), preempt_check(engine, judged, phase, want=False))
+    elif name == "fp8-kv":
         said = kv_cache_dtypes(engine)
         ok = bool(said) and all(d is not None and d.startswith("fp8") for _, _, d in said)
         where = ", ".join(f"{role} {url}: {d or 'unknown'}" for role, url, d in said)
-        return Evidence(ok, [f"KV cache dtype as each server says: {where}"], {"kv_cache_dtype": said})
-    if name == "long":
-        counted = request_facts(engine, ids, speculative=True, key="prompt_tokens")
-        sizes = {rid: (n if n is not None else len(r.request.prompt_ids)) for (rid, n), r in zip(counted.items(), judged)}
-        source = "the server's count" if all(n is not None for n in counted.values()) else "the prompts' encoding"
+        own = Check(ok, [f"KV cache dtype as each server says: {where}"], {"kv_cache_dtype": said})
+    elif name == "long":
+        sizes = {r.request.request_id: int(r.spec.facts.get("prompt_tokens") or len(r.request.prompt_ids))
+                 for r in judged}
+        counted = all(r.spec.facts.get("prompt_tokens") is not None for r in judged)
+        source = "the server's count" if counted else "the prompts' encoding"
         short = [rid for rid, n in sizes.items() if n < LONG_MIN_TOKENS]
         lines = [f"prompt tokens per judged prompt ({source}): " +
                  (", ".join(f"{rid} {n}" for rid, n in sizes.items()) or "none")]
         if short:
             lines.append(f"{len(short)} prompt(s) below {LONG_MIN_TOKENS} tokens")
-        return Evidence(bool(sizes) and not short, lines, {"prompt_tokens": sizes})
-    return Evidence(False, [f"no proof known for arm {name}"])
+        own = Check(bool(sizes) and not short, lines, {"prompt_tokens": sizes})
+    else:
+        return Evidence(False, [f"no proof known for arm {name}"])
+    return _combine(phase, own, cold_check(engine, judged), preempt_check(engine, judged, phase, want=False))
 
 
 def bias_line(run: Any) -> str | None:
@@ -444,9 +670,7 @@ def run_arms(plans: Sequence[ArmPlan], engine_name: str, report_dir: str, *,
             continue
         wall["launch"] = time.perf_counter() - t0
         try:
-            if plan.arm.name == "prefix-warm":
-                engine = PrefixWarmEngine(engine)
-            before = _before(plan, engine)
+            engine = ArmEngine(engine, warm=plan.arm.name == "prefix-warm")
             t_gate = time.perf_counter()
             try:
                 run = run_gate(engine, s.prompts, s.config, calibration=s.calibration, golden=s.golden)
@@ -461,7 +685,7 @@ def run_arms(plans: Sequence[ArmPlan], engine_name: str, report_dir: str, *,
             wall["gate"] = time.perf_counter() - t_gate
             decision = conclude(run)
             try:
-                evidence = collect_evidence(plan, engine, run, before)
+                evidence = collect_evidence(plan, engine, run, engine.judged_phase)
             except Exception as exc:  # noqa: BLE001 - a proof that cannot be read is a missing proof
                 evidence = Evidence(False, [f"the proof could not be read: {type(exc).__name__}: {exc}"])
             arm = _result(plan, run, decision, evidence)
@@ -520,8 +744,9 @@ def terminal_lines(arms: ArmsResult) -> list[str]:
 
 def arms_markdown(arms: ArmsResult) -> str:
     out = [f"# specparity arms — {arms.status}", "", f"Engine {arms.engine}; each arm is a full gate run with its own "
-           "journal and reports (`<arm>/`); its proof is read from the engine's own counters (an arm not proven "
-           "is NOT EXERCISED, a failure).", "",
+           "journal and reports (`<arm>/`); its proof is read from the judged requests and the engine, with the "
+           "proof that it is free of the other arms' conditions (an arm not proven is NOT EXERCISED, a failure).",
+           "",
            "| arm | launch | classes | accepted/proposed | threshold (source) | proof | verdict |", "|---|---|---|---|---|---|---|"]
     for r in arms.results:
         out.append(f"| {r.arm} | {r.launch} | {_classes(r)} | {_acceptance(r)} | {_fmt(r.threshold)} "

@@ -138,6 +138,8 @@ class FakeServer:
         self.dead = False
         self.port = 0
         self._count = 0
+        #: generation requests received and not yet answered (a scheduler is idle at 0)
+        self.in_flight = 0
         self._lock = threading.Lock()
         self._stopping = threading.Event()
         self._conns: set[socket.socket] = set()
@@ -265,9 +267,17 @@ class FakeServer:
                 return
         self.requests.append((method, path, body))
         fault = None
-        if method in ("POST", "PUT") and path in self.generation_paths:
+        generating = method in ("POST", "PUT") and path in self.generation_paths
+        if generating:
             fault = self._pick_fault(body)
-        self._answer(h, method, path, query, body, fault)
+            with self._lock:
+                self.in_flight += 1
+        try:
+            self._answer(h, method, path, query, body, fault)
+        finally:
+            if generating:
+                with self._lock:
+                    self.in_flight -= 1
 
     def join_batch(self, window_s: float) -> object:
         """Join the batch being collected and wait ``window_s`` (a scheduler collecting a batch for a

@@ -42,10 +42,22 @@ Knobs besides the faults of :class:`~fakes.server.FakeServer`:
   0.5.23's 400, the counters carry the 0.5.19 aliases, ``/server_info`` has no ``launch_command`` /
   ``frontend``.
 
-* ``prefix_cache=True`` (the radix cache): generation requests (not scoring: ``logprob_start_len``
-  inside the prompt) are cached by token prefix, never the prompt's last token, and answered in
-  ``meta_info.cached_tokens``; ``prefix_hit_bug=True`` flips an answer whose whole prompt was cached
-  before (a bug that only ``specparity arms --arms prefix-warm`` sees).
+* The radix cache (on by default, as SGLang's is; ``prefix_cache=False`` is ``--disable-radix-cache``),
+  as 0.5.17 keeps it: every request is matched against it when scheduled — all but its last input token,
+  and no further than its ``logprob_start_len`` when it asks for input logprobs
+  (``Req._compute_max_prefix_len``, ``managers/schedule_batch.py``), in whole pages — and answered in
+  ``meta_info.cached_tokens``; every finished request, scoring included, is inserted with the tokens whose KV
+  it computed, its input and all but its last output token, in whole pages (``RadixCache.cache_finished_req``,
+  ``mem_cache/radix_cache.py``). ``page_size=N`` (``--page-size``, reported in ``/server_info``) sets the
+  page. ``/flush_cache`` empties it when no request is in flight (else HTTP 400) and zeroes the lifetime
+  speculation counters behind ``avg_spec_accept_length`` (``Scheduler.flush_cache``).
+* ``prefix_hit_bug=True`` (speculative): flips an answer that found its whole prompt cached (a bug that only
+  ``specparity arms --arms prefix-warm`` sees); ``cold_prefill_bug=True``: flips an answer that found
+  nothing cached (a bug on a cold prefill, which only a cold judged request shows).
+* ``retract_budget_tokens=N``: a KV cache of N tokens (``--max-total-tokens``): a decode request (two or more
+  tokens) whose length (prompt + ``max_new_tokens``) times the most requests in flight while it waited (as
+  ``batch_flip_above`` counts them) exceeds N is retracted once, answered in ``meta_info.num_retractions``
+  and listed in ``retracted``; ``retract_bug=True`` flips a retracted answer at its closest call.
 
 The content faults, in SGLang's fields: ``no_timings`` drops ``meta_info.spec_*``;
 ``accepted_gt_drafted`` reports ``spec_num_correct_drafts`` above ``spec_num_proposed_drafts``;
@@ -101,17 +113,24 @@ class SGLangServer(FakeServer):
                  grammar_rollback_bug: bool = False,
                  instance_noise_nats: float = 0.0, batch_flip_above: int | None = None, batch_window_s: float = 0.3,
                  rules: Sequence[Rule] = (), die_after: int | None = None,
-                 refuse: bool = False, hang_s: float = 30.0, trickle_s: float = 0.1, prefix_cache: bool = False,
+                 refuse: bool = False, hang_s: float = 30.0, trickle_s: float = 0.1, prefix_cache: bool = True,
                  prefix_hit_bug: bool = False, server_args: dict[str, Any] | None = None,
-                 scoring_skew_nats: float = 0.0):
+                 scoring_skew_nats: float = 0.0, page_size: int = 1, cold_prefill_bug: bool = False,
+                 retract_budget_tokens: int | None = None, retract_bug: bool = False):
         super().__init__(rules=rules, die_after=die_after, refuse=refuse, hang_s=hang_s, trickle_s=trickle_s)
         self.server_args = dict(server_args or {})
         self.backend = backend or shared_backend()
         self.prefix_cache = prefix_cache
         self.prefix_hit_bug = prefix_hit_bug
-        #: Prompts the radix cache holds, and the answers flipped on a whole-prompt hit.
-        self._prefix_cache = PrefixCache(1)
-        self.prefix_flipped: list[str] = []
+        self.cold_prefill_bug = cold_prefill_bug
+        self.page_size = page_size
+        #: The radix cache, and the request ids of the answers an arm's bug flipped.
+        self._prefix_cache = PrefixCache(page_size)
+        self.arm_flipped: list[str] = []
+        self.retract_budget_tokens = retract_budget_tokens
+        self.retract_bug = retract_bug
+        #: Request ids of the retracted answers.
+        self.retracted: list[str] = []
         self.instance_noise_nats = instance_noise_nats
         self.scoring_skew_nats = scoring_skew_nats
         if version not in ("0.5.23", "0.5.19"):
@@ -140,12 +159,30 @@ class SGLangServer(FakeServer):
         self.constraints_seen: list[tuple[str, str, str]] = []
         self._server_info = self._build_server_info()
 
-    def radix_lookup(self, prompt: Sequence[int]) -> tuple[int, bool]:
-        """(cached tokens, whether the whole prompt was cached before) for a generation request, which is
-        then cached itself; (0, False) without ``prefix_cache``. The last prompt token is never cached."""
+    def radix_match(self, prompt: Sequence[int], logprob_start: int) -> int:
+        """The tokens a request finds cached when scheduled: all but its last input token, no further than
+        ``logprob_start`` (>= 0: it asks for input logprobs from there), in whole pages; 0 without the cache."""
         if not self.prefix_cache:
-            return 0, False
-        return self._prefix_cache.lookup(prompt)
+            return 0
+        limit = len(prompt) - 1 if logprob_start < 0 else min(len(prompt) - 1, logprob_start)
+        return self._prefix_cache.match(prompt, limit)
+
+    def radix_insert(self, prompt: Sequence[int], output_ids: Sequence[int]) -> None:
+        """A finished request's computed tokens (its input, all but its last output token) into the cache."""
+        if self.prefix_cache:
+            self._prefix_cache.insert([*prompt, *output_ids[:-1]])
+
+    def flush_cache(self) -> Reply:
+        """``/flush_cache``: the radix cache and the lifetime speculation counters emptied, only when idle."""
+        with self._lock:
+            idle = self.in_flight == 0
+        if not idle:
+            return Reply(400, "text/plain; charset=utf-8", b"Flush cache failed.\n")
+        self._prefix_cache.clear()
+        self.lifetime_verify = self.lifetime_accepted = 0
+        return Reply(200, "text/plain; charset=utf-8", (
+            b"Cache flushed.\nPlease check backend logs for more details. (When there are running or waiting "
+            b"requests, the operation will not be performed.)\n"))
 
     def _build_server_info(self) -> dict[str, Any]:
         # the deterministic body differs from the plain one only in the flag (and launch_command); on
@@ -156,7 +193,7 @@ class SGLangServer(FakeServer):
         over: dict[str, Any] = {
             "model_path": str(TARGET), "tokenizer_path": str(TARGET), "served_model_name": str(TARGET),
             "enable_deterministic_inference": self.declares_deterministic,
-            "context_length": 4096,
+            "context_length": 4096, "page_size": self.page_size, "disable_radix_cache": not self.prefix_cache,
         }
         unknown = sorted(set(self.server_args) - set(info))
         if unknown:
@@ -227,9 +264,7 @@ class SGLangServer(FakeServer):
                          "model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"]})
             return json_reply(200, info)
         if path == "/flush_cache" and method in ("GET", "POST"):
-            return Reply(200, "text/plain; charset=utf-8", (
-                b"Cache flushed.\nPlease check backend logs for more details. (When there are running or waiting "
-                b"requests, the operation will not be performed.)\n"))
+            return self.flush_cache()
         if path == "/generate" and method in ("POST", "PUT"):
             return self.generate(body, req.fault)
         return not_found()
@@ -316,6 +351,7 @@ class SGLangServer(FakeServer):
             return refuses("max_new_tokens < 1 (prefill-only requests) is not emulated")
         return_logprob = bool(body.get("return_logprob", False))
         start = int(body.get("logprob_start_len", -1)) if return_logprob else -1
+        cached = self.radix_match(prompt, start)
         top_n = int(body.get("top_logprobs_num", 0) or 0)
         with_text = bool(body.get("return_text_in_logprobs", False))
         if start == -1:
@@ -326,12 +362,17 @@ class SGLangServer(FakeServer):
                                                         "use a smaller logprob_start_len."}})
         stops = list(dict.fromkeys([*(sampling.get("stop_token_ids") or []), *self.backend.eos_ids]))
         t0 = time.perf_counter()
+        full_hit = self._prefix_cache.full_hit(len(prompt), cached)
         # only decodes (two or more tokens) form the batch: one-token scoring requests never count
-        decoding = self.batch_flip_above is not None and max_new >= 2
+        decoding = (self.batch_flip_above is not None or self.retract_budget_tokens is not None) and max_new >= 2
         token = self.join_batch(self.batch_window_s) if decoding else None
-        cached, full_hit = self.radix_lookup(prompt) if start >= len(prompt) - 1 else (0, False)
         with self.backend.lock:
-            batched = decoding and self.leave_batch(token) > self.batch_flip_above
+            in_flight = self.leave_batch(token) if decoding else 1
+            batched = decoding and self.batch_flip_above is not None and in_flight > self.batch_flip_above
+            retracted = (decoding and self.retract_budget_tokens is not None
+                         and in_flight * (len(prompt) + max_new) > self.retract_budget_tokens)
+            if retracted:
+                self.retracted.append(rid)
             if constraint is not None:
                 self.constraints_seen.append((rid, constraint.kind, constraint.text))
                 try:
@@ -346,11 +387,13 @@ class SGLangServer(FakeServer):
                 if flipped is not None:
                     result = flipped
                     self.batch_flipped.append(rid)
-            if full_hit and self.prefix_hit_bug and max_new >= 2:
+            arm_bug = ((full_hit and self.prefix_hit_bug) or (cached == 0 and self.cold_prefill_bug)
+                       or (retracted and self.retract_bug))
+            if arm_bug and self.speculative and max_new >= 2:
                 flipped = self.backend.flip_closest_call(prompt, result, max_new, stops, top_n)
                 if flipped is not None:
                     result = flipped
-                    self.prefix_flipped.append(rid)
+                    self.arm_flipped.append(rid)
             if self.near_tie_flips > 0:
                 flipped = self.backend.flip_closest_call(prompt, result, max_new, stops, top_n)
                 if flipped is not None:
@@ -377,8 +420,9 @@ class SGLangServer(FakeServer):
         def entry(lp: Any, tid: int) -> list[Any]:
             return [None if lp is None or not math.isfinite(lp) else float(lp), int(tid), tt(tid) if with_text else None]
 
+        self.radix_insert(prompt, ids)
         meta: dict[str, Any] = {"id": rid, "finish_reason": finish, "prompt_tokens": len(prompt),
-                                "weight_version": "default", "num_retractions": 0}
+                                "weight_version": "default", "num_retractions": int(retracted)}
         if return_logprob:
             in_rows: list[Any] = []
             in_tops: list[Any] = []

@@ -35,14 +35,25 @@ Configuration-arm knobs (``specparity arms``; each a bug that only its arm catch
   request (two or more tokens) whose length (prompt + ``max_tokens``) times the most requests in flight
   while it waited (each decode is held ``batch_window_s`` first, as a scheduler collects a batch)
   exceeds N is preempted, counted in ``vllm:num_preemptions_total`` and listed in ``preempted``;
-  ``preempt_bug=True`` flips a preempted answer at its closest call (a KV cache restored wrongly).
-* ``prefix_cache=True``: generation requests (not ``prompt_logprobs`` scoring) are cached by prefix in
-  blocks of ``PREFIX_BLOCK`` tokens (the last prompt token is never cached); ``prompt_tokens_details=True``
-  (``--enable-prompt-tokens-details``) answers ``usage.prompt_tokens_details.cached_tokens``;
-  ``prefix_hit_bug=True`` flips an answer whose whole prompt was cached before. ``spec_method`` (default
-  ``draft_model``) is the dev-mode ``speculative_config.method``; for a draft that reads the target's
-  hidden states (``eagle``, ``eagle3``, ``mtp``, ``dflash``, ``dspark``) a hit loses its last block, as
-  vLLM 0.26.0 recomputes it for the draft (``find_longest_cache_hit``).
+  ``preempt_bug=True`` flips a preempted answer at its closest call (a KV cache restored wrongly);
+  ``preempt_scoring=True`` counts a preemption for every ``prompt_logprobs`` (scoring) request, as a long
+  prefill preempted under a small cache would be, and flips nothing.
+* The prefix cache (on by default, as vLLM's is: ``CacheConfig.enable_prefix_caching``, ``config/cache.py``;
+  ``prefix_cache=False`` is ``--no-enable-prefix-caching``), as 0.26.0 keeps it in blocks of
+  ``PREFIX_BLOCK`` tokens: a request reads it when scheduled — all but its last prompt token
+  (``KVCacheManager.get_computed_blocks``) — except a ``prompt_logprobs`` request, which skips reading it
+  (``SamplingParams.skip_reading_prefix_cache`` defaults to ``prompt_logprobs is not None``,
+  ``sampling_params.py``) but whose full blocks are cached all the same, as every request's are
+  (``KVCacheManager.allocate_slots`` → ``cache_blocks``, ``v1/core/kv_cache_manager.py``): a scoring request
+  warms the cache for a later request of the same prompt. Here a finished request's prompt and all but its
+  last output token are inserted. ``prompt_tokens_details=True`` (``--enable-prompt-tokens-details``)
+  answers ``usage.prompt_tokens_details.cached_tokens``. With ``dev_mode``, ``POST /reset_prefix_cache``
+  empties it (``{"success": false}`` while a request is in flight: ``BlockPool.reset_prefix_cache``).
+  ``prefix_hit_bug=True`` flips an answer that found its whole prompt cached; ``cold_prefill_bug=True``
+  (speculative) one that found nothing cached. ``spec_method`` (default ``draft_model``) is the dev-mode
+  ``speculative_config.method``; for a draft that reads the target's hidden states (``eagle``, ``eagle3``,
+  ``mtp``, ``dflash``, ``dspark``) a hit loses its last block, as vLLM 0.26.0 recomputes it for the draft
+  (``find_longest_cache_hit``).
 * ``batch_invariant=True`` with ``deterministic_bug=True``: a speculative server that flips its answers
   only in batch-invariant mode; ``kv_cache_dtype`` (dev-mode ``cache_config.cache_dtype``, default
   ``auto``) with ``fp8_bug=True``: flips only when it starts with ``fp8``.
@@ -107,12 +118,13 @@ class VLLMServer(FakeServer):
                  near_tie_flips: int = 0, backend: FixtureBackend | None = None, rules: Sequence[Rule] = (),
                  die_after: int | None = None, refuse: bool = False, hang_s: float = 30.0, trickle_s: float = 0.1,
                  grammar_rollback_bug: bool = False, preempt_budget_tokens: int | None = None,
-                 preempt_bug: bool = False, batch_window_s: float = 0.3, prefix_cache: bool = False,
+                 preempt_bug: bool = False, batch_window_s: float = 0.3, prefix_cache: bool = True,
                  prompt_tokens_details: bool = False, prefix_hit_bug: bool = False, deterministic_bug: bool = False,
                  kv_cache_dtype: str = "auto", fp8_bug: bool = False, max_num_seqs: int | None = None,
                  drop_leading: int | None = None, long_bug_tokens: int | None = None,
                  attention_backend: str | None = None, tensor_parallel_size: int = 1,
-                 pipeline_parallel_size: int = 1, scoring_skew_nats: float = 0.0, spec_method: str = "draft_model"):
+                 pipeline_parallel_size: int = 1, scoring_skew_nats: float = 0.0, spec_method: str = "draft_model",
+                 cold_prefill_bug: bool = False, preempt_scoring: bool = False):
         super().__init__(rules=rules, die_after=die_after, refuse=refuse, hang_s=hang_s, trickle_s=trickle_s)
         self.backend = backend or shared_backend()
         self.grammar_rollback_bug = grammar_rollback_bug
@@ -124,6 +136,8 @@ class VLLMServer(FakeServer):
         self.prefix_cache = prefix_cache
         self.prompt_tokens_details = prompt_tokens_details
         self.prefix_hit_bug = prefix_hit_bug
+        self.cold_prefill_bug = cold_prefill_bug
+        self.preempt_scoring = preempt_scoring
         self.deterministic_bug = deterministic_bug
         self.kv_cache_dtype = kv_cache_dtype
         self.fp8_bug = fp8_bug
@@ -134,7 +148,7 @@ class VLLMServer(FakeServer):
         self.long_bug_tokens = long_bug_tokens
         self.scoring_skew_nats = scoring_skew_nats
         self.spec_method = spec_method
-        #: Prompts the prefix cache holds (generation requests only), and the answers flipped by an arm's bug.
+        #: The prefix cache, and the prompts (as token ids, joined) of the answers an arm's bug flipped.
         self._prefix_cache = PrefixCache(PREFIX_BLOCK)
         self.arm_flipped: list[str] = []
         #: (prompt ids, kind, text) of every constrained request, for the test to check.
@@ -245,6 +259,12 @@ class VLLMServer(FakeServer):
             return json_reply(200, self.dev_server_info(query))
         if method == "POST" and path == "/v1/completions":
             return self.completions(body, req.fault)
+        if method == "POST" and path == "/reset_prefix_cache" and self.dev_mode:
+            with self._lock:
+                idle = self.in_flight == 0
+            if idle:
+                self._prefix_cache.clear()
+            return json_reply(200, {"success": idle})
         return not_found()
 
     def dev_server_info(self, query: str) -> dict[str, Any]:
@@ -286,12 +306,13 @@ class VLLMServer(FakeServer):
                 "system_env": {"torch_version": "2.9.0", "is_cuda_available": False}}
 
     def prefix_lookup(self, prompt: Sequence[int]) -> tuple[int, bool]:
-        """(cached tokens, whether the whole prompt was cached before) for a generation request, which is
-        then cached itself; (0, False) without ``prefix_cache``. Whole blocks of :data:`PREFIX_BLOCK`
-        tokens only, and never the prompt's last token (vLLM recomputes it to get the first logits)."""
+        """(cached tokens, whether the whole prompt was cached before) for a generation request; (0, False)
+        without ``prefix_cache``. Whole blocks of :data:`PREFIX_BLOCK` tokens only, and never the prompt's
+        last token (vLLM recomputes it to get the first logits)."""
         if not self.prefix_cache:
             return 0, False
-        cached, full = self._prefix_cache.lookup(prompt)
+        cached = self._prefix_cache.match(prompt, len(prompt) - 1)
+        full = self._prefix_cache.full_hit(len(prompt), cached)
         if self.spec_method in HIDDEN_STATE_DRAFTS and self.speculative:
             cached = max(0, cached - PREFIX_BLOCK)
         return cached, full
@@ -358,6 +379,8 @@ class VLLMServer(FakeServer):
             in_flight = self.leave_batch(token) if decoding else 1
             preempted = decoding and in_flight * (len(prompt) + max_tokens) > self.preempt_budget_tokens
             cached, full_hit = self.prefix_lookup(prompt) if prompt_logprobs is None else (0, False)
+            if self.preempt_scoring and prompt_logprobs is not None:
+                self.c_preemptions.labels(*self.labelvalues).inc()
             full_prompt = prompt
             if self.drop_leading is not None and len(prompt) > self.drop_leading:
                 prompt = prompt[self.drop_leading:]
@@ -380,6 +403,7 @@ class VLLMServer(FakeServer):
                 self.c_preemptions.labels(*self.labelvalues).inc()
                 self.preempted.append(",".join(map(str, prompt)))
             bug = ((preempted and self.preempt_bug) or (full_hit and self.prefix_hit_bug)
+                   or (self.speculative and self.cold_prefill_bug and prompt_logprobs is None and cached == 0)
                    or (self.speculative and self.batch_invariant and self.deterministic_bug)
                    or (self.speculative and self.kv_cache_dtype.startswith("fp8") and self.fp8_bug)
                    or (self.speculative and self.long_bug_tokens is not None
@@ -399,6 +423,8 @@ class VLLMServer(FakeServer):
             if fault == "short_limit":
                 result = shortened(result)
             ids = list(result.output_ids)
+            if self.prefix_cache:  # every request's computed tokens, scoring included
+                self._prefix_cache.insert([*prompt, *ids[:-1]])
             stopped = bool(ids) and ids[-1] in stops
             finish = "stop" if stopped else "length"
             self.c_prompt.labels(*self.labelvalues).inc(len(prompt))

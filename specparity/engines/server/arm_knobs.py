@@ -4,9 +4,11 @@ The arms themselves are data (:mod:`specparity.model.arms`); this module turns o
 engine launches with — flags appended to both launches the way ``--engine-opt server_args`` is (a
 later flag wins over the preset's own), plus the engines' existing switches (vLLM ``batch_invariant``,
 SGLang ``deterministic``) — and reads back, from the engine's own endpoints, the counter that proves
-the condition: preemptions on ``/metrics``, the KV cache dtype on ``/server_info``, cached prompt
-tokens and prompt token counts on each answer (recorded by the adapters through
-:meth:`~specparity.engines.server.engine.ServerEngine.note_request`). Nothing here decides a verdict.
+the condition: preemptions on ``/metrics``, the KV cache dtype on ``/server_info``, the prefix cache's
+unit, and how many tokens a prompt cached whole is answered with (the answers' own cached prompt tokens,
+prompt token counts and preemptions are the adapters' :attr:`~specparity.model.types.GenerationResult.facts`).
+It also resets the speculative servers' prefix caches before the judged requests. Nothing here decides a
+verdict.
 """
 
 from __future__ import annotations
@@ -26,9 +28,29 @@ from specparity.model.packages import installed_package_dir
 #: vLLM's KV cache block size (``--block-size`` default, tokens) and the tokens of slack each request
 #: needs beyond its prompt and output (speculative lookahead slots of a verify step).
 VLLM_BLOCK_TOKENS = 16
-#: What a prefix cache holds, in tokens, per engine: vLLM caches whole KV blocks; SGLang's radix cache
-#: holds any prefix (page size 1). Either recomputes a prompt's last token.
+#: What a prefix cache holds, in tokens, per engine, where the server does not say: vLLM caches whole KV
+#: blocks (``--block-size``, 16; a dev-mode ``/server_info`` says ``cache_config.block_size``); SGLang's radix
+#: cache holds whole pages (``--page-size``, 1 by default; ``/server_info`` says ``page_size``). Either
+#: recomputes a prompt's last token.
 PREFIX_CACHE_UNIT = {"vllm": VLLM_BLOCK_TOKENS, "sglang": 1}
+#: SGLang speculative algorithms whose radix cache is keyed by token bigrams (``RadixKey(is_bigram=...)`` with
+#: ``SpeculativeAlgorithm.is_eagle()``, ``mem_cache/radix_cache.py``, read in 0.5.17; NEXTN runs as EAGLE): a
+#: prompt of n tokens is n - 1 bigrams, so a hit is one token shorter.
+SGLANG_BIGRAM_ALGORITHMS = frozenset({"EAGLE", "EAGLE3", "NEXTN", "FROZEN_KV_MTP"})
+#: The route that empties a server's prefix cache, per engine: SGLang ``/flush_cache`` (GET or POST, any
+#: server; HTTP 400 unless the scheduler is idle; it also zeroes the lifetime speculation counters behind
+#: ``/server_info``'s ``avg_spec_accept_length``, which a run reads once, before any request, and leaves the
+#: answers' own ``meta_info.spec_*`` and the ``/metrics`` counters alone: ``Scheduler.flush_cache``,
+#: ``MetricsReporter.reset_metrics``, 0.5.17); vLLM ``POST /reset_prefix_cache`` (only on a
+#: ``VLLM_SERVER_DEV_MODE=1`` server, ``serve/dev/cache/api_router.py``; ``{"success": false}`` while a
+#: request holds blocks, ``BlockPool.reset_prefix_cache``, 0.26.0).
+PREFIX_CACHE_RESET = {"sglang": "/flush_cache", "vllm": "/reset_prefix_cache"}
+#: Engines whose requests never read a prefix cache, and why (their answers carry no cached-token count).
+NO_PREFIX_CACHE = {"llamacpp": "every request sends cache_prompt: false"}
+#: What a server of an engine needs for its answers to carry their cached prompt tokens.
+CACHED_TOKENS_NEED = {"vllm": "vLLM answers it only with --enable-prompt-tokens-details"}
+#: Engines that never preempt a request, and why.
+NO_PREEMPTION = {"llamacpp": "llama-server's slots each own their context"}
 #: Speculative methods whose draft reads the target's hidden states. vLLM drops the last matched block
 #: of every prefix-cache hit for them, so that the block is recomputed and its hidden states reach the
 #: draft (``SpeculativeConfig.use_eagle`` in ``vllm/config/speculative.py``, the EAGLE drop in
@@ -37,9 +59,12 @@ PREFIX_CACHE_UNIT = {"vllm": VLLM_BLOCK_TOKENS, "sglang": 1}
 VLLM_HIDDEN_STATE_METHODS = frozenset({"eagle", "eagle3", "mtp", "dflash", "dspark"})
 LOOKAHEAD_TOKENS = 16
 #: Preemption counters, and a sample that shows the server's metrics are on: vLLM
-#: (``vllm:num_preemptions``, a counter declared from the start) and SGLang
-#: (``sglang:num_retracted_requests_total``, a counter that appears only at the first retraction, with
-#: ``--enable-metrics``; the gauge ``sglang:num_retracted_reqs`` resets after each publish and is not read).
+#: (``vllm:num_preemptions``, a counter declared from the start; 0.26.0 counts ``Request.num_preemptions`` per
+#: request, ``v1/request.py``, but no answer carries it) and
+#: SGLang (``sglang:num_retracted_requests_total``, a counter that appears only at the first retraction, with
+#: ``--enable-metrics``; the gauge ``sglang:num_retracted_reqs`` resets after each publish and is not read;
+#: read only where the answers lack their own ``num_retractions``). The proofs take a counter's delta over the
+#: judged requests alone.
 PREEMPTION_COUNTERS = {"vllm": ("vllm:num_preemptions_total", "vllm:num_preemptions_total"),
                        "sglang": ("sglang:num_retracted_requests_total", "sglang:num_running_reqs")}
 #: A context length the long arm asks for is the prompts' longest request plus this much.
@@ -50,10 +75,11 @@ LONG_SLACK_TOKENS = 256
 #: its arguments: an installed version without it cannot set the arm up (checked before any launch).
 #: vLLM declares engine arguments in ``engine/arg_utils.py`` and the OpenAI front end's own (such as
 #: ``--enable-prompt-tokens-details``) in ``entrypoints/openai/cli_args.py`` (read in vLLM 0.26.0).
+#: ``"*"``: an argument every arm launches with.
 ARM_ARGUMENTS = {
     "vllm": (("engine/arg_utils.py", "entrypoints/openai/cli_args.py"),
-             {"preempt": "num_gpu_blocks_override", "prefix-warm": "enable_prompt_tokens_details",
-              "fp8-kv": "kv_cache_dtype", "long": "max_model_len"}),
+             {"*": "enable_prompt_tokens_details", "preempt": "num_gpu_blocks_override",
+              "prefix-warm": "enable_prefix_caching", "fp8-kv": "kv_cache_dtype", "long": "max_model_len"}),
     "sglang": (("srt/server_args.py",), {"preempt": "max_total_tokens", "fp8-kv": "kv_cache_dtype",
                                          "long": "context_length", "deterministic": "enable_deterministic_inference"}),
 }
@@ -173,9 +199,9 @@ def check_installed(engine: str, arm: str, options: EngineOptions) -> None:
     if engine not in ARM_ARGUMENTS or (engine == "sglang" and options.extra.get("python")):
         return
     sources, needs = ARM_ARGUMENTS[engine]
-    name = needs.get(arm)
+    names = [n for n in (needs.get(arm), needs.get("*")) if n is not None]
     pkg = installed_package_dir(engine)
-    if name is None or pkg is None:
+    if not names or pkg is None:
         return
     texts = []
     for source in sources:
@@ -185,11 +211,12 @@ def check_installed(engine: str, arm: str, options: EngineOptions) -> None:
             continue
     if not texts:
         return
-    if not any(name in text for text in texts):
-        flag = "--" + name.replace("_", "-")
-        where = ", ".join(str(pkg / source) for source in sources)
-        raise ArmSetupError(f"--arms {arm}: the installed {engine} ({where}) has no {flag} ({name}), which "
-                            "this arm launches with; upgrade it or drop the arm")
+    for name in names:
+        if not any(name in text for text in texts):
+            flag = "--" + name.replace("_", "-")
+            where = ", ".join(str(pkg / source) for source in sources)
+            raise ArmSetupError(f"--arms {arm}: the installed {engine} ({where}) has no {flag} ({name}), which "
+                                "this arm launches with; upgrade it or drop the arm")
 
 
 def arm_launch(engine: str, arm: str, sizing: ArmSizing, options: EngineOptions) -> ArmLaunch:
@@ -200,16 +227,28 @@ def arm_launch(engine: str, arm: str, sizing: ArmSizing, options: EngineOptions)
         raise ArmSetupError(f"--arms {arm}: engine {engine!r} cannot run it: {spec.unsupported.get(engine, 'no knob')}"
                             f" (it supports: {', '.join(a.name for a in ARMS.values() if engine in a.engines)})")
     check_installed(engine, arm, options)
-    if arm in ("default", "prefix-warm") and not (arm == "prefix-warm" and engine == "vllm"):
+    launch = _arm_launch(engine, arm, sizing, options)
+    if engine == "vllm":  # every arm: each answer's cached prompt tokens, and /reset_prefix_cache (dev mode)
+        launch = replace(launch, flags=(*launch.flags, *VLLM_EVERY_ARM_FLAGS),
+                         engine_opts={**launch.engine_opts, "dev_mode": True})
+    return launch
+
+
+#: What every vLLM arm adds to both launches besides its own knob (with ``VLLM_SERVER_DEV_MODE=1``):
+#: each answer's ``usage.prompt_tokens_details.cached_tokens``, which proves a judged request cold or warm.
+VLLM_EVERY_ARM_FLAGS = ("--enable-prompt-tokens-details",)
+
+
+def _arm_launch(engine: str, arm: str, sizing: ArmSizing, options: EngineOptions) -> ArmLaunch:
+    if arm == "default":
         return ArmLaunch()
-    if arm == "prefix-warm":  # vLLM: cached tokens are answered only with this flag
-        return ArmLaunch(("--enable-prefix-caching", "--enable-prompt-tokens-details"))
+    if arm == "prefix-warm":  # SGLang's radix cache is on by default; so is vLLM's prefix cache, said anyway
+        return ArmLaunch(("--enable-prefix-caching",) if engine == "vllm" else ())
     if arm == "deterministic":
-        return ArmLaunch(engine_opts={"batch_invariant": True, "dev_mode": True} if engine == "vllm"
-                         else {"deterministic": True})
-    if arm == "fp8-kv":  # vLLM shows its cache dtype only on a dev-mode /server_info
+        return ArmLaunch(engine_opts={"batch_invariant": True} if engine == "vllm" else {"deterministic": True})
+    if arm == "fp8-kv":  # vLLM shows its cache dtype only on a dev-mode /server_info (every vLLM arm has it)
         if engine == "vllm":
-            return ArmLaunch(("--kv-cache-dtype", "fp8"), engine_opts={"dev_mode": True})
+            return ArmLaunch(("--kv-cache-dtype", "fp8"))
         return ArmLaunch(("--kv-cache-dtype", "fp8_e4m3"))
     if arm == "preempt":
         # the context is cut to the largest request too: a server refuses to start with a KV cache that
@@ -260,7 +299,9 @@ def preemptions(engine: Any) -> int | None:
 def kv_cache_dtypes(engine: Any) -> list[tuple[str, str, str | None]]:
     """(role, url, KV cache dtype as the server says it, None when it does not) for every server of both
     sides: vLLM's dev-mode ``/server_info`` ``vllm_config.cache_config.cache_dtype``, SGLang's
-    ``/server_info`` ``kv_cache_dtype``."""
+    ``/server_info`` ``kv_cache_dtype``; nothing for another engine (none of them has an fp8 KV cache)."""
+    if engine.name not in ("vllm", "sglang"):
+        return []
     out = []
     for role, endpoint in engine.every_server():
         dtype = None
@@ -274,20 +315,81 @@ def kv_cache_dtypes(engine: Any) -> list[tuple[str, str, str | None]]:
     return out
 
 
-def prefix_cache_floor(engine_spec: str, spec_config: dict[str, Any] | None) -> tuple[int, str]:
-    """The fewest prompt tokens for which a warm request must find part of its prompt cached, and the
-    reason in words: one cache unit plus the last prompt token (always recomputed), and on vLLM one
-    block more when the speculative method drafts from the target's hidden states
-    (:data:`VLLM_HIDDEN_STATE_METHODS`). Shorter prompts neither prove nor disprove the warm path."""
-    unit = PREFIX_CACHE_UNIT.get(engine_spec, 1)
-    method = (spec_config or {}).get("method")
-    if engine_spec == "vllm" and method in VLLM_HIDDEN_STATE_METHODS:
-        return 2 * unit + 1, (f"two cache units ({unit} tokens each: vLLM drops a hit's last block for "
-                              f"{method}, whose draft needs its hidden states) plus the recomputed last token")
-    return unit + 1, f"one cache unit ({unit} tokens) plus the recomputed last token"
+def prefix_cache_unit(engine: Any, engine_name: str | None = None) -> tuple[int, str]:
+    """(tokens per prefix-cache unit on the speculative servers, where that figure comes from): SGLang's
+    ``/server_info`` ``page_size``, vLLM's dev-mode ``/server_info`` ``cache_config.block_size`` (the
+    largest over the servers), else :data:`PREFIX_CACHE_UNIT` of ``engine_name`` (default: the engine's)."""
+    name = engine_name or getattr(engine, "name", "")
+    fleet = getattr(getattr(engine, "spec", None), "fleet", None)
+    said = []
+    for endpoint in fleet.endpoints if fleet is not None and name in ("sglang", "vllm") else ():
+        value = None
+        if name == "sglang":
+            value = (engine.raw_server_info(endpoint) or {}).get("page_size")
+        else:
+            config = (engine.dev_server_info(endpoint) or {}).get("vllm_config")
+            cache = config.get("cache_config") if isinstance(config, dict) else None
+            value = cache.get("block_size") if isinstance(cache, dict) else None
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            said.append(value)
+    if said:
+        where = "/server_info page_size" if name == "sglang" else "/server_info cache_config.block_size"
+        return max(said), where
+    return PREFIX_CACHE_UNIT.get(name, 1), f"{name or 'the engine'}'s default"
 
 
-def request_facts(engine: Any, request_ids: Sequence[str], *, speculative: bool, key: str) -> dict[str, Any]:
-    """{request id: the answer's ``key`` fact} as the adapter noted it (a missing one is None)."""
-    facts = getattr(engine, "noted_request", None)
-    return {rid: (facts(rid, speculative).get(key) if callable(facts) else None) for rid in request_ids}
+def prefix_full_hit(engine_name: str, prompt_tokens: int, unit: int, spec_config: dict[str, Any] | None) -> int:
+    """The prompt tokens a request finds cached when its whole prompt was cached before: whole units of all
+    but the last prompt token (recomputed for the first output's logits); on vLLM one block less for a
+    draft that reads the target's hidden states (:data:`VLLM_HIDDEN_STATE_METHODS`: vLLM recomputes a hit's
+    last block for it), on SGLang one token less where the radix cache is keyed by bigrams
+    (:data:`SGLANG_BIGRAM_ALGORITHMS`). 0: nothing of such a prompt can be cached."""
+    config = spec_config or {}
+    usable = prompt_tokens - 1
+    if engine_name == "sglang" and str(config.get("speculative_algorithm") or "").upper() in SGLANG_BIGRAM_ALGORITHMS:
+        usable -= 1
+    hit = max(0, usable) // unit * unit
+    if engine_name == "vllm" and config.get("method") in VLLM_HIDDEN_STATE_METHODS:
+        hit -= unit
+    return max(0, hit)
+
+
+def prefix_cache_floor(engine_name: str, spec_config: dict[str, Any] | None,
+                       unit: int | None = None) -> tuple[int, str]:
+    """The fewest prompt tokens a request can find any of cached (:func:`prefix_full_hit` above 0), and
+    the reason in words. Shorter prompts neither prove nor disprove the warm path."""
+    unit = unit or PREFIX_CACHE_UNIT.get(engine_name, 1)
+    floor = next(n for n in range(1, 4 * unit + 4) if prefix_full_hit(engine_name, n, unit, spec_config) > 0)
+    config = spec_config or {}
+    method = config.get("method")
+    if engine_name == "vllm" and method in VLLM_HIDDEN_STATE_METHODS:
+        return floor, (f"two cache units ({unit} tokens each: vLLM drops a hit's last block for "
+                       f"{method}, whose draft needs its hidden states) plus the recomputed last token")
+    if floor > unit + 1:
+        return floor, (f"one cache unit ({unit} tokens) plus the recomputed last token and the bigram key's "
+                       f"token ({config.get('speculative_algorithm')})")
+    return floor, f"one cache unit ({unit} tokens) plus the recomputed last token"
+
+
+def reset_prefix_caches(engine: Any) -> list[tuple[str, bool, str]]:
+    """Empty the speculative servers' prefix caches (:data:`PREFIX_CACHE_RESET`): (url, reset, what the
+    server said) per server; nothing for an engine without the route."""
+    path = PREFIX_CACHE_RESET.get(getattr(engine, "name", ""))
+    if path is None:
+        return []
+    out = []
+    for endpoint in _spec_endpoints(engine):
+        try:
+            body = endpoint.request("POST", path, timeout_s=60.0).body
+        except ServerError as exc:
+            out.append((endpoint.base_url, False, str(exc)))
+            continue
+        text = body.decode("utf-8", "replace").strip()
+        ok = True
+        if engine.name == "vllm":
+            try:
+                ok = bool(json.loads(text).get("success"))
+            except (ValueError, AttributeError):
+                ok = False
+        out.append((endpoint.base_url, ok, text[:200]))
+    return out

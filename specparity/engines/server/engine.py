@@ -366,7 +366,6 @@ class ServerEngine:
         self._same_target_checked = False
         self._facts: dict[tuple[str, str], Any] = {}
         self._facts_lock = threading.Lock()
-        self._request_facts: dict[tuple[bool, str], dict[str, Any]] = {}
 
     # ------------------------------------------------------------------ server facts
     def cached(self, endpoint: Endpoint, what: str, read: Callable[[], Any]) -> Any:
@@ -381,17 +380,6 @@ class ServerEngine:
         with self._facts_lock:
             self._facts[key] = value
         return value
-
-    def note_request(self, request_id: str, speculative: bool, **facts: Any) -> None:
-        """Keep what an answer said that proves a run condition (cached prompt tokens, the prompt's token
-        count as the server counted it), for :mod:`specparity.engines.server.arm_knobs` to read back."""
-        with self._facts_lock:
-            self._request_facts.setdefault((speculative, request_id), {}).update(facts)
-
-    def noted_request(self, request_id: str, speculative: bool) -> dict[str, Any]:
-        """What :meth:`note_request` kept for ``request_id`` on that side (empty: nothing)."""
-        with self._facts_lock:
-            return dict(self._request_facts.get((speculative, request_id), {}))
 
     def every_server(self) -> list[tuple[str, Endpoint]]:
         """(role, endpoint) of every server of both sides, the baseline's first."""

@@ -430,6 +430,19 @@ def spec_stats(meta: dict[str, Any], n_out: int, declared: str | None) -> SpecSt
                       "no spec_* keys in meta_info: cannot tell whether speculation ran")
 
 
+#: ``meta_info`` keys that say how the server served a request, and the name each is journalled under
+#: (:attr:`~specparity.model.types.GenerationResult.facts`): the prompt's token count, the prompt tokens its
+#: radix cache held, and ``num_retractions``, the times the scheduler retracted the request to free KV cache
+#: (``Req.retraction_count``, answered by ``TokenizerManager`` in 0.5.17): SGLang's preemption.
+ANSWER_FACTS = {"prompt_tokens": "prompt_tokens", "cached_tokens": "cached_tokens", "num_retractions": "preemptions"}
+
+
+def answer_facts(meta: dict[str, Any]) -> dict[str, int]:
+    """The :data:`ANSWER_FACTS` an answer's ``meta_info`` carries (a key it lacks is left out)."""
+    return {name: int(meta[key]) for key, name in ANSWER_FACTS.items()
+            if isinstance(meta.get(key), int) and not isinstance(meta.get(key), bool)}
+
+
 def parse_generate(body: Any, k: int) -> tuple[list[int], str, TokenScores, dict[str, Any]]:
     """A ``/generate`` answer for one prompt → (output ids, finish reason, scores, meta_info)."""
     if isinstance(body, list):
@@ -562,8 +575,6 @@ class SGLangEngine(ServerEngine):
         rid = f"specparity-{req.request_id}-{uuid.uuid4().hex[:12]}"
         body = endpoint.post_json(WIRE.path, WIRE.body(req, {**self.request_facts(endpoint), "rid": rid}))
         ids, finish, scores, meta = parse_generate(body, req.top_k)
-        self.note_request(req.request_id, speculative, prompt_tokens=meta.get("prompt_tokens"),
-                          cached_tokens=meta.get("cached_tokens"))
         if speculative:
             spec = spec_stats(meta, len(ids), declared)
         else:
@@ -572,7 +583,8 @@ class SGLangEngine(ServerEngine):
                                   "with speculation; the baseline must not")
             spec = SpecStats.unavailable("speculation off")
         wall = float(meta.get("e2e_latency") or 0.0)
-        return GenerationResult(req.request_id, ids, self.decode(ids), finish, scores, spec, wall_s=wall)
+        return GenerationResult(req.request_id, ids, self.decode(ids), finish, scores, spec, wall_s=wall,
+                                facts=answer_facts(meta))
 
     def score(self, prompt_ids: Sequence[int], continuation_ids: Sequence[int], top_k: int) -> TokenScores:
         n = len(continuation_ids)

@@ -779,13 +779,13 @@ class VLLMEngine(ServerEngine):
         if speculative:
             self.traffic.add(answer, answer_tokens(answer))
         ids, finish, scores, _ = parse_completion(answer, req.top_k)
-        self.note_request(req.request_id, speculative, **usage_facts(answer))
         if speculative:
             spec = request_spec_stats(answer) or SpecStats.unavailable(
                 "vLLM reports draft counters only run-wide: /metrics, read before and after the speculative phase")
         else:
             spec = SpecStats.unavailable("speculation off")
-        return GenerationResult(req.request_id, ids, self.decode(ids), finish, scores, spec)
+        return GenerationResult(req.request_id, ids, self.decode(ids), finish, scores, spec,
+                                facts={k: v for k, v in usage_facts(answer).items() if v is not None})
 
     def request_facts(self, endpoint: Endpoint) -> dict[str, Any]:
         """The served model name and the version's "no top-k" value (:func:`request_body`)."""
