@@ -25,6 +25,22 @@ the target's own numerics flipped a token with no speculation at all.
    99 % quantile of the count under the high rate (:data:`FAIL_QUANTILE`) — flips clearly more than
    its own numerics explain.
 
+**No allowance without evidence** (:func:`fixed_share_reason`). The budget rests on the high end of the
+rate's interval, so a calibration that saw too few positions at risk would allow anything: 0 flips at 0
+positions has the interval 0–1, and a budget at a rate of 1 lets every judged prompt with a position at
+risk flip (40 of 40 pass). The rate counts as bounded when its Wilson 95 % interval is at most
+:data:`MAX_RATE_WIDTH` wide — 0.25, the fixed share itself. Why that number: the budget allows the high
+end of the interval, which is the low end (what the calibration showed the target's own numerics do)
+plus the width (what it could not rule out). A prompt with one position at risk then flips with a
+probability at most ``low + width``: the part the data did not show is at most a quarter, the share of
+prompts the fixed budget allows without any data. The least evidence that qualifies is 0 flips at 12
+positions at risk (interval 0–0.242; 0 of 11 is 0–0.259); a rate of 0.25 measured on 152 positions (a
+real tie-dense bf16 target: 0.185–0.321, 0.136 wide) follows the data, 0.5 flips at 10 positions
+(0.005–0.345) does not. Where the rate is not bounded, or no rate was measured, or the threshold was set
+by hand (``--near-tie-nats``: the positions at risk are those within the threshold, and the budget rests
+on the same measurement as the threshold, which a hand-set threshold replaces), the fixed share
+(``DEFAULT_MAX_NEAR_TIE``, 25 % of the judged prompts, ties included) applies and the summary says why.
+
 Pure numpy: no scipy.
 """
 
@@ -36,11 +52,20 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 
 from specparity.judge.resolution import TIE_NATS
+from specparity.model.gate_run import DEFAULT_MAX_NEAR_TIE
 from specparity.model.threshold import FlipRate
 from specparity.model.types import TokenScores
 
 #: The quantile of the predicted count above which a run's flips are "clearly more".
 FAIL_QUANTILE = 0.99
+#: The widest Wilson 95 % interval of the flip rate the budget may rest on (the module docstring says
+#: why it is the fixed share's 25 %); a wider one gives the fixed share.
+MAX_RATE_WIDTH = DEFAULT_MAX_NEAR_TIE
+#: Why the fixed share applies when the threshold was set by hand.
+HAND_SET = "the near-tie threshold was set by --near-tie-nats, not measured"
+#: Why the fixed share applies when no flip rate was measured (a record made before it existed, or a
+#: threshold set with nothing measured).
+NO_RATE = "no flip rate was measured"
 #: The interval shown: these quantiles under the low and the high rate.
 INTERVAL = (0.025, 0.975)
 
@@ -148,3 +173,35 @@ def expected_flips(rate: FlipRate, risk_counts: Sequence[int], observed: int) ->
     high_dist = poisson_binomial(hi_p)
     return FlipExpectation(observed, float(mid.sum()), low, quantile(high_dist, INTERVAL[1]),
                            quantile(high_dist, FAIL_QUANTILE), len(counts), int((counts > 0).sum()), rate)
+
+
+def rate_bounded(rate: FlipRate) -> bool:
+    """Whether the calibration bounds the flip rate: its Wilson 95 % interval at most :data:`MAX_RATE_WIDTH` wide."""
+    lo, hi = rate.bounds()
+    return hi - lo <= MAX_RATE_WIDTH
+
+
+def unbounded_words(rate: FlipRate) -> str:
+    """Why ``rate`` bounds nothing, with its figures."""
+    lo, hi = rate.bounds()
+    return (f"the calibration saw too few positions at risk to bound the flip rate: {rate.flips:g} flip(s) at "
+            f"{rate.positions} position(s) at risk, 95 % interval {lo:.3g}–{hi:.3g}, wider than {MAX_RATE_WIDTH:g}")
+
+
+def bounded_words(rate: FlipRate) -> str:
+    """Why ``rate`` bounds the budget, with its figures."""
+    lo, hi = rate.bounds()
+    return (f"the calibration bounds the flip rate: {rate.flips:g} flip(s) at {rate.positions} position(s) at risk, "
+            f"95 % interval {lo:.3g}–{hi:.3g}, at most {MAX_RATE_WIDTH:g} wide")
+
+
+def fixed_share_reason(rate: FlipRate | None, source: str) -> str | None:
+    """Why the fixed share applies instead of the budget from the data (None: the data's applies): a
+    threshold set by hand (``source`` "override"), no flip rate, or a rate the calibration does not bound."""
+    if source == "override":
+        return HAND_SET
+    if rate is None:
+        return NO_RATE
+    if not rate_bounded(rate):
+        return unbounded_words(rate)
+    return None
