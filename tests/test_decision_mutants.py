@@ -524,3 +524,41 @@ def test_decide_hands_over_the_near_tie_budget_its_failure_line_and_the_policy_g
     # the run's own policy when none is handed over
     own = _run(["exact"] * 2 + ["near_tie"] * 2, config=GateConfig(policy=GatePolicy(max_near_tie=0.5)))
     assert decide(own).passed and not decide(own, GatePolicy(max_near_tie=0.25)).passed
+
+
+# --------------------------------------------------------------------------- a channel too coarse for exact ties
+
+
+def test_a_coarse_channel_counts_reported_ties_in_every_budget_word_for_word():
+    from specparity.gate.decision import DATA_BUDGET_WITH_TIES, coarse_channel, counted_flips, free_ties, ties_free
+    from specparity.judge.resolution import resolution_words
+    from specparity.model.threshold import ChannelResolution
+
+    coarse = ChannelResolution(1e-3, None, 100)
+    words = resolution_words(coarse)
+    run = _run(["near_tie", "near_tie", "exact", "exact"], ties=(0,))
+    assert ties_free(run) and coarse_channel(run) == ""  # no threshold: judged as before
+    run.threshold = NearTieThreshold(0.01, "measured", None, 1.5, resolution=coarse,
+                                     flip_rate=FlipRate(window=0.01, positions=100, flips=1.0, ties=0,
+                                                        measured_positions=400, with_ties=True))
+    assert not ties_free(run) and coarse_channel(run) == words
+    assert free_ties(run) == [] and [v.prompt_id for v in counted_flips(run)] == ["p-0", "p-1"]
+    evidence = ("the calibration bounds the flip rate: 1 flip(s) at 100 position(s) at risk, 95 % interval "
+                "0.00177–0.0545, at most 0.25 wide")
+    assert near_tie_policy(run) == f"{DATA_BUDGET_WITH_TIES} ({evidence}; {words})"
+    check = near_tie_budget(run, {"near_tie": 2, "exact": 2}, GatePolicy())
+    assert check.text.startswith(f"1 flip(s) at reported ties, counted with the others ({words}); 2 near-tie flip(s), "
+                                 f"reported ties included, against ")
+    run.threshold.flip_rate = FlipRate(window=0.01, positions=0, flips=0.0, ties=0, measured_positions=400,
+                                       with_ties=True)
+    why = ("the calibration saw too few positions at risk to bound the flip rate: 0 flip(s) at 0 position(s) at risk, "
+           "95 % interval 0–1, wider than 0.25")
+    assert near_tie_policy(run) == (f"near-tie flips allowed up to 25% of the prompts, reported ties included ({why}, "
+                                    f"so the budget cannot follow the data; {words})")
+    check = near_tie_budget(run, {"near_tie": 2, "exact": 2}, GatePolicy())
+    assert check == Check("fail", f"near-tie flips, reported ties included, are allowed up to 25% of the prompts "
+                                  f"({why}; {words}): this run has 2 of 4 judged (50%)", "near_tie_budget",
+                          numbers={"near_tie": 2, "ties": 1, "judged": 4, "counted": 2, "fraction": 0.5,
+                                   "allowed": DEFAULT_MAX_NEAR_TIE})
+    assert near_tie_failure(run, {"near_tie": 2, "exact": 2}, GatePolicy(), None) == (
+        f"2/4 near-tie prompts, reported ties included, (50%) exceed the fixed share 25% ({why}): p-0, p-1")

@@ -720,6 +720,9 @@ def test_measure_flip_rate_counts_positions_at_risk_flips_ties_and_every_compare
     empty = (_margin_rows([6, 7], [0.25, 0.25]), TokenScores.empty(2))
     unreported = (_margin_rows([8], [0.25]), _margin_rows([8], [float("nan")]))
     assert measure_flip_rate([(decoded, tf), empty, unreported], window=0.5) == FlipRate(0.5, 2, 1.5, 1, 5)
+    # on a channel too coarse for exact ties the reported tie at position 0 is at risk too (it held: no flip)
+    assert measure_flip_rate([(decoded, tf), empty, unreported], window=0.5, with_ties=True) == FlipRate(
+        0.5, 3, 1.5, 1, 5, True)
     assert measure_flip_rate([], window=0.5) == FlipRate(0.5, 0, 0.0, 0, 0)
 
 
@@ -846,6 +849,12 @@ def test_flip_rate_describes_its_rate_and_round_trips():
         f"among 30")
     none = FlipRate(0.5, 0, 0.0, 1, 3)
     assert none.rate is None and "(flip rate no position at risk); 1 exact-tie position(s) among 3" in none.describe()
+    tied = FlipRate(0.5, 10, 1.5, 2, 30, True)
+    assert tied.describe() == (
+        f"the baseline's decode and teacher-forced passes chose different tokens at 1.5 of 10 positions whose margin is "
+        f"within 0.5 nats, reported ties included (flip rate 0.15 (95 % interval {lo:.3g}–{hi:.3g})); 2 reported-tie "
+        f"position(s) among 30")
+    assert FlipRate.from_json(tied.to_json()) == tied and FlipRate.from_json(rate.to_json()).with_ties is False
     assert FlipRate.from_json(rate.to_json()) == rate and rate.to_json() is not vars(rate)
     assert FlipRate.from_json(None) is None and FlipRate.from_json({}) is None
 
@@ -883,8 +892,9 @@ def test_a_measured_threshold_with_a_cross_instance_figure_beyond_the_allowance(
     assert j == {"nats": 0.1875, "source": "measured", "multiplier": 1.5, "noise": near.to_json(), "ceiling": 2.0,
                  "drift_nats": 2.0, "calibration": "4 prompts", "cross_instance": cross.to_json(),
                  "cross_instance_note": "", "cross_instance_finding": t.cross_finding(),
-                 "flip_rate": {"window": 2.0, "positions": 10, "flips": 1.5, "ties": 2, "measured_positions": 30},
-                 "description": t.describe()}
+                 "flip_rate": {"window": 2.0, "positions": 10, "flips": 1.5, "ties": 2, "measured_positions": 30,
+                               "with_ties": False},
+                 "resolution": None, "description": t.describe()}
     assert NearTieThreshold.from_json(j) == t
 
 
@@ -1208,10 +1218,16 @@ def test_a_baseline_that_ends_at_the_split_has_no_token_there():
 
 
 def test_positions_at_risk_are_above_a_tie_and_at_most_the_window():
-    from specparity.judge.flip_budget import at_risk
+    from specparity.judge.flip_budget import at_risk, risk_mask
+    from specparity.judge.resolution import TIE_NATS
 
     rows = _margin_rows([1, 2, 3, 4, 5], [0.0, 0.25, 0.5, 1.0, float("nan")])
     assert at_risk(rows, 0.5).tolist() == [False, True, True, False, False]
+    assert at_risk(rows, 0.5, with_ties=True).tolist() == [True, True, True, False, False]
+    # the tie's edges: within TIE_NATS either way is a reported tie, beyond it below is not at risk at all
+    edges = np.array([-2 * TIE_NATS, -TIE_NATS, TIE_NATS, 2 * TIE_NATS, np.nan])
+    assert risk_mask(edges, 0.5).tolist() == [False, False, False, True, False]
+    assert risk_mask(edges, 0.5, with_ties=True).tolist() == [False, True, True, True, False]
 
 
 def test_quantile_forgives_a_cumulative_sum_rounded_just_below_the_level():

@@ -57,6 +57,7 @@ from specparity.gate.calibration_findings import calibration_findings, findings_
 from specparity.judge.checks import Check, verdict_checks
 from specparity.judge.flip_budget import (NO_RATE, FlipExpectation, at_risk, bounded_words, expected_flips,
                                           fixed_share_reason)
+from specparity.judge.resolution import resolution_words, ties_exact
 from specparity.model.coverage import PATHS
 from specparity.model.verdicts import CLASSES, Verdict
 from specparity.model.force_reject import RejectShare
@@ -67,6 +68,9 @@ from specparity.model.threshold import FlipRate
 #: The default near-tie policy, in the words the summary and the terminal use.
 DATA_BUDGET = ("near ties within what the baseline's own numerics explain: exact-tie flips allowed and counted apart, "
                "the other flips at most the 99 % bound of the count its decode-versus-teacher-forced flips predict")
+#: ... on a channel too coarse for a reported tie to be exact (:func:`ties_free`).
+DATA_BUDGET_WITH_TIES = ("near ties within what the baseline's own numerics explain: every flip, reported ties "
+                         "included, at most the 99 % bound of the count its decode-versus-teacher-forced flips predict")
 
 
 @dataclass
@@ -141,11 +145,16 @@ def near_tie_policy(run: GateRun, policy: GatePolicy | None = None) -> str:
     why = fixed_share_why(run)
     if policy.max_near_tie is not None:
         budget = f"near ties allowed up to {_pct(policy.max_near_tie)} of the prompts"
-    elif why is not None:
+    elif why is not None and ties_free(run):
         budget = (f"near-tie flips that are not exact ties allowed up to {_pct(DEFAULT_MAX_NEAR_TIE)} of the prompts, "
                   f"exact-tie flips allowed and counted apart ({why}, so the budget cannot follow the data)")
-    else:
+    elif why is not None:
+        budget = (f"near-tie flips allowed up to {_pct(DEFAULT_MAX_NEAR_TIE)} of the prompts, reported ties included "
+                  f"({why}, so the budget cannot follow the data; {coarse_channel(run)})")
+    elif ties_free(run):
         budget = f"{DATA_BUDGET} ({bounded_words(_flip_rate(run))})"
+    else:
+        budget = f"{DATA_BUDGET_WITH_TIES} ({bounded_words(_flip_rate(run))}; {coarse_channel(run)})"
     if policy.bit_exact:
         also = f" (the engine declares it too: {run.deterministic})" if run.deterministic else ""
         return f"bit-exact: --bit-exact{also}"
@@ -187,9 +196,30 @@ def tie_flips(run: GateRun) -> list[Verdict]:
     return [v for v in _near_ties(run) if v.divergence is not None and v.divergence.tie]
 
 
+def ties_free(run: GateRun) -> bool:
+    """Whether a flip at a reported tie is an exact tie, allowed apart: the channel's resolution can tell
+    one ulp of the logits (:func:`specparity.judge.resolution.ties_exact`; a record without a measured
+    resolution: yes, as it was judged)."""
+    return ties_exact(run.threshold.resolution if run.threshold is not None else None)
+
+
+def coarse_channel(run: GateRun) -> str:
+    """Why a reported tie is not exact on the run's channel, in words ("" when it is)."""
+    if ties_free(run):
+        return ""
+    assert run.threshold is not None and run.threshold.resolution is not None
+    return resolution_words(run.threshold.resolution)
+
+
+def _which(run: GateRun) -> str:
+    """" that are not exact ties", or ", reported ties included," where they count (:func:`ties_free`)."""
+    return " that are not exact ties" if ties_free(run) else ", reported ties included,"
+
+
 def free_ties(run: GateRun) -> list[Verdict]:
-    """The exact-tie flips a budget leaves to their own budget (greedy decoding permits either tied token)."""
-    return tie_flips(run)
+    """The exact-tie flips a budget leaves to their own budget (greedy decoding permits either tied token):
+    none on a channel too coarse for a reported tie to be exact (:func:`ties_free`)."""
+    return tie_flips(run) if ties_free(run) else []
 
 
 def counted_flips(run: GateRun) -> list[Verdict]:
@@ -204,7 +234,7 @@ def flip_expectation(run: GateRun) -> FlipExpectation | None:
     rate = _flip_rate(run)
     if rate is None or fixed_share_why(run) is not None:
         return None
-    counts = [int(at_risk(r.baseline.scores, rate.window).sum()) for r in run.records
+    counts = [int(at_risk(r.baseline.scores, rate.window, rate.with_ties).sum()) for r in run.records
               if r.verdict is not None and r.verdict.klass != "error" and r.baseline is not None]
     return expected_flips(rate, counts, len(counted_flips(run)))
 
@@ -236,14 +266,16 @@ def near_tie_budget(run: GateRun, counts: Mapping[str, int], policy: GatePolicy 
         counted = max(0, n - free)
         frac = counted / total if total else 0.0
         why = fixed_share_why(run) or NO_RATE
+        why += "" if ties_free(run) else f"; {coarse_channel(run)}"
         return Check("ok" if frac <= DEFAULT_MAX_NEAR_TIE else "fail",
-                     f"near-tie flips that are not exact ties are allowed up to {DEFAULT_MAX_NEAR_TIE:.0%} of the "
-                     f"prompts ({why}): this run has {counted} of {total} judged "
+                     f"near-tie flips{_which(run)} are allowed up to {DEFAULT_MAX_NEAR_TIE:.0%} of the prompts "
+                     f"({why}): this run has {counted} of {total} judged "
                      f"({frac:.0%}{f'; {free} more at exact ties, allowed apart' if free else ''})", "near_tie_budget",
                      numbers={"near_tie": n, "ties": ties, "judged": total, "counted": counted, "fraction": frac,
                               "allowed": DEFAULT_MAX_NEAR_TIE})
-    return Check("ok" if exp.passed else "fail",
-                 f"{ties} flip(s) at exact ties (allowed: greedy decoding permits either tied token); {exp.describe()}",
+    tied = (f"{ties} flip(s) at exact ties (allowed: greedy decoding permits either tied token)" if ties_free(run) else
+            f"{ties} flip(s) at reported ties, counted with the others ({coarse_channel(run)})")
+    return Check("ok" if exp.passed else "fail", f"{tied}; {exp.describe()}",
                  "near_tie_budget", numbers={"near_tie": n, "ties": ties, "judged": total, **exp.to_json()})
 
 
@@ -315,9 +347,9 @@ def near_tie_failure(run: GateRun, counts: Mapping[str, int], policy: GatePolicy
     counted = counted_flips(run)
     flipped = ", ".join(v.prompt_id for v in counted)
     if expectation is None:
-        return (f"{len(counted)}/{total} near-tie prompts that are not exact ties ({len(counted) / total:.0%}) exceed "
-                f"the fixed share {DEFAULT_MAX_NEAR_TIE:.0%} ({fixed_share_why(run) or NO_RATE}): {flipped}")
-    return (f"{expectation.observed} near-tie flip(s) that are not exact ties, more than the {expectation.limit} the "
+        return (f"{len(counted)}/{total} near-tie prompts{_which(run)} ({len(counted) / total:.0%}) exceed the fixed "
+                f"share {DEFAULT_MAX_NEAR_TIE:.0%} ({fixed_share_why(run) or NO_RATE}): {flipped}")
+    return (f"{expectation.counted()}, more than the {expectation.limit} the "
             f"baseline's own numerics explain (expected {expectation.expected:.1f}, 95 % interval "
             f"{expectation.low}–{expectation.high}): the verify numerics flip tokens the target's own two computations "
             f"do not: {flipped}")

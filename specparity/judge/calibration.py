@@ -25,6 +25,7 @@ import numpy as np
 
 from specparity.judge.flip_budget import measure_flip_rate
 from specparity.judge.noise import CalibrationError, derive_threshold, measure_noise, position_deltas
+from specparity.judge.resolution import measure_resolution, ties_exact
 from specparity.model.threshold import DEFAULT_CEILING_NATS, DEFAULT_MULTIPLIER, NearTieThreshold, NoiseStats
 from specparity.judge.logprob_channel import channel_problem
 from specparity.model.types import TokenScores
@@ -223,8 +224,13 @@ def calibrate(
     noise = measure_noise(((s.decoded, s.teacher_forced) for s in samples), window=ceiling)
     cross = cross_instance_noise(samples, window=ceiling)
     threshold = derive_threshold(noise, override, multiplier, ceiling, label, cross, cross_note)
+    # how finely the baseline's channel reports: whether a reported tie is an exact one
+    threshold.resolution = measure_resolution([s.decoded for s in samples], [s.teacher_forced for s in samples],
+                                              ceiling)
     # the flips the target's own numerics make where a flip would be judged a near tie: measured on
-    # the baseline's instance alone (never on the speculative server), for the near-tie budget
-    threshold.flip_rate = measure_flip_rate(((s.decoded, s.teacher_forced) for s in samples), threshold.nats)
+    # the baseline's instance alone (never on the speculative server), for the near-tie budget; the
+    # reported ties among them where the channel is too coarse for a tie to be exact
+    threshold.flip_rate = measure_flip_rate(((s.decoded, s.teacher_forced) for s in samples), threshold.nats,
+                                            with_ties=not ties_exact(threshold.resolution))
     return check, threshold
 

@@ -12,7 +12,9 @@ the target's own numerics flipped a token with no speculation at all.
 1. *Positions at risk*: positions of a baseline stream whose decode margin (the chosen token over
    its best alternative) is above an exact tie and at most the near-tie threshold — the positions
    where a flip would be judged a near tie at all. Exact ties are left out: they have their own
-   budget (:mod:`specparity.judge.resolution`), since greedy decoding allows either tied token.
+   budget (:mod:`specparity.judge.resolution`), since greedy decoding allows either tied token. On a
+   channel too coarse for a reported tie to be exact (:func:`specparity.judge.resolution.ties_exact`)
+   the reported ties are at risk too, and a flip at one counts with the others (``with_ties``).
 2. *Flip rate* ``r``: over the calibration prompts, the share of positions at risk where the
    teacher-forced pass's argmax is another token (a tie there counts one half). Measured on the
    baseline's own instance only: nothing the speculative side computes enters it.
@@ -51,7 +53,7 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-from specparity.judge.resolution import TIE_NATS
+from specparity.judge.resolution import TIE_NATS, decode_margins  # noqa: F401 - decode_margins: read here too
 from specparity.model.gate_run import DEFAULT_MAX_NEAR_TIE
 from specparity.model.threshold import FlipRate
 from specparity.model.types import TokenScores
@@ -70,24 +72,17 @@ NO_RATE = "no flip rate was measured"
 INTERVAL = (0.025, 0.975)
 
 
-def decode_margins(scores: TokenScores) -> np.ndarray:
-    """Per position: the chosen token's logprob over its best recorded alternative (NaN: no row)."""
-    n = len(scores)
-    if n == 0:
-        return np.zeros(0, np.float64)
-    top = np.where(scores.top_ids >= 0, scores.top_logprobs, -np.inf).astype(np.float64)
-    top = np.where(scores.top_ids == scores.token_ids[:, None], -np.inf, top)
-    best_alt = top.max(axis=1)
+def risk_mask(margins: np.ndarray, window: float, with_ties: bool = False) -> np.ndarray:
+    """Which decode margins are at risk: above an exact tie (``with_ties``: or a reported tie, on a
+    channel too coarse for it to be exact) and at most ``window``."""
     with np.errstate(invalid="ignore"):
-        m = scores.logprobs.astype(np.float64) - best_alt
-    return np.where(np.isfinite(m), m, np.nan)
+        tied = np.abs(margins) <= TIE_NATS if with_ties else np.zeros(margins.shape, bool)
+        return ((margins > TIE_NATS) | tied) & (margins <= window)
 
 
-def at_risk(scores: TokenScores, window: float) -> np.ndarray:
-    """Mask of the positions at risk: decode margin above an exact tie and at most ``window``."""
-    m = decode_margins(scores)
-    with np.errstate(invalid="ignore"):
-        return (m > TIE_NATS) & (m <= window)
+def at_risk(scores: TokenScores, window: float, with_ties: bool = False) -> np.ndarray:
+    """Mask of the positions at risk of one stream (:func:`risk_mask` of its decode margins)."""
+    return risk_mask(decode_margins(scores), window, with_ties)
 
 
 def tie_positions(scores: TokenScores) -> int:
@@ -97,23 +92,25 @@ def tie_positions(scores: TokenScores) -> int:
         return int((m <= TIE_NATS).sum())
 
 
-def measure_flip_rate(pairs: Iterable[tuple[TokenScores, TokenScores]], window: float) -> FlipRate:
-    """:class:`FlipRate` over (decode rows, teacher-forced rows) of the same baseline tokens."""
+def measure_flip_rate(pairs: Iterable[tuple[TokenScores, TokenScores]], window: float,
+                      with_ties: bool = False) -> FlipRate:
+    """:class:`FlipRate` over (decode rows, teacher-forced rows) of the same baseline tokens; ``with_ties``:
+    the reported ties are at risk too (:func:`risk_mask`)."""
     positions, flips, ties, measured = 0, 0.0, 0, 0
     for decoded, tf in pairs:
         n = min(len(decoded), len(tf))
         if n == 0:
             continue
         margins = decode_margins(decoded)[:n]
+        risk = risk_mask(margins, window, with_ties)
         with np.errstate(invalid="ignore"):
-            risk = (margins > TIE_NATS) & (margins <= window)
             ties += int((margins <= TIE_NATS).sum())
         measured += n
         tf_margin = decode_margins(tf)[:n]  # the same tokens: the baseline's token over its best rival
         known = risk & np.isfinite(tf_margin)
         positions += int(known.sum())
         flips += float((tf_margin[known] < -TIE_NATS).sum()) + 0.5 * float((np.abs(tf_margin[known]) <= TIE_NATS).sum())
-    return FlipRate(window, positions, flips, ties, measured)
+    return FlipRate(window, positions, flips, ties, measured, with_ties)
 
 
 def poisson_binomial(ps: Sequence[float]) -> np.ndarray:
@@ -135,7 +132,7 @@ def quantile(dist: np.ndarray, q: float) -> int:
 class FlipExpectation:
     """The flips the run's own numerics predict, against the flips it has."""
 
-    observed: int  # near-tie flips that are not exact ties
+    observed: int  # near-tie flips that are not exact ties (reported ties included where the rate has them)
     expected: float
     low: int
     high: int
@@ -148,8 +145,15 @@ class FlipExpectation:
     def passed(self) -> bool:
         return self.observed <= self.limit
 
+    def counted(self) -> str:
+        """"N near-tie flip(s) that are not exact ties", or with the reported ties where the rate had them
+        at risk (a channel too coarse for exact ties)."""
+        if self.rate is not None and self.rate.with_ties:
+            return f"{self.observed} near-tie flip(s), reported ties included"
+        return f"{self.observed} near-tie flip(s) that are not exact ties"
+
     def describe(self) -> str:
-        return (f"{self.observed} near-tie flip(s) that are not exact ties, against {self.expected:.1f} expected from "
+        return (f"{self.counted()}, against {self.expected:.1f} expected from "
                 f"the baseline's own numerics (95 % interval {self.low}–{self.high}; more than {self.limit} fails) "
                 f"over {self.prompts} judged prompt(s), {self.at_risk_prompts} with a position at risk")
 

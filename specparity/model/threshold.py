@@ -116,6 +116,29 @@ def wilson(successes: float, n: int, z: float = 1.959964) -> tuple[float, float]
 
 
 @dataclass
+class ChannelResolution:
+    """How finely the engine's logprob channel reports, measured per run on the reference's own rows
+    (:func:`specparity.judge.resolution.measure_resolution`) and journalled with the threshold: whether a
+    reported tie is an exact one (:func:`specparity.judge.resolution.ties_exact`)."""
+
+    #: The coarsest decimal step every reported logprob is a whole multiple of (None: none is — the values
+    #: are continuous at their float32 precision).
+    step: float | None
+    #: The logits' spacing (one ulp) read from the rows with a close call (None: the rows show none —
+    #: continuous logits — or there was no such row).
+    ulp: float | None
+    #: Distinct nonzero logprobs the step was tested on (the fewest of the channels read).
+    values: int
+
+    def to_json(self) -> dict[str, Any]:
+        return vars(self).copy()
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any] | None) -> "ChannelResolution | None":
+        return cls(**data) if data else None
+
+
+@dataclass
 class FlipRate:
     """How often the baseline's two computations of its own tokens (decode, teacher-forced) chose
     different tokens where a flip would be judged a near tie (:mod:`specparity.judge.flip_budget`
@@ -127,6 +150,9 @@ class FlipRate:
     flips: float  # ... where the teacher-forced argmax was another token (a tie there: 0.5)
     ties: int  # positions whose decode row is an exact tie (their own budget)
     measured_positions: int  # every position compared
+    #: Whether the reported ties were at risk too: a channel too coarse for a reported tie to be an exact
+    #: one (:class:`ChannelResolution`); False in a record made before the resolution was measured.
+    with_ties: bool = False
 
     @property
     def rate(self) -> float | None:
@@ -147,9 +173,12 @@ class FlipRate:
         lo, hi = self.bounds()
         r = self.rate
         rate = "no position at risk" if r is None else f"{r:.3g} (95 % interval {lo:.3g}–{hi:.3g})"
+        which = (f"whose margin is within {self.window:.3g} nats, reported ties included" if self.with_ties else
+                 f"whose margin is above a tie and within {self.window:.3g} nats")
+        tied = "reported-tie" if self.with_ties else "exact-tie"
         return (f"the baseline's decode and teacher-forced passes chose different tokens at {self.flips:g} of "
-                f"{self.positions} positions whose margin is above a tie and within {self.window:.3g} nats (flip rate "
-                f"{rate}); {self.ties} exact-tie position(s) among {self.measured_positions}")
+                f"{self.positions} positions {which} (flip rate {rate}); {self.ties} {tied} position(s) among "
+                f"{self.measured_positions}")
 
 
 @dataclass
@@ -167,6 +196,9 @@ class NearTieThreshold:
     cross_note: str = ""
     #: The baseline's own flip rate (None: not measured, or a record made before it existed).
     flip_rate: FlipRate | None = None
+    #: The logprob channel's resolution (None: not measured, or a record made before it was: a reported
+    #: tie then counts as exact, as it was judged when the record was made).
+    resolution: ChannelResolution | None = None
 
     def _measured(self, stats: NoiseStats | None) -> bool:
         return stats is not None and bool(stats.pairs)
@@ -287,6 +319,7 @@ class NearTieThreshold:
             "cross_instance_note": self.cross_note,
             "cross_instance_finding": self.cross_finding(),
             "flip_rate": self.flip_rate.to_json() if self.flip_rate else None,
+            "resolution": self.resolution.to_json() if self.resolution else None,
             "description": self.describe(),
         }
 
@@ -296,4 +329,5 @@ class NearTieThreshold:
         return cls(float(data["nats"]), data["source"], NoiseStats(**noise) if noise else None,
                    float(data["multiplier"]), float(data.get("ceiling", DEFAULT_CEILING_NATS)),
                    data.get("calibration", ""), NoiseStats(**cross) if cross else None,
-                   data.get("cross_instance_note", ""), FlipRate.from_json(data.get("flip_rate")))
+                   data.get("cross_instance_note", ""), FlipRate.from_json(data.get("flip_rate")),
+                   ChannelResolution.from_json(data.get("resolution")))
