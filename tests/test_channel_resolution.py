@@ -84,12 +84,20 @@ def judged_ties(threshold: NearTieThreshold, n: int = 20) -> GateRun:
 # ------------------------------------------------------------------ the step, the ulp and the rule
 
 
-@pytest.mark.parametrize("decimals, step", [(1, 0.1), (3, 1e-3), (4, 1e-4), (6, 1e-6), (None, None)])
+@pytest.mark.parametrize("decimals, step", [(0, 1.0), (1, 0.1), (2, 0.01), (3, 1e-3), (4, 1e-4), (5, 1e-5), (6, 1e-6),
+                                            (None, None)])
 def test_the_step_is_the_coarsest_decimal_every_logprob_lies_on(decimals, step):
     rows = [s.decoded for s in calibration(decimals)]
     values = channel_values(rows)
-    assert values.size >= MIN_CHANNEL_VALUES and np.all(values != 0) and np.unique(values).size == values.size
+    assert np.all(values != 0) and np.unique(values).size == values.size
+    assert values.size >= MIN_CHANNEL_VALUES or decimals == 0  # whole nats: only a few distinct values
     assert channel_step(values) == step
+
+
+def test_the_numbers_of_the_rule():
+    assert CHANNEL_STEPS == (1.0, 0.1, 0.01, 1e-3, 1e-4, 1e-5, 1e-6)
+    assert MIN_CHANNEL_VALUES == 16 and 0.1 ** MIN_CHANNEL_VALUES == pytest.approx(1e-16)  # a coarser grid by chance
+    assert tie_bound(ChannelResolution(None, 1.0, 99)) == 0.5
 
 
 def test_channel_values_leave_out_zeros_unreported_slots_and_repeats():
