@@ -31,6 +31,7 @@ from specparity.engines.base import EngineOptions
 from specparity.engines.inprocess.hf import HFEngine
 from specparity.model.locations import REPO_ROOT
 from specparity.gate.decision import decide, tie_flips
+from specparity.judge.flip_budget import rate_bounded
 from specparity.model.prompts import load_prompts
 from specparity.model.gate_run import GateConfig, GatePolicy
 from specparity.run.runner import run_gate
@@ -44,10 +45,10 @@ def near_tie_prompts():
     return load_prompts(REPO_ROOT / "prompts" / "near_tie.jsonl").prompts
 
 
-def _gate(engine, prompts, policy: GatePolicy | None = None, **cfg):
+def _gate(engine, prompts, policy: GatePolicy | None = None, calibration_prompts=None, **cfg):
     config = GateConfig(policy=policy or GatePolicy(max_near_tie=1.0), **cfg)
     try:
-        run = run_gate(engine, prompts, config)
+        run = run_gate(engine, prompts, config, calibration=calibration_prompts)
     finally:
         engine.close()
     return run, decide(run)
@@ -126,14 +127,18 @@ def test_constructed_bf16_tie_flips_reach_the_near_tie_path_on_any_cpu(tie_targe
     the other side of ties the baseline broke toward the lower id. At least one prompt must be
     near_tie (else the path was not reached and nothing here was tested), every flip must be at an
     exact tie or one or two ulps of its row, under the measured threshold, with every later token
-    the target's own choice, and the run passes under the near-tie budget from the data. The same
-    loop in float32, where the twins never tie exactly, is exact on every prompt."""
+    the target's own choice, and the run passes under the near-tie budget from the data — calibrated on
+    the whole default suite, whose positions at risk bound the flip rate (six prompts alone do not, and
+    would get the fixed share). The same loop in float32, where the twins never tie exactly, is exact on
+    every prompt."""
     prompts = default_prompts[:6]
     opts = EngineOptions(target=str(tie_target), spec_mode="draft")
     config = {"calibration": "selected", "max_new_tokens": 24}
     # the gate's own near-tie budget (from the baseline's flip rate), not a widened fixed share
     run, decision = _gate(LoopEngine(EngineOptions(**{**vars(opts), "dtype": "bfloat16"}), tie_rule="draft"), prompts,
-                          GatePolicy(), **config)
+                          GatePolicy(), calibration_prompts=default_prompts, **{**config, "calibration": "suite"})
+    assert rate_bounded(run.threshold.flip_rate), run.threshold.flip_rate.describe()
+    assert decision.flip_expectation is not None  # the budget from the data decided
     near = [r.verdict for r in run.records if r.verdict.klass == "near_tie"]
     assert near, (f"no prompt classified near_tie ({decision.counts}): the constructed flips did not happen or were "
                   f"not judged near ties, so the near-tie path was not exercised")

@@ -100,10 +100,11 @@ def test_the_policy_given_decides_not_the_runs_own():
 
 
 def test_fixed_budget_line_when_no_flip_rate_was_measured():
-    run = _run(["exact"] * 3 + ["near_tie"])
-    line = near_tie_failure(run, {"exact": 3, "near_tie": 1}, GatePolicy(), None)
-    assert line == (f"1/4 near-tie prompts (25%) exceed --max-near-tie {DEFAULT_MAX_NEAR_TIE:.0%} (the fixed budget: "
-                    "no flip rate was measured)")
+    """The fixed share counts the flips that are not exact ties, and names them; exact ties stay apart."""
+    run = _run(["exact"] * 3 + ["near_tie"] * 2, ties=(3,))
+    line = near_tie_failure(run, {"exact": 3, "near_tie": 2}, GatePolicy(), None)
+    assert line == (f"1/5 near-tie prompts that are not exact ties (20%) exceed the fixed share "
+                    f"{DEFAULT_MAX_NEAR_TIE:.0%} (no flip rate was measured): p-4")
 
 
 def test_max_near_tie_line_wins_over_a_measured_flip_rate():
@@ -198,16 +199,18 @@ def _with_flip_rate(run: GateRun) -> GateRun:
 
 def test_policy_line_without_a_flip_rate():
     assert near_tie_policy(_run(["exact"])) == (
-        f"near ties allowed up to {DEFAULT_MAX_NEAR_TIE * 100:g}% of the prompts (no flip rate was measured, so the "
-        "budget cannot follow the data)")
+        f"near-tie flips that are not exact ties allowed up to {DEFAULT_MAX_NEAR_TIE * 100:g}% of the prompts, "
+        "exact-tie flips allowed and counted apart (no flip rate was measured, so the budget cannot follow the data)")
 
 
 def test_policy_line_with_a_flip_rate_is_the_budget_from_the_data():
     run = _with_flip_rate(_run(["exact"]))
-    assert near_tie_policy(run) == DATA_BUDGET
+    evidence = ("the calibration bounds the flip rate: 1 flip(s) at 100 position(s) at risk, 95 % interval "
+                "0.00177–0.0545, at most 0.25 wide")
+    assert near_tie_policy(run) == f"{DATA_BUDGET} ({evidence})"
     run.deterministic_unknown = "spec http://s: no /server_info"
-    assert near_tie_policy(run) == (f"{DATA_BUDGET}; not bit-exact without a policy, since the declaration is "
-                                    "unknown on some servers: spec http://s: no /server_info")
+    assert near_tie_policy(run) == (f"{DATA_BUDGET} ({evidence}); not bit-exact without a policy, since the "
+                                    "declaration is unknown on some servers: spec http://s: no /server_info")
 
 
 def test_policy_line_under_bit_exact_says_whether_the_engine_declares_it_too():
@@ -274,12 +277,19 @@ def test_fixed_share_budget_check_word_for_word():
                                   "judged (50%; 1 at exact ties)", "near_tie_budget",
                           numbers={"near_tie": 2, "ties": 1, "judged": 4, "fraction": 0.5, "allowed": 0.4})
     check = near_tie_budget(_run(["exact"]), {"exact": 1}, GatePolicy())
-    assert check == Check("ok", f"near ties are allowed up to {DEFAULT_MAX_NEAR_TIE:.0%} of the prompts (no flip rate "
-                                "was measured): this run has 0 of 1 judged (0%)", "near_tie_budget",
-                          numbers={"near_tie": 0, "ties": 0, "judged": 1, "fraction": 0.0,
-                                   "allowed": DEFAULT_MAX_NEAR_TIE})
+    assert check == Check("ok", f"near-tie flips that are not exact ties are allowed up to {DEFAULT_MAX_NEAR_TIE:.0%} "
+                                "of the prompts (no flip rate was measured): this run has 0 of 1 judged (0%)",
+                          "near_tie_budget", numbers={"near_tie": 0, "ties": 0, "judged": 1, "counted": 0,
+                                                      "fraction": 0.0, "allowed": DEFAULT_MAX_NEAR_TIE})
     empty = near_tie_budget(_run([]), {}, GatePolicy())
     assert empty.state == "ok" and empty.numbers["fraction"] == 0.0
+    # the fallback counts the flips that are not exact ties: exactly the share passes, one more fails
+    at = _run(["near_tie", "near_tie", "exact", "exact"], ties=(1,))
+    check = near_tie_budget(at, {"near_tie": 2, "exact": 2}, GatePolicy())
+    assert check.state == "ok" and check.numbers["counted"] == 1 and check.numbers["fraction"] == DEFAULT_MAX_NEAR_TIE
+    assert check.text.endswith("this run has 1 of 4 judged (25%; 1 more at exact ties, allowed apart)")
+    over = near_tie_budget(_run(["near_tie", "near_tie", "exact", "exact"]), {"near_tie": 2, "exact": 2}, GatePolicy())
+    assert over.state == "fail" and over.numbers["counted"] == 2
 
 
 def test_budget_from_the_data_check_uses_the_expectation_handed_over():
@@ -501,8 +511,8 @@ def test_decide_a_run_that_stopped_early_or_was_interrupted():
 def test_decide_hands_over_the_near_tie_budget_its_failure_line_and_the_policy_given():
     run = _run(["exact"] * 2 + ["near_tie"] * 2)
     d = decide(run)
-    line = (f"2/4 near-tie prompts (50%) exceed --max-near-tie {DEFAULT_MAX_NEAR_TIE:.0%} (the fixed budget: no flip "
-            "rate was measured)")
+    line = (f"2/4 near-tie prompts that are not exact ties (50%) exceed the fixed share {DEFAULT_MAX_NEAR_TIE:.0%} "
+            "(no flip rate was measured): p-2, p-3")
     assert d.failures == [line] and d.near_tie_failure == line and d.flip_expectation is None
     assert d.near_tie_budget == near_tie_budget(run, {"exact": 2, "near_tie": 2}, GatePolicy(), None)
     assert d.near_tie_budget.state == "fail" and d.near_tie_budget.numbers["near_tie"] == 2
@@ -514,3 +524,41 @@ def test_decide_hands_over_the_near_tie_budget_its_failure_line_and_the_policy_g
     # the run's own policy when none is handed over
     own = _run(["exact"] * 2 + ["near_tie"] * 2, config=GateConfig(policy=GatePolicy(max_near_tie=0.5)))
     assert decide(own).passed and not decide(own, GatePolicy(max_near_tie=0.25)).passed
+
+
+# --------------------------------------------------------------------------- a channel too coarse for exact ties
+
+
+def test_a_coarse_channel_counts_reported_ties_in_every_budget_word_for_word():
+    from specparity.gate.decision import DATA_BUDGET_WITH_TIES, coarse_channel, counted_flips, free_ties, ties_free
+    from specparity.judge.resolution import resolution_words
+    from specparity.model.threshold import ChannelResolution
+
+    coarse = ChannelResolution(1e-3, None, 100)
+    words = resolution_words(coarse)
+    run = _run(["near_tie", "near_tie", "exact", "exact"], ties=(0,))
+    assert ties_free(run) and coarse_channel(run) == ""  # no threshold: judged as before
+    run.threshold = NearTieThreshold(0.01, "measured", None, 1.5, resolution=coarse,
+                                     flip_rate=FlipRate(window=0.01, positions=100, flips=1.0, ties=0,
+                                                        measured_positions=400, with_ties=True))
+    assert not ties_free(run) and coarse_channel(run) == words
+    assert free_ties(run) == [] and [v.prompt_id for v in counted_flips(run)] == ["p-0", "p-1"]
+    evidence = ("the calibration bounds the flip rate: 1 flip(s) at 100 position(s) at risk, 95 % interval "
+                "0.00177–0.0545, at most 0.25 wide")
+    assert near_tie_policy(run) == f"{DATA_BUDGET_WITH_TIES} ({evidence}; {words})"
+    check = near_tie_budget(run, {"near_tie": 2, "exact": 2}, GatePolicy())
+    assert check.text.startswith(f"1 flip(s) at reported ties, counted with the others ({words}); 2 near-tie flip(s), "
+                                 f"reported ties included, against ")
+    run.threshold.flip_rate = FlipRate(window=0.01, positions=0, flips=0.0, ties=0, measured_positions=400,
+                                       with_ties=True)
+    why = ("the calibration saw too few positions at risk to bound the flip rate: 0 flip(s) at 0 position(s) at risk, "
+           "95 % interval 0–1, wider than 0.25")
+    assert near_tie_policy(run) == (f"near-tie flips allowed up to 25% of the prompts, reported ties included ({why}, "
+                                    f"so the budget cannot follow the data; {words})")
+    check = near_tie_budget(run, {"near_tie": 2, "exact": 2}, GatePolicy())
+    assert check == Check("fail", f"near-tie flips, reported ties included, are allowed up to 25% of the prompts "
+                                  f"({why}; {words}): this run has 2 of 4 judged (50%)", "near_tie_budget",
+                          numbers={"near_tie": 2, "ties": 1, "judged": 4, "counted": 2, "fraction": 0.5,
+                                   "allowed": DEFAULT_MAX_NEAR_TIE})
+    assert near_tie_failure(run, {"near_tie": 2, "exact": 2}, GatePolicy(), None) == (
+        f"2/4 near-tie prompts, reported ties included, (50%) exceed the fixed share 25% ({why}): p-0, p-1")

@@ -720,6 +720,9 @@ def test_measure_flip_rate_counts_positions_at_risk_flips_ties_and_every_compare
     empty = (_margin_rows([6, 7], [0.25, 0.25]), TokenScores.empty(2))
     unreported = (_margin_rows([8], [0.25]), _margin_rows([8], [float("nan")]))
     assert measure_flip_rate([(decoded, tf), empty, unreported], window=0.5) == FlipRate(0.5, 2, 1.5, 1, 5)
+    # on a channel too coarse for exact ties the reported tie at position 0 is at risk too (it held: no flip)
+    assert measure_flip_rate([(decoded, tf), empty, unreported], window=0.5, with_ties=True) == FlipRate(
+        0.5, 3, 1.5, 1, 5, True)
     assert measure_flip_rate([], window=0.5) == FlipRate(0.5, 0, 0.0, 0, 0)
 
 
@@ -846,6 +849,12 @@ def test_flip_rate_describes_its_rate_and_round_trips():
         f"among 30")
     none = FlipRate(0.5, 0, 0.0, 1, 3)
     assert none.rate is None and "(flip rate no position at risk); 1 exact-tie position(s) among 3" in none.describe()
+    tied = FlipRate(0.5, 10, 1.5, 2, 30, True)
+    assert tied.describe() == (
+        f"the baseline's decode and teacher-forced passes chose different tokens at 1.5 of 10 positions whose margin is "
+        f"within 0.5 nats, reported ties included (flip rate 0.15 (95 % interval {lo:.3g}–{hi:.3g})); 2 reported-tie "
+        f"position(s) among 30")
+    assert FlipRate.from_json(tied.to_json()) == tied and FlipRate.from_json(rate.to_json()).with_ties is False
     assert FlipRate.from_json(rate.to_json()) == rate and rate.to_json() is not vars(rate)
     assert FlipRate.from_json(None) is None and FlipRate.from_json({}) is None
 
@@ -872,10 +881,14 @@ def test_a_measured_threshold_with_a_cross_instance_figure_beyond_the_allowance(
         "pair: max 1 over 200) between teacher-forced scoring of the baseline's tokens on the baseline server and on "
         "the speculative server (50 positions; p99 0.5; 20 of 200 pairs moved; the largest at p3 position 9); within "
         "the baseline's instance: 0.0625 (every pair: max 0.5); the allowance takes 0.25 of the near-tie figure")
+    # both figures sit above the within-instance ones: both are named, the second taken whole (at its cap);
+    # the drift bound is held at the ceiling either way, so only the threshold widened
     assert t.cross_finding() == (
         "the speculative server's target computes differently: cross-instance 0.625 nats vs within-instance 0.0625 "
-        "(near-tie figure; the allowance takes 0.25); 20 of 200 pairs moved between the two servers, the largest at "
-        "p3 position 9. The threshold and the drift bound take the cross-instance noise only up to the larger of 0.25 "
+        "(near-tie figure; the allowance takes 0.25), 1 vs 0.5 (largest over every pair; 1); 20 of 200 pairs moved "
+        "between the two servers, the largest at p3 position 9. A figure measured on the speculative server widened "
+        "the allowance it is judged against: the near-tie threshold 0.375 nats (0.09375 from the within-instance "
+        "figure alone). The threshold and the drift bound take the cross-instance noise only up to the larger of 0.25 "
         "nats and 2 × the within-instance figure; compare what decides the two servers' numerics (dtype, "
         "quantization, KV cache dtype, attention backend, tensor-parallel size, speculative settings that reach the "
         "target's kernels)")
@@ -883,7 +896,9 @@ def test_a_measured_threshold_with_a_cross_instance_figure_beyond_the_allowance(
     assert j == {"nats": 0.1875, "source": "measured", "multiplier": 1.5, "noise": near.to_json(), "ceiling": 2.0,
                  "drift_nats": 2.0, "calibration": "4 prompts", "cross_instance": cross.to_json(),
                  "cross_instance_note": "", "cross_instance_finding": t.cross_finding(),
-                 "flip_rate": {"window": 2.0, "positions": 10, "flips": 1.5, "ties": 2, "measured_positions": 30},
+                 "flip_rate": {"window": 2.0, "positions": 10, "flips": 1.5, "ties": 2, "measured_positions": 30,
+                               "with_ties": False},
+                 "resolution": None, "judged_side": None, "judged_side_finding": None,
                  "description": t.describe()}
     assert NearTieThreshold.from_json(j) == t
 
@@ -894,22 +909,30 @@ def test_cross_instance_words_without_counts_or_location_and_within_the_allowanc
     # the finding without a count of moved pairs: only where the largest was, with no leading comma
     bare = _cross_noise(moved_pairs=None)
     t = NearTieThreshold(0.1875, "measured", _near_noise(), 1.5, cross=bare, cross_note="scored on the spec server")
-    assert "(near-tie figure; the allowance takes 0.25); the largest at p3 position 9. The threshold" in t.cross_finding()
+    assert "(largest over every pair; 1); the largest at p3 position 9. A figure measured" in t.cross_finding()
     assert t.describe_cross().endswith("(50 positions; p99 0.5; the largest at p3 position 9); within the baseline's "
                                        "instance: 0.0625 (every pair: max 0.5); the allowance takes 0.25 of the "
                                        "near-tie figure; scored on the spec server")
     unlocated = NearTieThreshold(0.1875, "measured", _near_noise(), 1.5, cross=_cross_noise(largest_at=None))
-    assert "(near-tie figure; the allowance takes 0.25); 20 of 200 pairs moved between the two servers. The" in (
+    assert "(largest over every pair; 1); 20 of 200 pairs moved between the two servers. A figure" in (
         unlocated.cross_finding())
     assert "(50 positions; p99 0.5; 20 of 200 pairs moved); within" in unlocated.describe_cross()
     nothing = NearTieThreshold(0.1875, "measured", _near_noise(), 1.5, cross=_cross_noise(moved_pairs=None,
                                                                                           largest_at=None))
-    assert "(near-tie figure; the allowance takes 0.25). The threshold" in nothing.cross_finding()
+    assert "(largest over every pair; 1). A figure measured" in nothing.cross_finding()
     assert "(50 positions; p99 0.5); within" in nothing.describe_cross()
-    # within the allowance: no finding, no "of which", no "allowance takes"
+    # within the cap: no "of which", no "allowance takes" in the threshold's words; the widening is a finding
     small = NoiseStats(0.25, 0.125, 50, 200, moved_pairs=20, largest_at="p3 position 9")
     within = NearTieThreshold(0.1875, "measured", _near_noise(), 1.5, cross=small)
-    assert within.cross_finding() is None and within.flip_noise == 0.25 and within.noise_max == 0.5
+    assert within.flip_noise == 0.25 and within.noise_max == 0.5
+    assert within.cross_finding().startswith(
+        "the speculative server's target computes differently: cross-instance 0.25 nats vs within-instance 0.0625 "
+        "(near-tie figure; the allowance takes 0.25); 20 of 200 pairs moved between the two servers, the largest at "
+        "p3 position 9. A figure measured on the speculative server widened the allowance it is judged against: the "
+        "near-tie threshold 0.375 nats (0.09375 from the within-instance figure alone). The threshold")
+    # the same figure within the instance: nothing widened, no finding
+    assert NearTieThreshold(0.1875, "measured", NoiseStats(0.5, 0.125, 50, 200, robust_abs_delta=0.25), 1.5,
+                            cross=small).cross_finding() is None
     assert "of which" not in within.describe() and "allowance" not in within.describe_cross()
     assert within.describe().endswith("; between the two server instances: 0.25 over every pair (200 pairs, the "
                                       "all-pairs figure)); ceiling 2")
@@ -1208,10 +1231,16 @@ def test_a_baseline_that_ends_at_the_split_has_no_token_there():
 
 
 def test_positions_at_risk_are_above_a_tie_and_at_most_the_window():
-    from specparity.judge.flip_budget import at_risk
+    from specparity.judge.flip_budget import at_risk, risk_mask
+    from specparity.judge.resolution import TIE_NATS
 
     rows = _margin_rows([1, 2, 3, 4, 5], [0.0, 0.25, 0.5, 1.0, float("nan")])
     assert at_risk(rows, 0.5).tolist() == [False, True, True, False, False]
+    assert at_risk(rows, 0.5, with_ties=True).tolist() == [True, True, True, False, False]
+    # the tie's edges: within TIE_NATS either way is a reported tie, beyond it below is not at risk at all
+    edges = np.array([-2 * TIE_NATS, -TIE_NATS, TIE_NATS, 2 * TIE_NATS, np.nan])
+    assert risk_mask(edges, 0.5).tolist() == [False, False, False, True, False]
+    assert risk_mask(edges, 0.5, with_ties=True).tolist() == [False, True, True, True, False]
 
 
 def test_quantile_forgives_a_cumulative_sum_rounded_just_below_the_level():

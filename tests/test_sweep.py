@@ -5,9 +5,10 @@
 * SGLang fakes whose kernels flip answers decoded in a batch (``batch_flip_above``, both servers): a
   single gate run at the high concurrency passes (both sides flip alike), the sweep catches the flip
   as ``batch_flip`` and fails; with a threshold that covers the flip's margin it is a
-  ``batch_flip_near_tie``, held to the gate's near-tie policy: a fixed share passes it, the budget
-  from the data is stated and decides (flips within it pass, more than it allows fail), ``--bit-exact``
-  and a declaration of deterministic inference fail it;
+  ``batch_flip_near_tie``, held to the gate's near-tie policy: ``--max-near-tie`` passes it, a
+  threshold set by hand holds it to the fixed share (the budget from the data rests on a measured
+  threshold: ``tests/test_judged_noise.py`` judges two recorded sides with it), ``--bit-exact`` and a
+  declaration of deterministic inference fail it;
 * a level that fails after an earlier one passed keeps the earlier level's journal and results;
 * a real llama-server with two slots (live; skips without the build) sweeps 1 and 2 requests in flight.
 """
@@ -21,7 +22,7 @@ import pytest
 
 from fakes import Rule, SGLangServer
 from fakes.backend import TARGET
-from prompt_subsets import first_of_categories, write_subset
+from prompt_subsets import first_of_categories
 from specparity.gate import exitcodes
 from specparity.cli.commands import main
 from specparity.cli.sweep import LEVEL_DIR, SWEEP_JSON, SWEEP_MD, parse_levels
@@ -180,10 +181,10 @@ def test_a_batch_flip_within_the_threshold_is_a_near_tie_and_passes_a_fixed_shar
     assert f"- level {high}: ok — {top['flip_budget']}" in (tmp_path / SWEEP_MD).read_text()
 
 
-def test_batch_flips_within_the_threshold_meet_the_budget_from_the_data(capsys, tmp_path, prompts):
-    """Without --max-near-tie the flips within the threshold are held to the gate's budget from the
-    data: what the levels' recorded baselines predict (their decode against teacher-forced scoring),
-    stated per level, and the sweep fails exactly when the flips exceed it."""
+def test_batch_flips_within_a_hand_set_threshold_are_held_to_the_fixed_share(capsys, tmp_path, prompts):
+    """Without --max-near-tie, flips within a threshold set by hand are held to the fixed share (25 % of
+    the prompts), not to the budget from the data: the budget rests on the same measurement as the
+    threshold, which --near-tie-nats replaces. Every prompt flips, so the sweep fails and says why."""
     prompt_file, chosen = prompts
     high = len(chosen)
     base, spec = _servers(batch_flip_above=1)
@@ -193,11 +194,15 @@ def test_batch_flips_within_the_threshold_meet_the_budget_from_the_data(capsys, 
     top = doc["results"][1]
     ties = top["flip_counts"]["batch_flip_near_tie"]
     assert ties and top["flip_counts"]["batch_flip"] == 0, top
-    assert f"{ties} near-tie flip(s) that are not exact ties, against " in top["flip_budget"], top["flip_budget"]
-    assert "expected from the baseline's own numerics" in top["flip_budget"]
-    failed = top["flip_budget_failure"] is not None
-    assert code == (exitcodes.GATE_FAILED if failed else exitcodes.PASS), out + err
-    assert any("fail the near-tie policy" in f for f in doc["failures"]) == failed
+    why = "the near-tie threshold was set by --near-tie-nats, not measured"
+    assert top["flip_budget"] == (f"near-tie flips that are not exact ties are allowed up to 25% of the prompts "
+                                  f"({why}): this run has {ties} of {top['compared']} judged "
+                                  f"({ties / top['compared']:.0%})")
+    assert ties / top["compared"] > 0.25
+    reason = top["flip_budget_failure"]
+    assert reason.startswith(f"{ties}/{top['compared']} near-tie prompts that are not exact ties ") and why in reason
+    assert code == exitcodes.GATE_FAILED, out + err
+    assert any("fail the near-tie policy" in f for f in doc["failures"])
 
 
 @pytest.mark.parametrize("policy", ["bit-exact", "declared"])
@@ -228,93 +233,6 @@ def test_batch_flips_within_the_threshold_fail_a_bit_exact_sweep(capsys, tmp_pat
     line = f"level {high}: {len(ties)} batch_flip_near_tie against level 1 fail the near-tie policy: {reason}"
     assert line in doc["failures"] and f"FAIL: {line}" in out
     assert f"- level {high}: FAIL — " in (tmp_path / SWEEP_MD).read_text()
-
-
-def comparison_budget(report: Path, high: int):
-    """The gate's near-tie budget for level ``high`` judged against level 1 (both speculative sides),
-    computed apart from the sweep from the two levels' journals, as ``specparity compare --old-side
-    spec --new-side spec`` judges the same streams with the options of :data:`WIDE`."""
-    from specparity.cli.golden_commands import _load_side, judge_sides
-
-    opts = dict(zip(WIDE[::2], WIDE[1::2]))
-    low_dir, high_dir = report / LEVEL_DIR.format(level=1), report / LEVEL_DIR.format(level=high)
-    _run, decision = judge_sides(_load_side(str(low_dir), "level 1", "spec"),
-                                 _load_side(str(high_dir), f"level {high}", "spec"), str(low_dir),
-                                 near_tie_nats=float(opts["--near-tie-nats"]),
-                                 near_tie_ceiling=float(opts["--near-tie-ceiling"]))
-    return decision.near_tie_budget
-
-
-def test_batch_near_tie_flips_within_the_budget_from_the_data_pass(capsys, tmp_path, prompts):
-    """The calibration is the selected prompts alone: the flip rate rests on few positions, so its
-    interval is wide and the budget from the data covers every flipped prompt. The case is checked to
-    be within the budget (computed from the journals, apart from the sweep), and then the sweep must
-    pass: the flips pass because they fit the budget, not because near ties always pass."""
-    prompt_file, chosen = prompts
-    high = len(chosen)
-    base, spec = _servers(batch_flip_above=1)
-    with base, spec:
-        code, out, err = sweep(capsys, "--levels", f"1,{high}", *_gate_args(base, spec, prompt_file, tmp_path), *WIDE)
-    top = load_sweep(tmp_path)["results"][1]
-    flips = top["flips"]
-    assert flips and all(f["klass"] == "batch_flip_near_tie" for f in flips), top
-    budget = comparison_budget(tmp_path, high)
-    assert budget.numbers["near_tie"] == len(flips), budget
-    assert budget.state == "ok", f"the case is meant to be within the budget: {budget.text}"
-    assert code == exitcodes.PASS, out + err
-    assert top["flip_budget_failure"] is None and top["flip_budget"] == budget.text
-
-
-#: The calibration of the beyond-budget case: the selected prompts and this many other prompts of the
-#: default suite. Its budget then allows fewer flips than the batch kernels make, in under half the decodes
-#: of the whole default suite (each decode waits the fake's batch window).
-CALIBRATION_OTHERS = 16
-
-
-def _calibration(path: Path, chosen: set[str]) -> Path:
-    """The selected prompts and the first ``CALIBRATION_OTHERS`` other prompts of the default suite."""
-    others = []
-
-    def keep(row: dict) -> bool:
-        if row["id"] in chosen:
-            return True
-        if len(others) >= CALIBRATION_OTHERS:
-            return False
-        others.append(row["id"])
-        return True
-
-    write_subset(path, keep)
-    return path
-
-
-@pytest.mark.slow
-def test_more_batch_near_tie_flips_than_the_budget_from_the_data_allows_fail(capsys, tmp_path, prompts):
-    """The same flips with a larger calibration (the selected prompts and 16 others): the flip rate is then
-    measured over many positions where decode and teacher-forced scoring agree, its interval is
-    tight, and the budget allows fewer near-tie flips than the batch-dependent kernels make. The case
-    is checked to exceed the budget (computed from the journals, apart from the sweep), and then the
-    sweep must fail with the level's line, as a gate run with those near ties would."""
-    prompt_file, chosen = prompts
-    high = len(chosen)
-    calibration = _calibration(tmp_path / "calibration.jsonl", {p.id for p in chosen})
-    base, spec = _servers(batch_flip_above=1)
-    with base, spec:
-        args = [*_gate_args(base, spec, prompt_file, tmp_path), *WIDE]
-        args[args.index("--calibration") + 1] = str(calibration)
-        code, out, err = sweep(capsys, "--levels", f"1,{high}", *args)
-    doc = load_sweep(tmp_path)
-    low, top = doc["results"]
-    flips = top["flips"]
-    assert flips and all(f["klass"] == "batch_flip_near_tie" for f in flips), top
-    assert low["status"] == top["status"] == "PASS", doc  # each level's own gate passes: both sides flip alike
-    budget = comparison_budget(tmp_path, high)
-    assert budget.numbers["near_tie"] == len(flips), budget
-    assert budget.state == "fail", f"the case is meant to exceed the budget: {budget.text}"
-    assert code == exitcodes.GATE_FAILED and doc["status"] == "FAIL", out + err
-    reason = top["flip_budget_failure"]
-    assert reason and all(f["prompt_id"] in reason for f in flips), reason
-    line = f"level {high}: {len(flips)} batch_flip_near_tie against level 1 fail the near-tie policy: {reason}"
-    assert line in doc["failures"] and f"FAIL: {line}" in out
 
 
 def test_a_later_level_that_fails_keeps_the_earlier_levels_results(tmp_path, prompts):

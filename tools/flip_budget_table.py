@@ -22,7 +22,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(HERE))
 
-from specparity.gate.decision import decide, flip_expectation  # noqa: E402
+from specparity.gate.decision import decide, fixed_share_why, flip_expectation  # noqa: E402
 from specparity.judge.flip_budget import measure_flip_rate  # noqa: E402
 from specparity.judge.resolution import is_tie  # noqa: E402
 from specparity.model.gate_run import DEFAULT_MAX_NEAR_TIE, GateRun  # noqa: E402
@@ -73,8 +73,13 @@ def row(name: str, run: GateRun) -> str:
     fixed = "FAIL" if judged and near / judged > DEFAULT_MAX_NEAR_TIE else "pass"
     fp = run.fingerprint
     engine = f"{fp.engine} {fp.dtype}" if fp else "?"
-    if exp is None:
+    if run.threshold is None:
         return f"| {name} | {engine} | {judged} | {near} | — | — | — | no threshold | {fixed} | {note} |"
+    if exp is None:  # the fixed share for lack of evidence: the near-tie policy line says why
+        check = decision.near_tie_budget
+        budget = "pass" if check is None or check.state == "ok" else "FAIL"
+        return (f"| {name} | {engine} | {judged} | {near} ({ties} exact ties) | — | — | {budget} (fixed share: "
+                f"{fixed_share_why(run)}) | gate {decision.status} | {fixed} | {note} |")
     budget = "pass" if exp.passed else "FAIL"
     return (f"| {name} | {engine} | {judged} | {near} ({ties} exact ties, {exp.observed} others) | "
             f"{exp.expected:.1f} [{exp.low}–{exp.high}] | {exp.limit} | {budget} | gate {decision.status} | {fixed} | {note} |")

@@ -11,7 +11,8 @@
   golden's baseline, a journal's speculative output; ``--new-side baseline`` takes its baseline:
   an engine upgrade between two journals; ``--old-side spec`` makes OLD's speculative output the
   reference: does a prompt's output depend on what else was in flight). The threshold comes from
-  both sides' measured noise. It also compares the two runs' acceptance (the speculative runs'
+  OLD's measured noise; NEW's own noise enters it only up to the cap OLD's sets, and a finding says
+  so whenever it widens it (docs/CALIBRATION.md). It also compares the two runs' acceptance (the speculative runs'
   counters, per category and per draft position, with a paired bootstrap interval) and fails when
   it dropped beyond ``--max-accept-drop`` (``max_accept_drop`` in ``--policy``; docs/ACCEPTANCE.md).
 * ``parity RUN_A RUN_B``: the same draft under two implementations (two journals): their
@@ -285,6 +286,11 @@ def _run_compare(args: argparse.Namespace) -> int:
     return decision.exit_code
 
 
+#: The cross-instance line of a comparison of two recorded runs.
+JUDGED_APART = ("not applicable: two recorded runs are compared; the judged side's own noise is measured apart from "
+                "the reference's, and enters the allowance only up to its cap")
+
+
 def judge_sides(old: Side, new: Side, old_path: str, *, near_tie_nats: float | None = None,
                 near_tie_ceiling: float = DEFAULT_CEILING_NATS, max_near_tie: float | None = None,
                 drift_policy: str = "fail", only_common: bool = False, report_dir: str | None = None,
@@ -294,10 +300,11 @@ def judge_sides(old: Side, new: Side, old_path: str, *, near_tie_nats: float | N
     """NEW's streams judged against OLD's with the gate's classes: (the run, its decision).
 
     The one comparison of two recorded runs, for ``specparity compare`` and for the concurrency sweep
-    (:mod:`specparity.cli.sweep`: each level's speculative output against the lowest level's). The
-    threshold comes from both sides' measured noise; ``report_dir`` only goes into the run's config
-    (the caller writes the reports). The near-tie policy is the gate's (:class:`GatePolicy`: the
-    budget from the data unless ``max_near_tie``; ``bit_exact``); ``deterministic`` /
+    (:mod:`specparity.cli.sweep`: each level's speculative output against the lowest level's).
+    ``report_dir`` only goes into the run's config (the caller writes the reports). OLD's samples
+    calibrate (the noise, the flip rate, the channel's resolution); NEW's own noise is the judged side's
+    figure, capped and named as a gate run's cross-instance figure is. The near-tie policy is the gate's
+    (:class:`GatePolicy`: the budget from the data unless ``max_near_tie``; ``bit_exact``); ``deterministic`` /
     ``deterministic_unknown`` are the engine's declarations when both sides ran on one engine (the
     sweep's levels), which make the comparison bit-exact as they make a gate run. When NEW is a
     journal's speculative output, the activity rule applies as in the gate: its counters (per
@@ -322,13 +329,13 @@ def judge_sides(old: Side, new: Side, old_path: str, *, near_tie_nats: float | N
     run.aggregate = new.aggregate
     run.aggregate_unattributed = new.aggregate_unattributed
     run.golden_notes.append(f"{new.label} judged against {old.label}")
-    # the noise of both engines: a new engine's own decode-vs-scoring noise widens what is a near tie
-    samples = old.samples + new.samples
+    # the reference calibrates; the judged side's own decode-vs-scoring noise is measured apart and widens
+    # the allowance only as far as the cap the reference sets, and never without a finding
     try:
-        _check, run.threshold = calibrate(samples, scorer=old.label, override=near_tie_nats,
-                                          ceiling=near_tie_ceiling,
-                                          label=f"the recorded baselines of OLD ({len(old.samples)}) and NEW "
-                                                f"({len(new.samples)})")
+        _check, run.threshold = calibrate(old.samples, scorer=old.label, override=near_tie_nats,
+                                          ceiling=near_tie_ceiling, judged=new.samples, cross_note=JUDGED_APART,
+                                          label=f"the recorded baselines of OLD ({len(old.samples)}); NEW's "
+                                                f"({len(new.samples)}) measured apart, as the judged side's")
     except (CalibrationError, ValueError) as exc:
         run.calibration_error = str(exc)
     decode = _decoder(old.fingerprint)

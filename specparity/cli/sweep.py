@@ -7,8 +7,9 @@ alike, so every level's gate passes) or for speculation only (acceptance moves w
 built once (the same servers), each level journalled in its own directory (``REPORT/c1``,
 ``REPORT/c4`` …: a later level's failure never loses an earlier level's results), then judges each
 level's speculative output against the lowest level's with the comparison of ``specparity compare
---old-side spec`` (:func:`specparity.cli.golden_commands.judge_sides`: the gate's classes, the threshold from
-both levels' measured noise). A prompt whose output differs between two levels of one configuration
+--old-side spec`` (:func:`specparity.cli.golden_commands.judge_sides`: the gate's classes, the threshold
+from the lowest level's measured noise, the higher level's own noise capped and named as the judged
+side's). A prompt whose output differs between two levels of one configuration
 is a **batch flip**: ``batch_flip_near_tie`` when the comparison calls it a near tie (within the noise),
 ``batch_flip`` otherwise (a failure); identical tokens whose rows moved beyond the drift bound are a
 ``batch_drift`` (a failure under the default ``--drift-policy fail``). The near ties are held to the

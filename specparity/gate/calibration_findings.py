@@ -1,12 +1,16 @@
 """Findings about the gate's own measurement: a run that passes on them proved less than it says.
 
-The threshold and the drift bound are measured before anything is judged (docs/CALIBRATION.md). Three
+The threshold and the drift bound are measured before anything is judged (docs/CALIBRATION.md). Four
 ways that measurement can be weaker than it looks, each a line of its own in the summary:
 
 * **the speculative server's target computes differently** — the noise between the two server
-  instances exceeds what the allowance takes (:mod:`specparity.model.cross_instance`): the excess
-  is no longer excused, but a run whose rows stayed within the capped bound passes on a bound the
+  instances is above the noise within the baseline's (by more than the channel resolves), so it
+  widened the threshold or the drift bound (:mod:`specparity.model.cross_instance`): up to the cap it
+  is taken, beyond it never, and either way a run that passes does so on an allowance the
   speculative side helped to set;
+* **the judged side's own noise exceeds the reference's** — the same rule, for ``specparity compare``
+  and the concurrency sweep: the judged run's own decode-versus-teacher-forced noise above the
+  reference's widened the allowance it is judged against;
 * **no noise measured** — the threshold was set with ``--near-tie-nats`` and no baseline position was
   scored both ways: the latent-drift check is off (identical tokens whose rows moved are not judged)
   and the near-tie budget has no flip rate to follow;
@@ -29,9 +33,9 @@ def calibration_findings(run: GateRun) -> list[str]:
     if th is None or run.calibration_error or run.golden_error:
         return []
     found = []
-    excess = th.cross_finding()
-    if excess:
-        found.append(f"finding: {excess}")
+    for widened in (th.cross_finding(), th.judged_finding()):
+        if widened:
+            found.append(f"finding: {widened}")
     if th.noise is None or not th.noise.pairs:
         found.append(
             f"no noise measured: the near-tie threshold {th.nats:.4g} nats was set by --near-tie-nats and no "

@@ -17,7 +17,11 @@ Policy (README "What each class means"), from :class:`~specparity.model.gate_run
   allowed and counted apart, and the other near-tie flips may not clearly exceed the count the
   baseline's own decode-versus-teacher-forced flips predict (:mod:`specparity.judge.flip_budget`).
   ``--max-near-tie F`` (or the policy key) replaces it with a fixed fraction of the prompts, ties
-  included;
+  included. No allowance without evidence: where the calibration does not bound the flip rate, the
+  threshold was set by hand, or no flip rate was measured
+  (:func:`specparity.judge.flip_budget.fixed_share_reason`), the flips that are not exact ties may be
+  at most the fixed share (``DEFAULT_MAX_NEAR_TIE``, 25 %) of the prompts, exact ties keeping their
+  own budget; the near-tie policy line says which budget applied and why;
 * a run in which speculation never accepted a single draft token fails as "speculation inactive":
   an exact match proves nothing if the draft never ran. An engine that reports no counters at all
   fails too unless ``allow_unknown_activity`` is set, and so does one whose run-wide counters may
@@ -51,7 +55,9 @@ from typing import Any, Mapping
 from specparity.gate import exitcodes
 from specparity.gate.calibration_findings import calibration_findings, findings_fail
 from specparity.judge.checks import Check, verdict_checks
-from specparity.judge.flip_budget import FlipExpectation, at_risk, expected_flips
+from specparity.judge.flip_budget import (NO_RATE, FlipExpectation, at_risk, bounded_words, expected_flips,
+                                          fixed_share_reason)
+from specparity.judge.resolution import resolution_words, ties_exact
 from specparity.model.coverage import PATHS
 from specparity.model.verdicts import CLASSES, Verdict
 from specparity.model.force_reject import RejectShare
@@ -62,6 +68,9 @@ from specparity.model.threshold import FlipRate
 #: The default near-tie policy, in the words the summary and the terminal use.
 DATA_BUDGET = ("near ties within what the baseline's own numerics explain: exact-tie flips allowed and counted apart, "
                "the other flips at most the 99 % bound of the count its decode-versus-teacher-forced flips predict")
+#: ... on a channel too coarse for a reported tie to be exact (:func:`ties_free`).
+DATA_BUDGET_WITH_TIES = ("near ties within what the baseline's own numerics explain: every flip, reported ties "
+                         "included, at most the 99 % bound of the count its decode-versus-teacher-forced flips predict")
 
 
 @dataclass
@@ -133,13 +142,19 @@ def unknown_strict(run: GateRun, policy: GatePolicy) -> bool:
 def near_tie_policy(run: GateRun, policy: GatePolicy | None = None) -> str:
     """Which near-tie policy applies and why, in one line (the summary and the terminal say it)."""
     policy = policy or run.config.policy
+    why = fixed_share_why(run)
     if policy.max_near_tie is not None:
         budget = f"near ties allowed up to {_pct(policy.max_near_tie)} of the prompts"
-    elif _flip_rate(run) is None:
-        budget = (f"near ties allowed up to {_pct(DEFAULT_MAX_NEAR_TIE)} of the prompts (no flip rate was measured, "
-                  f"so the budget cannot follow the data)")
+    elif why is not None and ties_free(run):
+        budget = (f"near-tie flips that are not exact ties allowed up to {_pct(DEFAULT_MAX_NEAR_TIE)} of the prompts, "
+                  f"exact-tie flips allowed and counted apart ({why}, so the budget cannot follow the data)")
+    elif why is not None:
+        budget = (f"near-tie flips allowed up to {_pct(DEFAULT_MAX_NEAR_TIE)} of the prompts, reported ties included "
+                  f"({why}, so the budget cannot follow the data; {coarse_channel(run)})")
+    elif ties_free(run):
+        budget = f"{DATA_BUDGET} ({bounded_words(_flip_rate(run))})"
     else:
-        budget = DATA_BUDGET
+        budget = f"{DATA_BUDGET_WITH_TIES} ({bounded_words(_flip_rate(run))}; {coarse_channel(run)})"
     if policy.bit_exact:
         also = f" (the engine declares it too: {run.deterministic})" if run.deterministic else ""
         return f"bit-exact: --bit-exact{also}"
@@ -164,6 +179,14 @@ def _flip_rate(run: GateRun) -> FlipRate | None:
     return run.threshold.flip_rate if run.threshold is not None else None
 
 
+def fixed_share_why(run: GateRun) -> str | None:
+    """Why the run's near ties are held to the fixed share for lack of evidence (None: the budget from
+    the data applies): :func:`specparity.judge.flip_budget.fixed_share_reason` of its threshold."""
+    if run.threshold is None:
+        return NO_RATE
+    return fixed_share_reason(run.threshold.flip_rate, run.threshold.source)
+
+
 def _near_ties(run: GateRun) -> list[Verdict]:
     return [r.verdict for r in run.records if r.verdict is not None and r.verdict.klass == "near_tie"]
 
@@ -173,16 +196,47 @@ def tie_flips(run: GateRun) -> list[Verdict]:
     return [v for v in _near_ties(run) if v.divergence is not None and v.divergence.tie]
 
 
+def ties_free(run: GateRun) -> bool:
+    """Whether a flip at a reported tie is an exact tie, allowed apart: the channel's resolution can tell
+    one ulp of the logits (:func:`specparity.judge.resolution.ties_exact`; a record without a measured
+    resolution: yes, as it was judged)."""
+    return ties_exact(run.threshold.resolution if run.threshold is not None else None)
+
+
+def coarse_channel(run: GateRun) -> str:
+    """Why a reported tie is not exact on the run's channel, in words ("" when it is)."""
+    if ties_free(run):
+        return ""
+    assert run.threshold is not None and run.threshold.resolution is not None
+    return resolution_words(run.threshold.resolution)
+
+
+def _which(run: GateRun) -> str:
+    """" that are not exact ties", or ", reported ties included," where they count (:func:`ties_free`)."""
+    return " that are not exact ties" if ties_free(run) else ", reported ties included,"
+
+
+def free_ties(run: GateRun) -> list[Verdict]:
+    """The exact-tie flips a budget leaves to their own budget (greedy decoding permits either tied token):
+    none on a channel too coarse for a reported tie to be exact (:func:`ties_free`)."""
+    return tie_flips(run) if ties_free(run) else []
+
+
+def counted_flips(run: GateRun) -> list[Verdict]:
+    """The near-tie flips a budget counts: every one but :func:`free_ties`."""
+    free = {id(v) for v in free_ties(run)}
+    return [v for v in _near_ties(run) if id(v) not in free]
+
+
 def flip_expectation(run: GateRun) -> FlipExpectation | None:
     """The near-tie flips that are not exact ties against the count the baseline's own numerics
-    predict for the judged prompts (None: no flip rate was measured)."""
+    predict for the judged prompts (None: the fixed share applies, :func:`fixed_share_why`)."""
     rate = _flip_rate(run)
-    if rate is None:
+    if rate is None or fixed_share_why(run) is not None:
         return None
-    counts = [int(at_risk(r.baseline.scores, rate.window).sum()) for r in run.records
+    counts = [int(at_risk(r.baseline.scores, rate.window, rate.with_ties).sum()) for r in run.records
               if r.verdict is not None and r.verdict.klass != "error" and r.baseline is not None]
-    observed = sum(1 for v in _near_ties(run) if not (v.divergence is not None and v.divergence.tie))
-    return expected_flips(rate, counts, observed)
+    return expected_flips(rate, counts, len(counted_flips(run)))
 
 
 def near_tie_budget(run: GateRun, counts: Mapping[str, int], policy: GatePolicy | None = None,
@@ -200,16 +254,28 @@ def near_tie_budget(run: GateRun, counts: Mapping[str, int], policy: GatePolicy 
                      f"has {n} ({ties} at exact ties)", "near_tie_budget",
                      numbers={"near_tie": n, "ties": ties, "judged": total})
     exp = expectation if expectation is not None else flip_expectation(run)
-    if policy.max_near_tie is not None or exp is None:
-        allowed = policy.max_near_tie if policy.max_near_tie is not None else DEFAULT_MAX_NEAR_TIE
-        why = "--max-near-tie" if policy.max_near_tie is not None else "no flip rate was measured"
+    if policy.max_near_tie is not None:
         frac = n / total if total else 0.0
-        return Check("ok" if frac <= allowed else "fail",
-                     f"near ties are allowed up to {allowed:.0%} of the prompts ({why}): this run has {n} of {total} "
-                     f"judged ({frac:.0%}{f'; {ties} at exact ties' if ties else ''})", "near_tie_budget",
-                     numbers={"near_tie": n, "ties": ties, "judged": total, "fraction": frac, "allowed": allowed})
-    return Check("ok" if exp.passed else "fail",
-                 f"{ties} flip(s) at exact ties (allowed: greedy decoding permits either tied token); {exp.describe()}",
+        return Check("ok" if frac <= policy.max_near_tie else "fail",
+                     f"near ties are allowed up to {policy.max_near_tie:.0%} of the prompts (--max-near-tie): this run "
+                     f"has {n} of {total} judged ({frac:.0%}{f'; {ties} at exact ties' if ties else ''})",
+                     "near_tie_budget", numbers={"near_tie": n, "ties": ties, "judged": total, "fraction": frac,
+                                                 "allowed": policy.max_near_tie})
+    if exp is None:
+        free = len(free_ties(run))
+        counted = max(0, n - free)
+        frac = counted / total if total else 0.0
+        why = fixed_share_why(run) or NO_RATE
+        why += "" if ties_free(run) else f"; {coarse_channel(run)}"
+        return Check("ok" if frac <= DEFAULT_MAX_NEAR_TIE else "fail",
+                     f"near-tie flips{_which(run)} are allowed up to {DEFAULT_MAX_NEAR_TIE:.0%} of the prompts "
+                     f"({why}): this run has {counted} of {total} judged "
+                     f"({frac:.0%}{f'; {free} more at exact ties, allowed apart' if free else ''})", "near_tie_budget",
+                     numbers={"near_tie": n, "ties": ties, "judged": total, "counted": counted, "fraction": frac,
+                              "allowed": DEFAULT_MAX_NEAR_TIE})
+    tied = (f"{ties} flip(s) at exact ties (allowed: greedy decoding permits either tied token)" if ties_free(run) else
+            f"{ties} flip(s) at reported ties, counted with the others ({coarse_channel(run)})")
+    return Check("ok" if exp.passed else "fail", f"{tied}; {exp.describe()}",
                  "near_tie_budget", numbers={"near_tie": n, "ties": ties, "judged": total, **exp.to_json()})
 
 
@@ -276,14 +342,14 @@ def near_tie_failure(run: GateRun, counts: Mapping[str, int], policy: GatePolicy
     if bit_exact(run, policy):
         return (f"engine declares deterministic inference ({run.deterministic}): {n} near-tie flip(s) are a failure — "
                 f"the engine promised bit-exact output (pass --allow-near-tie to allow): {_ids(run, 'near_tie')}")
-    if policy.max_near_tie is not None or expectation is None:
-        share = f"{n}/{total} near-tie prompts ({n / total:.0%}) exceed --max-near-tie"
-        if policy.max_near_tie is not None:
-            return f"{share} {policy.max_near_tie:.0%}"
-        return f"{share} {DEFAULT_MAX_NEAR_TIE:.0%} (the fixed budget: no flip rate was measured)"
-    flipped = ", ".join(r.prompt.id for r in run.records if r.verdict and r.verdict.klass == "near_tie"
-                        and not (r.verdict.divergence is not None and r.verdict.divergence.tie))
-    return (f"{expectation.observed} near-tie flip(s) that are not exact ties, more than the {expectation.limit} the "
+    if policy.max_near_tie is not None:
+        return f"{n}/{total} near-tie prompts ({n / total:.0%}) exceed --max-near-tie {policy.max_near_tie:.0%}"
+    counted = counted_flips(run)
+    flipped = ", ".join(v.prompt_id for v in counted)
+    if expectation is None:
+        return (f"{len(counted)}/{total} near-tie prompts{_which(run)} ({len(counted) / total:.0%}) exceed the fixed "
+                f"share {DEFAULT_MAX_NEAR_TIE:.0%} ({fixed_share_why(run) or NO_RATE}): {flipped}")
+    return (f"{expectation.counted()}, more than the {expectation.limit} the "
             f"baseline's own numerics explain (expected {expectation.expected:.1f}, 95 % interval "
             f"{expectation.low}–{expectation.high}): the verify numerics flip tokens the target's own two computations "
             f"do not: {flipped}")

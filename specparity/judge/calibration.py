@@ -25,6 +25,7 @@ import numpy as np
 
 from specparity.judge.flip_budget import measure_flip_rate
 from specparity.judge.noise import CalibrationError, derive_threshold, measure_noise, position_deltas
+from specparity.judge.resolution import measure_resolution, ties_exact
 from specparity.model.threshold import DEFAULT_CEILING_NATS, DEFAULT_MULTIPLIER, NearTieThreshold, NoiseStats
 from specparity.judge.logprob_channel import channel_problem
 from specparity.model.types import TokenScores
@@ -203,18 +204,21 @@ def largest_at(samples: Sequence[Sample]) -> str | None:
 
 def calibrate(
     samples: Sequence[Sample], *, scorer: str, ceiling: float = DEFAULT_CEILING_NATS, override: float | None = None,
-    multiplier: float = DEFAULT_MULTIPLIER, label: str = "", cross_note: str = "",
+    multiplier: float = DEFAULT_MULTIPLIER, label: str = "", cross_note: str = "", judged: Sequence[Sample] = (),
 ) -> tuple[ScorerCheck, NearTieThreshold]:
     """The one way every caller calibrates (the gate, the invariance checks, the live self-draft probe,
     ``api.measure_threshold``): check the scorer on the baselines, then measure the noise between
     their decode rows and the scorer's and derive the threshold (``override`` if given), refusing a
     measurement above ``ceiling``. Samples scored on the speculative server too (``spec_side``) add the
     cross-instance noise, after the same scorer check on that side; ``cross_note`` says why there is
-    none otherwise. Raises :class:`CalibrationError` (:class:`ScorerRefused` for the scorer), or
+    none otherwise. ``judged``: baselines of the side being judged (``specparity compare``, the sweep),
+    checked as the others are; their own noise is measured apart and enters the allowance only as the
+    cross-instance figure does (:mod:`specparity.model.cross_instance`), never the flip rate or the
+    resolution. Raises :class:`CalibrationError` (:class:`ScorerRefused` for the scorer), or
     ``ValueError`` when no position was scored both ways."""
-    samples = list(samples)
-    require_sound_channels(samples, scorer)
-    check = require_fit_scorer(samples, ceiling, scorer)
+    samples, judged = list(samples), list(judged)
+    require_sound_channels(samples + judged, scorer)
+    check = require_fit_scorer(samples + judged, ceiling, scorer)
     other = [Sample(s.prompt_id, s.output_ids, s.decoded, s.spec_side) for s in samples if s.spec_side is not None]
     if other:
         require_fit_scorer(other, ceiling, f"{scorer}, on the speculative server")
@@ -222,9 +226,15 @@ def calibrate(
     # the noise that sets the threshold is measured on them (noise.MIN_NEAR_PAIRS for the fallback)
     noise = measure_noise(((s.decoded, s.teacher_forced) for s in samples), window=ceiling)
     cross = cross_instance_noise(samples, window=ceiling)
-    threshold = derive_threshold(noise, override, multiplier, ceiling, label, cross, cross_note)
+    judged_noise = measure_noise(((s.decoded, s.teacher_forced) for s in judged), window=ceiling) if judged else None
+    threshold = derive_threshold(noise, override, multiplier, ceiling, label, cross, cross_note, judged=judged_noise)
+    # how finely the baseline's channel reports: whether a reported tie is an exact one
+    threshold.resolution = measure_resolution([s.decoded for s in samples], [s.teacher_forced for s in samples],
+                                              ceiling)
     # the flips the target's own numerics make where a flip would be judged a near tie: measured on
-    # the baseline's instance alone (never on the speculative server), for the near-tie budget
-    threshold.flip_rate = measure_flip_rate(((s.decoded, s.teacher_forced) for s in samples), threshold.nats)
+    # the baseline's instance alone (never on the speculative server), for the near-tie budget; the
+    # reported ties among them where the channel is too coarse for a tie to be exact
+    threshold.flip_rate = measure_flip_rate(((s.decoded, s.teacher_forced) for s in samples), threshold.nats,
+                                            with_ties=not ties_exact(threshold.resolution))
     return check, threshold
 

@@ -178,27 +178,33 @@ def robust_figure(values: np.ndarray) -> float:
 def derive_threshold(
     noise: NoiseStats | None, override: float | None = None, multiplier: float = DEFAULT_MULTIPLIER,
     ceiling: float = DEFAULT_CEILING_NATS, calibration: str = "", cross: NoiseStats | None = None,
-    cross_note: str = "",
+    cross_note: str = "", judged: NoiseStats | None = None,
 ) -> NearTieThreshold:
     """The near-tie threshold: ``override`` if given, else ``multiplier`` × the measured noise (the
     larger of the noise within the baseline's instance and ``cross``, the noise between the two
-    server instances, as far as the allowance takes it: :mod:`specparity.model.cross_instance`),
-    refused (:class:`CalibrationError`) when the measurement exceeds ``ceiling``."""
+    server instances, or ``judged``, the judged side's own noise, as far as the allowance takes each:
+    :mod:`specparity.model.cross_instance`), refused (:class:`CalibrationError`) when the measurement
+    exceeds ``ceiling``."""
     if override is not None:
         if override < 0:
             raise ValueError(f"--near-tie-nats: expected a non-negative number of nats, got {override}")
         if override > ceiling:
             raise CalibrationError(near_tie_above_ceiling(override, ceiling))
-        return NearTieThreshold(float(override), "override", noise, multiplier, ceiling, calibration, cross, cross_note)
+        return NearTieThreshold(float(override), "override", noise, multiplier, ceiling, calibration, cross, cross_note,
+                                judged=judged)
     if noise is None or noise.pairs == 0:
         raise ValueError(NO_NOISE)
-    measured = NearTieThreshold(0.0, "measured", noise, multiplier, ceiling, calibration, cross, cross_note)
+    measured = NearTieThreshold(0.0, "measured", noise, multiplier, ceiling, calibration, cross, cross_note,
+                                judged=judged)
     worst = measured.flip_noise or 0.0
     nats = max(FLOOR_NATS, multiplier * worst)
     if nats > ceiling:
-        where = (f"between decode and teacher-forced scoring: {noise.describe_flip()}"
-                 if worst == noise.flip_noise else
-                 f"between the two server instances: {cross.describe_flip() if cross else ''}")
+        if worst == noise.flip_noise:
+            where = f"between decode and teacher-forced scoring: {noise.describe_flip()}"
+        elif cross is not None and cross.pairs and worst == measured.cross_figures()[0].accepted:
+            where = f"between the two server instances: {cross.describe_flip()}"
+        else:
+            where = f"on the judged side: {judged.describe_flip() if judged else ''}"
         raise CalibrationError(
             f"the measured near-tie threshold {nats:.4g} nats ({multiplier:g} × |Δmargin| "
             f"{worst:.4g} {where}) "

@@ -13,6 +13,21 @@ multiple (a log-softmax subtracts the same normaliser from every logit of the ro
 of logprobs are differences of logits up to float32 rounding). Rows of float32 logits have no such
 quantum at any useful size (:data:`QUANTA`), and their margins are given in nats alone.
 
+**The channel's resolution** (:func:`measure_resolution`, per run, journalled with the threshold). A
+tie is "margin 0 at the reported precision" (:data:`TIE_NATS`), so it is only as exact as the channel
+the engine reports through: one that rounds logprobs to 1e-3 reports 0 for every margin below about
+1e-3, and would turn each such flip into a free exact tie. Two figures are read from the reference's
+rows: the channel's **step**, the coarsest of :data:`CHANNEL_STEPS` (whole decimals, what an engine or
+an API that prints k decimals gives) of which every reported logprob is a whole multiple within its
+own float32 spacing (None: none is, the values are continuous); and the logits' **ulp**, the spacing
+of the rows with a close call (:func:`logits_ulp`, None for continuous float32 logits). A reported tie
+is **exact** only when the step is at most :data:`TIE_ULP_SHARE` of that ulp — each reported value is
+within half a step of the computed one, so a reported margin of 0 leaves the computed one within one
+step, and a step of at most half an ulp cannot hide the smallest nonzero margin such logits have —
+or, where the logits show no spacing, at most :data:`TIE_NATS` itself (:func:`ties_exact`). On a
+coarser channel, or one with too few values to tell (:data:`MIN_CHANNEL_VALUES`), a reported tie is
+not exact: the near-tie budget counts it with the other flips, and the summary says why.
+
 **Tie-breaking.** At an exact-tie flip each side took one of the tied tokens. The baseline's decode
 took the lower or the higher id; the speculative side took the draft token (the position was an
 accepted draft, per the loop's step records, and its own verify row ties the two tokens too), the
@@ -26,6 +41,7 @@ from typing import Sequence
 
 import numpy as np
 
+from specparity.model.threshold import ChannelResolution
 from specparity.model.types import SpecStats, TokenScores
 from specparity.model.verdicts import TieBreak
 
@@ -49,6 +65,31 @@ NEAREST = 4
 #: Values further than this below the top are not read: at bf16 logits of magnitude 8 or more they
 #: may already sit in a lower binade.
 NEAR_NATS = 4.0
+
+#: The steps a logprob channel is tested for, coarsest first: whole decimals (an engine or an API that
+#: prints k decimals). A channel of float32 values lies on none of them.
+CHANNEL_STEPS = (1.0, 0.1, 0.01, 1e-3, 1e-4, 1e-5, 1e-6)
+
+#: Fewest distinct nonzero logprobs a channel's step is measured on: a value off a decimal grid lands on
+#: one ten times coarser about one time in ten, so 16 values that all do are a grid, not chance (1e-16).
+MIN_CHANNEL_VALUES = 16
+
+#: A reported tie is exact when the channel's step is at most this share of one ulp of the logits (the
+#: module docstring says why).
+TIE_ULP_SHARE = 0.5
+
+def decode_margins(scores: TokenScores) -> np.ndarray:
+    """Per position: the chosen token's logprob over its best recorded alternative (NaN: no row)."""
+    n = len(scores)
+    if n == 0:
+        return np.zeros(0, np.float64)
+    top = np.where(scores.top_ids >= 0, scores.top_logprobs, -np.inf).astype(np.float64)
+    top = np.where(scores.top_ids == scores.token_ids[:, None], -np.inf, top)
+    best_alt = top.max(axis=1)
+    with np.errstate(invalid="ignore"):
+        m = scores.logprobs.astype(np.float64) - best_alt
+    return np.where(np.isfinite(m), m, np.nan)
+
 
 def row_quantum(values: Sequence[float] | np.ndarray) -> float | None:
     """The largest of :data:`QUANTA` that the differences between the top value of ``values`` (one
@@ -169,3 +210,94 @@ def spec_tie_break(baseline_token: int, spec_token: int, spec_margin: float | No
     if spec_margin is None:
         return "unknown"
     return "lower_id" if spec_token < baseline_token else "higher_id"
+
+
+def channel_values(streams: Sequence[TokenScores]) -> np.ndarray:
+    """The distinct nonzero finite logprobs the engine reported in ``streams`` (chosen tokens and the
+    alternatives of its top-k; an unreported slot, id −1, is no value)."""
+    parts = [np.zeros(0, np.float32)]
+    for s in streams:
+        if not len(s):
+            continue
+        parts.append(s.logprobs.astype(np.float32))
+        parts.append(s.top_logprobs[s.top_ids >= 0].astype(np.float32))
+    v = np.concatenate(parts)
+    v = v[np.isfinite(v) & (v != 0.0)]
+    return np.unique(v)
+
+
+def on_step(values: np.ndarray, step: float) -> bool:
+    """Whether every value is a whole multiple of ``step`` within its own float32 spacing (the rounding a
+    value written on that step keeps once stored as a float32)."""
+    v = np.asarray(values, np.float32)
+    off = np.abs(v.astype(np.float64) - step * np.round(v.astype(np.float64) / step))
+    return bool(np.all(off <= np.spacing(np.abs(v)).astype(np.float64)))
+
+
+def channel_step(values: np.ndarray) -> float | None:
+    """The coarsest of :data:`CHANNEL_STEPS` every value lies on (None: none — continuous values)."""
+    for step in CHANNEL_STEPS:
+        if on_step(values, step):
+            return step
+    return None
+
+
+def logits_ulp(streams: Sequence[TokenScores], window: float) -> float | None:
+    """The logits' spacing at the rows with a close call (decode margin at most ``window``): the median
+    (the lower middle value) of their :func:`scores_quantum`, a row without one counting as 0 — so None
+    when half of them or more show no spacing (continuous float32 logits, or a channel whose rounding
+    hides it), or when there is no such row."""
+    quanta = []
+    for s in streams:
+        with np.errstate(invalid="ignore"):
+            close = np.flatnonzero(decode_margins(s) <= window)
+        quanta += [scores_quantum(s, int(i)) or 0.0 for i in close]
+    if not quanta:
+        return None
+    ulp = float(np.quantile(np.asarray(quanta), 0.5, method="lower"))
+    return ulp if ulp > 0 else None
+
+
+def measure_resolution(decoded: Sequence[TokenScores], teacher_forced: Sequence[TokenScores],
+                       window: float) -> ChannelResolution:
+    """The reference's channel resolution: the coarser step of its decode rows and its teacher-forced
+    rows (each channel alone: a coarse one must not hide behind a fine one), the fewest values either
+    was tested on, and the logits' ulp at the decode rows with a close call (margin at most ``window``)."""
+    steps, counts = [], []
+    for streams in (decoded, teacher_forced):
+        values = channel_values(streams)
+        if values.size:
+            steps.append(channel_step(values) or 0.0)
+            counts.append(int(values.size))
+    step = max(steps, default=0.0)
+    return ChannelResolution(step or None, logits_ulp(decoded, window), min(counts, default=0))
+
+
+def tie_bound(res: ChannelResolution) -> float:
+    """The coarsest step at which a reported tie is exact: :data:`TIE_ULP_SHARE` of the logits' ulp, or
+    :data:`TIE_NATS` where they show none."""
+    return TIE_ULP_SHARE * res.ulp if res.ulp else TIE_NATS
+
+
+def ties_exact(res: ChannelResolution | None) -> bool:
+    """Whether a reported tie is an exact one on this channel (None: not measured — a record made before
+    the resolution was, whose ties were judged exact)."""
+    if res is None:
+        return True
+    if res.values < MIN_CHANNEL_VALUES:
+        return False
+    return res.step is None or res.step <= tie_bound(res)
+
+
+def resolution_words(res: ChannelResolution) -> str:
+    """The channel's resolution and what it means for a reported tie, in words."""
+    if res.values < MIN_CHANNEL_VALUES:
+        return (f"the channel's resolution is unknown: {res.values} distinct nonzero logprob(s) reported, fewer than "
+                f"{MIN_CHANNEL_VALUES}, so a reported tie is not known to be exact")
+    step = ("the logprobs lie on no decimal step (continuous)" if res.step is None else
+            f"the logprobs are reported in steps of {res.step:g} nats")
+    ulp = (f"one ulp of the logits is {res.ulp:g} nats" if res.ulp else "the logits show no spacing (continuous)")
+    if ties_exact(res):
+        return f"{step} and {ulp}: a reported tie is exact"
+    return (f"{step} and {ulp}: a step above {tie_bound(res):g} nats can hide a real margin, so a reported tie is "
+            f"not exact")

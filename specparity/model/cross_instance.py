@@ -12,8 +12,16 @@ figure, and a figure the judged side measures must never widen its own allowance
 So the allowance takes the cross-instance figure only up to a cap the speculative side cannot move:
 the larger of :data:`CROSS_INSTANCE_NATS` (what two instances of one configuration are allowed to
 differ by, whatever either measures) and :data:`CROSS_INSTANCE_FACTOR` × the same figure measured
-within the baseline's instance alone. A cross-instance figure beyond the cap is a finding: the rest
-is reported, never excused.
+within the baseline's instance alone. Beyond the cap the rest is reported, never excused.
+
+**Nothing judged widens its allowance without a word.** Any such figure above the reference's own by
+more than the channel resolves (``tolerance``: the channel's step, never below float32's) widened the
+threshold or the drift bound it is judged against, inside the cap or not, so it is a finding with both
+figures and what the allowance became (:func:`judged_finding`). The same rule holds for the other
+figure a judged side measures: the noise of the judged run's own baselines when ``specparity compare``
+and the concurrency sweep judge one recorded run against another (:data:`JUDGED_SIDE`; the
+reference's samples calibrate, the judged side's enter only as this figure). One rule, two sources:
+:class:`Source` says which, in words.
 """
 
 from __future__ import annotations
@@ -37,13 +45,42 @@ def cross_instance_cap(within: float) -> float:
 
 
 @dataclass(frozen=True)
+class Source:
+    """Where a figure measured on the judged side comes from, in the words of its finding."""
+
+    name: str  # the figure: "cross-instance"
+    base: str  # the reference's figure it is compared with: "within-instance"
+    head: str  # the finding's opening
+    judged: str  # who measured it: "the speculative server"
+    moved: str  # where its pairs moved
+    numerics: str  # what decides the numerics compared
+
+
+#: What decides a server's numerics, for the advice a finding gives.
+NUMERICS = "dtype, quantization, KV cache dtype, attention backend, tensor-parallel size"
+
+#: The speculative server's teacher-forced rows against the baseline server's (a gate run).
+CROSS_INSTANCE = Source("cross-instance", "within-instance", "the speculative server's target computes differently",
+                        "the speculative server", "between the two servers",
+                        f"the two servers' numerics ({NUMERICS}, speculative settings that reach the target's kernels)")
+#: The judged run's own decode rows against its teacher-forced rows (``compare``, the sweep).
+JUDGED_SIDE = Source("judged-side", "reference",
+                     "the judged side's own two computations of its tokens differ more than the reference's",
+                     "the judged side", "between the judged side's decode and its teacher-forced scoring",
+                     f"the two runs' numerics ({NUMERICS}, batch shapes)")
+
+
+@dataclass(frozen=True)
 class CrossFigure:
-    """One noise figure (the threshold's, or the drift bound's largest over every pair) measured
-    within the baseline's instance and between the two instances."""
+    """One noise figure (the threshold's, or the drift bound's largest over every pair) measured on the
+    reference (``within``) and on the judged side (``cross``: between the two instances, or the judged
+    run's own), with the channel's ``tolerance`` and where the judged figure came from."""
 
     what: str
     within: float
     cross: float
+    tolerance: float = 0.0
+    source: Source = CROSS_INSTANCE
 
     @property
     def cap(self) -> float:
@@ -51,20 +88,26 @@ class CrossFigure:
 
     @property
     def accepted(self) -> float:
-        """The part of the cross-instance figure the allowance takes."""
+        """The part of the judged figure the allowance takes."""
         return min(self.cross, self.cap)
 
     @property
     def excess(self) -> bool:
-        """Whether the speculative server differs by more than the allowance takes."""
+        """Whether the judged side differs by more than the allowance takes."""
         return self.cross > self.cap
+
+    @property
+    def above(self) -> bool:
+        """Whether the judged figure sits above the reference's by more than the channel resolves: the
+        allowance took more than the reference alone gives."""
+        return self.cross - self.within > self.tolerance
 
     def describe(self, first: bool) -> str:
         """"cross-instance X nats vs within-instance Y (what; the allowance takes Z)", shorter after the first."""
         if first:
-            return (f"cross-instance {self.cross:.3g} nats vs within-instance {self.within:.3g} ({self.what}; the "
-                    f"allowance takes {self.cap:.3g})")
-        return f"{self.cross:.3g} vs {self.within:.3g} ({self.what}; {self.cap:.3g})"
+            return (f"{self.source.name} {self.cross:.3g} nats vs {self.source.base} {self.within:.3g} ({self.what}; "
+                    f"the allowance takes {self.accepted:.3g})")
+        return f"{self.cross:.3g} vs {self.within:.3g} ({self.what}; {self.accepted:.3g})"
 
 
 #: The two comparisons a calibration makes, in words: which rows, from which server (a calibration
@@ -74,18 +117,17 @@ COMPARISONS = {
     "within": "the baseline server's own decode rows and its teacher-forced scoring of the same tokens",
 }
 
-#: What decides a server's numerics, for the advice a finding gives.
-NUMERICS = "dtype, quantization, KV cache dtype, attention backend, tensor-parallel size"
-
-
-def excess_finding(figures: list[CrossFigure], moved: str = "") -> str | None:
-    """The finding (one line) when a figure exceeds its cap, else None."""
-    over = [f for f in figures if f.excess]
+def judged_finding(figures: list[CrossFigure], moved: str = "", widened: str = "") -> str | None:
+    """The finding (one line) when a judged figure sits above the reference's (:attr:`CrossFigure.above`),
+    inside the cap or beyond it, else None: both figures, what the allowance took, where the pairs
+    ``moved``, and what it ``widened`` (the threshold and the drift bound with and without it)."""
+    over = [f for f in figures if f.above]
     if not over:
         return None
+    src = over[0].source
     figures_words = ", ".join(f.describe(i == 0) for i, f in enumerate(over))
-    return (f"the speculative server's target computes differently: {figures_words}"
-            f"{'; ' + moved if moved else ''}. The threshold and the drift bound take the cross-instance noise only "
-            f"up to the larger of {CROSS_INSTANCE_NATS:g} nats and {CROSS_INSTANCE_FACTOR:g} × the within-instance "
-            f"figure; compare what decides the two servers' numerics ({NUMERICS}, speculative settings that reach "
-            f"the target's kernels)")
+    effect = (f" A figure measured on {src.judged} widened the allowance it is judged against: {widened}."
+              if widened else "")
+    return (f"{src.head}: {figures_words}{'; ' + moved if moved else ''}.{effect} The threshold and the drift bound "
+            f"take the {src.name} noise only up to the larger of {CROSS_INSTANCE_NATS:g} nats and "
+            f"{CROSS_INSTANCE_FACTOR:g} × the {src.base} figure; compare what decides {src.numerics}")

@@ -8,7 +8,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from specparity.model.cross_instance import CrossFigure, excess_finding
+from specparity.model.cross_instance import CROSS_INSTANCE, JUDGED_SIDE, CrossFigure, Source, judged_finding
 
 #: Headroom over the margin noise observed in the baseline (its robust figure, :data:`ROBUST_RANK`).
 DEFAULT_MULTIPLIER = 1.5
@@ -116,6 +116,29 @@ def wilson(successes: float, n: int, z: float = 1.959964) -> tuple[float, float]
 
 
 @dataclass
+class ChannelResolution:
+    """How finely the engine's logprob channel reports, measured per run on the reference's own rows
+    (:func:`specparity.judge.resolution.measure_resolution`) and journalled with the threshold: whether a
+    reported tie is an exact one (:func:`specparity.judge.resolution.ties_exact`)."""
+
+    #: The coarsest decimal step every reported logprob is a whole multiple of (None: none is — the values
+    #: are continuous at their float32 precision).
+    step: float | None
+    #: The logits' spacing (one ulp) read from the rows with a close call (None: the rows show none —
+    #: continuous logits — or there was no such row).
+    ulp: float | None
+    #: Distinct nonzero logprobs the step was tested on (the fewest of the channels read).
+    values: int
+
+    def to_json(self) -> dict[str, Any]:
+        return vars(self).copy()
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any] | None) -> "ChannelResolution | None":
+        return cls(**data) if data else None
+
+
+@dataclass
 class FlipRate:
     """How often the baseline's two computations of its own tokens (decode, teacher-forced) chose
     different tokens where a flip would be judged a near tie (:mod:`specparity.judge.flip_budget`
@@ -127,6 +150,9 @@ class FlipRate:
     flips: float  # ... where the teacher-forced argmax was another token (a tie there: 0.5)
     ties: int  # positions whose decode row is an exact tie (their own budget)
     measured_positions: int  # every position compared
+    #: Whether the reported ties were at risk too: a channel too coarse for a reported tie to be an exact
+    #: one (:class:`ChannelResolution`); False in a record made before the resolution was measured.
+    with_ties: bool = False
 
     @property
     def rate(self) -> float | None:
@@ -147,9 +173,12 @@ class FlipRate:
         lo, hi = self.bounds()
         r = self.rate
         rate = "no position at risk" if r is None else f"{r:.3g} (95 % interval {lo:.3g}–{hi:.3g})"
+        which = (f"whose margin is within {self.window:.3g} nats, reported ties included" if self.with_ties else
+                 f"whose margin is above a tie and within {self.window:.3g} nats")
+        tied = "reported-tie" if self.with_ties else "exact-tie"
         return (f"the baseline's decode and teacher-forced passes chose different tokens at {self.flips:g} of "
-                f"{self.positions} positions whose margin is above a tie and within {self.window:.3g} nats (flip rate "
-                f"{rate}); {self.ties} exact-tie position(s) among {self.measured_positions}")
+                f"{self.positions} positions {which} (flip rate {rate}); {self.ties} {tied} position(s) among "
+                f"{self.measured_positions}")
 
 
 @dataclass
@@ -167,24 +196,45 @@ class NearTieThreshold:
     cross_note: str = ""
     #: The baseline's own flip rate (None: not measured, or a record made before it existed).
     flip_rate: FlipRate | None = None
+    #: The logprob channel's resolution (None: not measured, or a record made before it was: a reported
+    #: tie then counts as exact, as it was judged when the record was made).
+    resolution: ChannelResolution | None = None
+    #: The noise measured on the side being judged, between its own decode and teacher-forced rows
+    #: (``specparity compare``, the sweep): it enters the allowance as the cross-instance figure does,
+    #: capped and named (None: none, as in a gate run).
+    judged: NoiseStats | None = None
 
     def _measured(self, stats: NoiseStats | None) -> bool:
         return stats is not None and bool(stats.pairs)
 
+    @property
+    def tolerance(self) -> float:
+        """How far a judged figure may sit above the reference's and still be the same: the channel's step,
+        never below float32 resolution (:data:`FLOOR_NATS`)."""
+        return max(FLOOR_NATS, (self.resolution.step if self.resolution is not None else None) or 0.0)
+
+    def _figures(self, judged: NoiseStats | None, source: Source) -> list[CrossFigure]:
+        if not self._measured(judged):
+            return []
+        within = self.noise if self._measured(self.noise) else NoiseStats(0.0, 0.0, 0, 0)
+        assert judged is not None
+        return [CrossFigure("near-tie figure", within.flip_noise, judged.flip_noise, self.tolerance, source),
+                CrossFigure("largest over every pair", within.max_abs_delta, judged.max_abs_delta, self.tolerance,
+                            source)]
+
     def cross_figures(self) -> list[CrossFigure]:
         """The threshold's figure and the drift bound's (the largest over every pair), each within the
         baseline's instance and between the two (empty: no cross-instance figure was measured)."""
-        if not self._measured(self.cross):
-            return []
-        within = self.noise if self._measured(self.noise) else NoiseStats(0.0, 0.0, 0, 0)
-        assert self.cross is not None
-        return [CrossFigure("near-tie figure", within.flip_noise, self.cross.flip_noise),
-                CrossFigure("largest over every pair", within.max_abs_delta, self.cross.max_abs_delta)]
+        return self._figures(self.cross, CROSS_INSTANCE)
+
+    def judged_figures(self) -> list[CrossFigure]:
+        """The same two figures, on the reference and on the judged side (empty: none measured there)."""
+        return self._figures(self.judged, JUDGED_SIDE)
 
     def _figure(self, within: float | None, index: int) -> float | None:
-        """``within`` or the cross-instance figure as far as the allowance takes it, whichever is larger."""
-        figures = self.cross_figures()
-        values = [v for v in (within, figures[index].accepted if figures else None) if v is not None]
+        """``within`` or a judged figure as far as the allowance takes it, whichever is larger."""
+        taken = [f[index].accepted for f in (self.cross_figures(), self.judged_figures()) if f]
+        values = [v for v in (within, *taken) if v is not None]
         return max(values) if values else None
 
     @property
@@ -212,15 +262,43 @@ class NearTieThreshold:
         """Whether the drift bound is the ceiling rather than the multiple of the measured noise."""
         return self._measured(self.noise) and DRIFT_MULTIPLIER * (self.noise_max or 0.0) > max(FLOOR_NATS, self.ceiling)
 
+    def _alone(self) -> tuple[float | None, float | None]:
+        """The threshold and the drift bound from the reference's own figures alone (None: not measured)."""
+        if not self._measured(self.noise):
+            return (self.nats if self.source == "override" else None), None
+        assert self.noise is not None
+        nats = self.nats if self.source == "override" else max(FLOOR_NATS, self.multiplier * self.noise.flip_noise)
+        drift = min(max(FLOOR_NATS, DRIFT_MULTIPLIER * self.noise.max_abs_delta), max(FLOOR_NATS, self.ceiling))
+        return nats, drift
+
+    def widened(self, base: str) -> str:
+        """What the judged figures did to the allowance, in words ("" when nothing moved): the threshold
+        and the drift bound, each beside its value from the reference's ``base`` figure alone."""
+        nats, drift = self._alone()
+        parts = []
+        widened = max(FLOOR_NATS, self.multiplier * (self.flip_noise or 0.0))
+        if self.source == "measured" and nats is not None and widened > nats:
+            parts.append(f"the near-tie threshold {widened:.4g} nats ({nats:.4g} from the {base} figure alone)")
+        if drift is not None and self.drift_nats is not None and self.drift_nats > drift:
+            parts.append(f"the drift bound {self.drift_nats:.4g} nats ({drift:.4g})")
+        return ", ".join(parts)
+
+    def _finding(self, stats: NoiseStats | None, figures: list[CrossFigure], source: Source) -> str | None:
+        moved = (f"{stats.moved_pairs} of {stats.pairs} pairs moved {source.moved}"
+                 if stats is not None and stats.moved_pairs is not None else "")
+        if stats is not None and stats.largest_at:
+            moved += f"{', ' if moved else ''}the largest at {stats.largest_at}"
+        return judged_finding(figures, moved, self.widened(source.base))
+
     def cross_finding(self) -> str | None:
-        """The speculative server's target computing differently (a cross-instance figure beyond what the
-        allowance takes), in one line; None when it does not."""
-        c = self.cross
-        moved = (f"{c.moved_pairs} of {c.pairs} pairs moved between the two servers"
-                 if c is not None and c.moved_pairs is not None else "")
-        if c is not None and c.largest_at:
-            moved += f"{', ' if moved else ''}the largest at {c.largest_at}"
-        return excess_finding(self.cross_figures(), moved)
+        """The speculative server's target computing differently (a cross-instance figure above the
+        within-instance one: :func:`specparity.model.cross_instance.judged_finding`), in one line; None
+        when it does not."""
+        return self._finding(self.cross, self.cross_figures(), CROSS_INSTANCE)
+
+    def judged_finding(self) -> str | None:
+        """The judged side's own noise above the reference's, in one line (the same rule); None when it is not."""
+        return self._finding(self.judged, self.judged_figures(), JUDGED_SIDE)
 
     def describe_cross(self) -> str:
         """The cross-instance figure in words, beside the within-instance one (the summary prints it on
@@ -249,6 +327,8 @@ class NearTieThreshold:
                 extra = f" (measured noise for reference: max |Δmargin| {self.noise.max_abs_delta:.3g}"
                 if self.cross is not None and self.cross.pairs:
                     extra += f"; between the two server instances {self.cross.max_abs_delta:.3g}"
+                if self.judged is not None and self.judged.pairs:
+                    extra += f"; on the judged side {self.judged.max_abs_delta:.3g}"
                 extra += ")"
             return f"{self.nats:.4g} nats, set by --near-tie-nats{extra}{self._ceiling()}{self._calibrated()}"
         assert self.noise is not None
@@ -256,11 +336,13 @@ class NearTieThreshold:
         within = (f"between incremental decode and teacher-forced scoring of the baseline: {n.describe_flip()}, "
                   f"{n.positions} positions, p99 {n.p99_abs_delta:.3g}")
         cross = ""
-        if self.cross is not None and self.cross.pairs:
-            cross = f"; between the two server instances: {self.cross.describe_flip()}"
-            figure = self.cross_figures()[0]
-            if figure.excess:
-                cross += f", of which the allowance takes {figure.cap:.3g}"
+        for where, stats, figures in (("between the two server instances", self.cross, self.cross_figures()),
+                                      ("on the judged side, between its own decode and teacher-forced scoring",
+                                       self.judged, self.judged_figures())):
+            if stats is not None and stats.pairs:
+                cross += f"; {where}: {stats.describe_flip()}"
+                if figures[0].excess:
+                    cross += f", of which the allowance takes {figures[0].cap:.3g}"
         return (f"{self.nats:.4g} nats, measured: {self.multiplier:g} × |Δmargin| {self.flip_noise:.3g} ({within}"
                 f"{cross}); ceiling {self.ceiling:g}{self._calibrated()}")
 
@@ -287,6 +369,9 @@ class NearTieThreshold:
             "cross_instance_note": self.cross_note,
             "cross_instance_finding": self.cross_finding(),
             "flip_rate": self.flip_rate.to_json() if self.flip_rate else None,
+            "resolution": self.resolution.to_json() if self.resolution else None,
+            "judged_side": self.judged.to_json() if self.judged else None,
+            "judged_side_finding": self.judged_finding(),
             "description": self.describe(),
         }
 
@@ -296,4 +381,6 @@ class NearTieThreshold:
         return cls(float(data["nats"]), data["source"], NoiseStats(**noise) if noise else None,
                    float(data["multiplier"]), float(data.get("ceiling", DEFAULT_CEILING_NATS)),
                    data.get("calibration", ""), NoiseStats(**cross) if cross else None,
-                   data.get("cross_instance_note", ""), FlipRate.from_json(data.get("flip_rate")))
+                   data.get("cross_instance_note", ""), FlipRate.from_json(data.get("flip_rate")),
+                   ChannelResolution.from_json(data.get("resolution")),
+                   NoiseStats(**data["judged_side"]) if data.get("judged_side") else None)

@@ -28,7 +28,8 @@ from specparity.judge.checks import rank_words as _rank
 from specparity.model.verdicts import CLASSES, TIE_BREAK_WORDS
 from specparity.model.coverage import PATHS
 from specparity.model.locations import fixture_note
-from specparity.gate.decision import GateDecision, near_tie_policy, prompt_checks, reject_share
+from specparity.gate.decision import (GateDecision, coarse_channel, near_tie_policy, prompt_checks, reject_share,
+                                      ties_free)
 from specparity.model.threshold import DRIFT_MULTIPLIER
 from specparity.report.plots import AcceptBar, MarginPoint, RefLine, accept_plot, margin_plot
 from specparity.model.gate_run import DEFAULT_MAX_NEW_TOKENS, GateRun, PromptRecord
@@ -181,8 +182,10 @@ def near_tie_lines(run: GateRun, decision: GateDecision) -> list[str]:
         base = Counter(d.baseline_break for d in ties)
         spec = Counter(d.spec_break for d in ties)
         say = lambda c: "; ".join(f"{TIE_BREAK_WORDS.get(k, k)} at {n}" for k, n in c.most_common())  # noqa: E731
-        lines.append(f"exact ties: {len(ties)} flip(s) where both tokens are the baseline row's argmax — the "
-                     f"speculative run took {say(spec)}; the baseline's decode took {say(base)}")
+        head = (f"exact ties: {len(ties)} flip(s) where both tokens are the baseline row's argmax" if ties_free(run)
+                else f"reported ties: {len(ties)} flip(s) at a margin of 0 at the channel's resolution, not exact ties "
+                     f"and counted with the other flips ({coarse_channel(run)})")
+        lines.append(f"{head} — the speculative run took {say(spec)}; the baseline's decode took {say(base)}")
     others = [v.divergence for v in flips if not v.divergence.tie]
     if others:
         dtype = run.fingerprint.dtype if run.fingerprint else None

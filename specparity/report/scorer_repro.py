@@ -61,15 +61,20 @@ class Problem:
 
 def problem(run: GateRun) -> Problem | None:
     """A refused calibration (held against the ceiling), or a cross-instance finding (against the smallest
-    allowance it exceeds); None when the calibration had neither."""
+    allowance it exceeds; inside the allowance, against the smallest within-instance figure it is above);
+    None when the calibration had neither."""
     if run.calibration_error:
         return Problem(float(run.config.near_tie_ceiling),
                        "the near-tie ceiling the gate refused to calibrate beyond", "the refused calibration")
     t = run.threshold
     if t is not None and t.cross_finding():
-        cap = min(f.cap for f in t.cross_figures() if f.excess)
-        return Problem(float(cap), "the allowance for two server instances, which the finding exceeds",
-                       "the speculative server's rows beyond the allowance")
+        beyond = [f.cap for f in t.cross_figures() if f.excess]
+        if beyond:
+            return Problem(float(min(beyond)), "the allowance for two server instances, which the finding exceeds",
+                           "the speculative server's rows beyond the allowance")
+        within = min(f.within for f in t.cross_figures() if f.above)
+        return Problem(float(within), "the baseline server's own noise, which the speculative server's rows exceed",
+                       "the speculative server's rows beyond the baseline's own noise")
     return None
 
 
