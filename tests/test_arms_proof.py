@@ -30,39 +30,15 @@ from hypothesis import strategies as st
 from fakes import SGLangServer, VLLMServer
 from fakes.backend import TARGET
 from fakes.faults import Rule
-from prompt_subsets import DEFAULT_PROMPTS, first_of_categories, write_subset
-from specparity.cli.commands import main
+from prompt_subsets import DEFAULT_PROMPTS, write_subset
 from specparity.engines.server.engine import HFTokenizer
 from specparity.gate import exitcodes
 from specparity.model.arms import NOT_EXERCISED
 from specparity.model.prompts import load_prompts
-from specparity.run.arm_runs import ARMS_JSON
+from test_arms import MAX_NEW, arms, prompts, rows, url_args  # noqa: F401 - prompts: a fixture test_arms defines
 
-PER_CATEGORY = {"math": 2, "code": 2}
-MAX_NEW = ("--max-new-tokens", "12")
 #: A vLLM fake as every arm launches vLLM: answers carry cached prompt tokens, /reset_prefix_cache is there.
 AS_LAUNCHED = {"prompt_tokens_details": True, "dev_mode": True}
-
-
-@pytest.fixture
-def prompts(tmp_path):
-    path = tmp_path / "prompts.jsonl"
-    return path, first_of_categories(path, PER_CATEGORY)
-
-
-def arms(capsys, *args: str) -> tuple[int, str, str]:
-    code = main(["arms", *args])
-    out = capsys.readouterr()
-    return code, out.out, out.err
-
-
-def url_args(engine: str, base, spec, prompt_file: Path, report: Path) -> list[str]:
-    return ["--engine", engine, "--baseline-url", base.url, "--spec-url", spec.url, "--target", str(TARGET),
-            "--prompts", str(prompt_file), "--calibration", "selected", *MAX_NEW, "--report", str(report)]
-
-
-def rows(report: Path) -> dict[str, dict]:
-    return {r["arm"]: r for r in json.loads((report / ARMS_JSON).read_text())["results"]}
 
 
 def judged_lines(report: Path, arm: str) -> dict[str, dict]:
@@ -127,6 +103,9 @@ def test_the_sglang_fake_caches_scoring_requests_in_whole_pages_and_flushes_only
             time.sleep(0.01)
         assert _post(server.url + "/flush_cache")[0] == 400
         hung.join()
+        deadline = time.monotonic() + 30  # the server counts the request out just after dropping it
+        while server.in_flight and time.monotonic() < deadline:
+            time.sleep(0.01)
         assert _post(server.url + "/flush_cache")[0] == 200
         assert _generate(server.url, prompt, 4)["meta_info"]["cached_tokens"] == 0
         assert json.loads(urllib.request.urlopen(server.url + "/server_info").read())["page_size"] == 16
