@@ -103,9 +103,6 @@ def test_the_sglang_fake_caches_scoring_requests_in_whole_pages_and_flushes_only
             time.sleep(0.01)
         assert _post(server.url + "/flush_cache")[0] == 400
         hung.join()
-        deadline = time.monotonic() + 30  # the server counts the request out just after dropping it
-        while server.in_flight and time.monotonic() < deadline:
-            time.sleep(0.01)
         assert _post(server.url + "/flush_cache")[0] == 200
         assert _generate(server.url, prompt, 4)["meta_info"]["cached_tokens"] == 0
         assert json.loads(urllib.request.urlopen(server.url + "/server_info").read())["page_size"] == 16

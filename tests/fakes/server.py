@@ -272,12 +272,20 @@ class FakeServer:
             fault = self._pick_fault(body)
             with self._lock:
                 self.in_flight += 1
+            h.in_flight = True
         try:
             self._answer(h, method, path, query, body, fault)
         finally:
-            if generating:
-                with self._lock:
-                    self.in_flight -= 1
+            self._count_out(h)
+
+    def _count_out(self, h: _Handler) -> None:
+        """The request of ``h`` is no longer in flight: called before its answer (or its drop) reaches the client,
+        as a real server has finished a request before it writes the response, so a client that sends the next
+        request on receiving this one's answer finds the server idle."""
+        if getattr(h, "in_flight", False):
+            h.in_flight = False
+            with self._lock:
+                self.in_flight -= 1
 
     def join_batch(self, window_s: float) -> object:
         """Join the batch being collected and wait ``window_s`` (a scheduler collecting a batch for a
@@ -307,6 +315,7 @@ class FakeServer:
             return
         if fault == "hang":
             self._stopping.wait(self.hang_s)
+            self._count_out(h)
             h.drop()
             return
         if fault == "http_500":
@@ -345,6 +354,7 @@ class FakeServer:
         return fault
 
     def _send(self, h: _Handler, reply: Reply, *, cut_at: int | None = None) -> None:
+        self._count_out(h)
         h.send_headers(reply, self.extra_headers)
         if cut_at is None:
             h.wfile.write(reply.payload)
@@ -355,6 +365,7 @@ class FakeServer:
         h.drop()
 
     def _trickle(self, h: _Handler, reply: Reply) -> None:
+        self._count_out(h)
         h.send_headers(reply)
         h.wfile.flush()
         try:
