@@ -15,6 +15,7 @@ from typing import Any, Callable
 from specparity.engines import BUILTIN, SERVER_ENGINES
 from specparity.engines.base import EngineOptions
 from specparity.model.force_reject import FORCE_REJECT_MODES, MIN_REJECT_SHARE
+from specparity.model.replay import DEFAULT_SERVER_REPLAYS, MAX_REPLAYED_PROMPTS
 from specparity.model.threshold import DEFAULT_CEILING_NATS
 from specparity.model.types import DEFAULT_TOP_K, MIN_TOP_K
 
@@ -97,6 +98,10 @@ GATE_OPTIONS: tuple[OptionSpec, ...] = (
     _o("--preset", SERVERS, default=None, help="a named launch configuration to start both servers "
        "(specparity.engines.server.presets; llamacpp default: llamacpp-draft-simple)"),
     _o("--concurrency", SERVERS, default=None, help="requests in flight per phase (default: what the engine serves)"),
+    _o("--replay", SERVERS, default=None, metavar="N",
+       help=f"send each failing prompt's speculative request N times more after the run and say how often the failure "
+            f"reproduces (the verdict stands; default {DEFAULT_SERVER_REPLAYS} for server engines, 0 for in-process "
+            f"ones; at most {MAX_REPLAYED_PROMPTS} prompts)"),
     _o("--request-timeout", SERVERS, default=None, help=f"seconds one request may take (default {EngineOptions.request_timeout:g})"),
     _o("--scorer", SERVERS, default="auto", help="teacher-forced scorer: auto, engine, embedded"),
     _o("--scorer-model", SERVERS, default=None, help="HF model directory for --scorer embedded"),

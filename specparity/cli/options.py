@@ -26,6 +26,7 @@ from specparity.model.threshold import DEFAULT_CEILING_NATS
 from specparity.cli.option_table import DEFAULT_ENGINE, DEFAULT_REPORT  # noqa: F401 - re-exported
 from specparity.model.gate_run import DRIFT_POLICIES, GateConfig, GatePolicy
 from specparity.model.prompts import Prompt, PromptFileError, load_many
+from specparity.model.replay import DEFAULT_SERVER_REPLAYS
 from specparity.model.shards import Shard, ShardError
 
 from specparity.run.scoring import SCORERS
@@ -253,6 +254,8 @@ def build_setup(raw: Mapping[str, Any], *, check_report: bool = False, speculate
         report_dir=report or None,
         top_k=_int(raw, "top_k", "--top-k", MIN_TOP_K, default=DEFAULT_TOP_K),
         concurrency=_int(raw, "concurrency", "--concurrency", 1),
+        replays=_int(raw, "replay", "--replay", 0,
+                     default=DEFAULT_SERVER_REPLAYS if info is not None and info.server else 0),
         scorer=scorer,
         scorer_model=scorer_model,
         policy=GatePolicy(

@@ -14,6 +14,7 @@ from specparity.model.verdicts import Verdict
 from specparity.model.coverage import Coverage
 from specparity.model.threshold import DEFAULT_CEILING_NATS, NearTieThreshold
 from specparity.model.prompts import Prompt
+from specparity.model.replay import Replay
 from specparity.model.shards import Shard
 from specparity.model.types import DEFAULT_TOP_K, MIN_TOP_K, Fingerprint, GenerationRequest, GenerationResult, SpecStats, TokenScores, accept_length
 
@@ -125,10 +126,15 @@ class GateConfig:
     #: ``--shard I/N``: this run judges only the prompts of that shard (:mod:`specparity.model.shards`);
     #: its verdict is the shard's own, and ``specparity merge`` of every shard gives the run's.
     shard: Shard | None = None
+    #: ``--replay N``: each failing prompt's speculative request is sent this many times more after the run
+    #: (:mod:`specparity.model.replay`); 0: never.
+    replays: int = 0
 
     def __post_init__(self) -> None:
         if self.max_new_tokens is not None and self.max_new_tokens < 1:
             raise ValueError(f"--max-new-tokens: expected an integer >= 1, got {self.max_new_tokens}")
+        if self.replays < 0:
+            raise ValueError(f"--replay: expected a count >= 0, got {self.replays}")
         if self.top_k < MIN_TOP_K:
             raise ValueError(f"--top-k: expected >= {MIN_TOP_K} alternatives per position, got {self.top_k}")
         if not self.near_tie_ceiling > 0:
@@ -164,6 +170,9 @@ class PromptRecord:
     #: For a reused baseline: the prompt ids and token limit it was decoded with (checked against
     #: this run's request: a reused baseline must answer the same request).
     reused_request: tuple[list[int], int] | None = None
+    #: A failing prompt's speculative request sent again to the same servers, and what came back
+    #: (:mod:`specparity.model.replay`; journalled on its own ``replay`` line).
+    replay: Replay | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {

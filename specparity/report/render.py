@@ -116,9 +116,13 @@ def unreported_line(run: GateRun) -> str:
     per side; "" when there are none. A reported row with a non-finite number is an error instead."""
     counts = {"baseline": [0, 0], "speculative": [0, 0], "teacher-forced": [0, 0]}
     for r in run.records:
+        # a speculative stream identical to the baseline's is scored once (the run reuses the baseline's rows; a
+        # run rebuilt from its journal holds them twice): counted once, so the rebuilt report says the same
+        same = r.spec is not None and r.baseline is not None and r.spec.output_ids == r.baseline.output_ids
         sides = (("baseline", r.baseline.scores if r.baseline is not None else None),
                  ("speculative", r.spec.scores if r.spec is not None else None),
-                 ("teacher-forced", r.baseline_tf), ("teacher-forced", r.spec_tf if r.spec_tf is not r.baseline_tf else None))
+                 ("teacher-forced", r.baseline_tf),
+                 ("teacher-forced", r.spec_tf if r.spec_tf is not r.baseline_tf and not same else None))
         for side, scores in sides:
             if scores is not None and len(scores):
                 counts[side][0] += int(scores.unreported_positions().size)
@@ -223,7 +227,8 @@ def render_summary_md(run: GateRun, decision: GateDecision, reproducers: Reprodu
         if v is None or v.klass == "exact":
             continue
         details.append({"id": r.prompt.id, "klass": v.klass, "reason": v.reason, "div": v.divergence,
-                        "tf": v.tf_violations, "drift": v.drift, "reproducer": found.link(r.prompt.id)})
+                        "tf": v.tf_violations, "drift": v.drift, "reproducer": found.link(r.prompt.id),
+                        "replay": r.replay.describe() if r.replay is not None else None})
     taken = run.coverage.taken()
     fp = run.fingerprint
     return _env().get_template("summary.md.j2").render(

@@ -218,6 +218,8 @@ def _readme(rec: PromptRecord, run: GateRun, req: GenerationRequest, streams: di
     assert v is not None
     fp = run.fingerprint
     lines = [f"# Reproducer: `{rec.prompt.id}` ({v.klass})", "", v.reason, ""]
+    if rec.replay is not None:
+        lines += [f"How often it comes back: {rec.replay.describe()}.", ""]
     if fp is not None:
         lines.append(f"- Engine: `{fp.engine}` {fp.engine_version}, dtype `{fp.dtype}`, spec config "
                      f"`{json.dumps(fp.spec_config, sort_keys=True)}`")

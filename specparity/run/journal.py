@@ -15,6 +15,7 @@ capabilities), ``shard`` (what a shard of a sharded run was given: :class:`~spec
 teacher-forced scores), ``cross_instance`` (a calibration baseline scored on the speculative server,
 or why it could not be), ``threshold`` or ``calibration_refused``, ``prompt`` (a
 judged prompt: baseline, speculative result, its scores, the verdict), ``aggregate_counters``,
+``replay`` (a failing prompt's speculative request sent again: :mod:`specparity.model.replay`),
 ``timings``, ``fatal``, ``interrupted``, ``verdict`` (the decision).
 """
 
@@ -30,6 +31,7 @@ from specparity.model.jsonl import JsonlError, read_jsonl
 from specparity.model.threshold import NearTieThreshold
 from specparity.model.prompts import Prompt, PromptFileError
 from specparity.model.gate_run import GateConfig, GateRun, PromptRecord
+from specparity.model.replay import Replay
 from specparity.model.run_state import COUNTERS_KIND, RunState
 from specparity.model.types import Fingerprint, GenerationRequest, GenerationResult, TokenScores
 
@@ -37,7 +39,8 @@ RESULTS_SCHEMA = "specparity.results/1"
 JOURNAL = "results.jsonl"
 #: Kinds a journal may hold; anything else is a journal this version cannot read.
 KINDS = frozenset({"run", "resume", "shard", "golden", "baseline", "calibration", "cross_instance", "threshold",
-                   "calibration_refused", "prompt", "aggregate_counters", "timings", "fatal", "interrupted", "verdict"})
+                   "calibration_refused", "prompt", "aggregate_counters", "replay", "timings", "fatal", "interrupted",
+                   "verdict"})
 
 
 #: Kinds a run that never started may write without a ``run`` line first.
@@ -59,6 +62,8 @@ class Journal:
     judged: dict[str, dict[str, Any]] = field(default_factory=dict)
     #: Per calibration prompt, its ``cross_instance`` line (scores on the speculative server, or the error).
     cross_instance: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: Per replayed prompt, its ``replay`` line.
+    replays: dict[str, dict[str, Any]] = field(default_factory=dict)
     order: list[str] = field(default_factory=list)
     last: dict[str, dict[str, Any]] = field(default_factory=dict)  # kind -> latest line of that kind
     #: Lines of the last segment (after the last run/resume line), by kind.
@@ -123,6 +128,8 @@ def _take(journal: Journal, kind: str, obj: dict[str, Any]) -> None:
             journal.order.append(pid)
     elif kind == "cross_instance":
         journal.cross_instance[obj["prompt_id"]] = obj
+    elif kind == "replay":
+        journal.replays[obj["prompt_id"]] = obj
     elif kind == "timings":
         for key, value in obj["timings"].items():
             journal.timings[key] += float(value)
@@ -201,6 +208,9 @@ def load_run(path: str | Path, journal: Journal | None = None) -> GateRun:
                                if pid not in journal.order]
     for rec in (*run.records, *run.calibration_records):
         rec.cross_tf = _scores((journal.cross_instance.get(rec.prompt.id) or {}).get("scores"))
+    for rec in run.records:
+        line = journal.replays.get(rec.prompt.id)
+        rec.replay = Replay.from_json(line) if line is not None and rec.verdict is not None else None
     if "threshold" in journal.last and journal.last["threshold"].get("nats") is not None:
         run.threshold = NearTieThreshold.from_json(journal.last["threshold"])
         run.scorer_check = journal.last["threshold"].get("scorer_check")

@@ -460,6 +460,10 @@ def _write_journal(run: GateRun, parts: Sequence[Part], owners: dict[str, Part],
                           "spot": run.calibration_spot})
         for rec in run.records:
             writer.write(rec.to_json())
+        for rec in run.records:
+            line = owners[rec.prompt.id].journal.replays.get(rec.prompt.id)
+            if line is not None:
+                writer.write(line)
         counters = RunState.of(run).counters_line()
         if counters is not None:
             writer.write(counters)

@@ -43,6 +43,7 @@ from specparity.judge.logprob_channel import stream_problem
 from specparity.model.prompts import Prompt
 from specparity.model.shards import ShardPlan
 from specparity.model.gate_run import DEFAULT_MAX_NEW_TOKENS, GateConfig, GateRun, PromptRecord
+from specparity.model.replay import MAX_REPLAYED_PROMPTS, REPLAYED, Replay
 from specparity.model.run_state import DECLARATIONS, RunState
 from specparity.model.threshold import NearTieThreshold
 from specparity.report.render import DERIVED_FILES, write_reports
@@ -332,6 +333,8 @@ def _run_phases(engine: Engine, run: GateRun, writer: ResultsWriter, say: Callab
                     run.aggregate = delta
                 writer.write(RunState.of(run).counters_line(
                     counted=delta, traffic=[counters_before.get("traffic"), counters_after.get("traffic")]))
+        # after the counters: the replays are no part of the judged traffic
+        _replay_failures(engine, run, writer, say)
     finally:
         scorer.close()
 
@@ -709,6 +712,50 @@ def _speculative(engine: Engine, run: GateRun, scorer: Scorer, writer: ResultsWr
         run.coverage.add(rec.spec.spec)
         judge(rec)
     run.timings["spec_phase_wall"] = time.perf_counter() - t_phase
+
+
+def replayed(run: GateRun) -> list[PromptRecord]:
+    """The failing prompts whose speculative request is replayed (:mod:`specparity.model.replay`): a
+    ``diverged`` prompt, or an ``error`` whose speculative request itself failed, the first
+    :data:`MAX_REPLAYED_PROMPTS` in run order."""
+    failing = [r for r in run.records if r.verdict is not None and r.verdict.klass in REPLAYED
+               and r.request is not None and r.spec is not None and r.baseline is not None and not r.baseline.error
+               and (r.verdict.klass == "diverged" or r.spec.error)]
+    return failing[:MAX_REPLAYED_PROMPTS]
+
+
+def replay_one(engine: Engine, rec: PromptRecord, tries: int) -> Replay:
+    """Send ``rec``'s speculative request ``tries`` times more and sort the answers."""
+    out = Replay(tries, of_error=bool(rec.spec.error))
+    for _ in range(tries):
+        got = _generate_one(engine, rec.request, True)
+        if got.error:
+            out.failed += 1
+            out.first_error = out.first_error or got.error
+        elif not out.of_error and got.output_ids == rec.spec.output_ids and got.finish_reason == rec.spec.finish_reason:
+            out.same += 1
+        elif got.output_ids == rec.baseline.output_ids and got.finish_reason == rec.baseline.finish_reason:
+            out.baseline += 1
+        else:
+            out.other += 1
+            if not out.of_error:
+                at = first_mismatch(rec.spec.output_ids, got.output_ids)
+                out.other_positions = sorted(set(out.other_positions) | {at})
+    return out
+
+
+def _replay_failures(engine: Engine, run: GateRun, writer: ResultsWriter, say: Callable[[str], None]) -> None:
+    """``--replay N``: each failing prompt's speculative request sent again, one prompt after another, its
+    answers journalled on a ``replay`` line; the verdicts stay as judged."""
+    tries = run.config.replays
+    if tries < 1 or (run.config.golden and run.config.golden_mode == "baseline"):
+        return
+    t0 = time.perf_counter()
+    for rec in replayed(run):
+        rec.replay = replay_one(engine, rec, tries)
+        writer.write({"kind": "replay", "prompt_id": rec.prompt.id, **rec.replay.to_json()})
+        say(f"{rec.prompt.id}: {rec.replay.describe()}")
+    run.timings["replays"] += time.perf_counter() - t0
 
 
 def _against_golden(rec: PromptRecord, golden: Golden) -> None:
