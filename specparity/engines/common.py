@@ -6,6 +6,7 @@ import hashlib
 import json
 import os
 import struct
+import threading
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -94,6 +95,10 @@ def torch_dtype(name: str):
 
 #: ``tokenizer_class`` values for which ``AutoTokenizer`` loads the generic tokenizers-backed class.
 GENERIC_FAST_TOKENIZERS = frozenset({"PreTrainedTokenizerFast", "TokenizersBackend"})
+#: transformers resolves its names lazily on their first import, and a second thread importing a name while the
+#: first is resolving it is told it does not exist (``ImportError: cannot import name …``); the shards of a Ray
+#: run (:mod:`specparity.run.ray_fleet`) build their engines side by side, so the imports go one at a time.
+_TRANSFORMERS_IMPORT = threading.Lock()
 
 
 def load_tokenizer(path: str | os.PathLike[str]) -> Any:
@@ -107,11 +112,11 @@ def load_tokenizer(path: str | os.PathLike[str]) -> Any:
     except (OSError, ValueError):
         config = {}
     if isinstance(config, dict) and config.get("tokenizer_class") in GENERIC_FAST_TOKENIZERS:
-        from transformers import PreTrainedTokenizerFast
-
+        with _TRANSFORMERS_IMPORT:
+            from transformers import PreTrainedTokenizerFast
         return PreTrainedTokenizerFast.from_pretrained(str(path), local_files_only=True)
-    from transformers import AutoTokenizer
-
+    with _TRANSFORMERS_IMPORT:
+        from transformers import AutoTokenizer
     return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
 
 

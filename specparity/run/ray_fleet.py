@@ -365,6 +365,14 @@ def _run_part(setup: GateSetup, part: ShardRun, say: Callable[[str], None]) -> N
         say(f"ray: {part.name} on pair {part.pair}: {part.error}")
 
 
+def _shard_journal(report_dir: str) -> bool:
+    """Whether ``report_dir`` holds a shard's journal (its ``shard`` line written)."""
+    try:
+        return "shard" in read_journal(Path(report_dir) / JOURNAL).last
+    except JournalError:
+        return False
+
+
 def unfinished(report_dir: str, plan: ShardPlan) -> tuple[list[str], list[str]]:
     """What a part left unfinished: selected prompts without a verdict or with an ``error``, and calibration
     prompts without a measured baseline (read from its journal; everything when it holds none)."""
@@ -414,7 +422,11 @@ def run_on_ray(setup: GateSetup, options: RayOptions, say: Callable[[str], None]
             fleet.runs += [part for _, part in retries]
             _side_by_side(retries, say)
         replace_whole(out / "ray.json", json.dumps(fleet.to_json(), indent=1))
-        merged = merge_dirs([part.report_dir for part in fleet.runs], str(out),
+        # a part whose pair was gone before its engine started left no shard journal (none, or only how it
+        # ended): its rerun holds every prompt of it, and the merge reads the rerun alone
+        rerun = {part.retry_of for part in fleet.runs if part.retry_of}
+        merged = merge_dirs([part.report_dir for part in fleet.runs
+                             if part.report_dir not in rerun or _shard_journal(part.report_dir)], str(out),
                             tokenizer=setup.engine_options.extra.get("tokenizer"))
         return merged, fleet
     finally:
