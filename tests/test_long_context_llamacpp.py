@@ -142,5 +142,9 @@ def test_lossless_gate_beyond_32k_tokens_of_context(tmp_path):
     assert verdict["prompt_id"] == prompts[0].id and verdict["class"] == "diverged", verdict
     where = verdict["divergence"]
     assert where["baseline_token"]["id"] != where["spec_token"]["id"] and where["baseline_margin"] > 1.0, where
+    # the failing request is replayed against the same server: one prefill for the judged request, one per replay
+    (replay,) = [x for x in results(failing) if x["kind"] == "replay"]
+    assert replay["prompt_id"] == prompts[0].id and replay["tries"] >= 1, replay
+    assert replay["same"] + replay["baseline"] + replay["other"] + replay["failed"] == replay["tries"], replay
     slot, seen = prefills(failing, "spec")
-    assert slot >= MIN_CONTEXT and [n for _, n in seen if n >= MIN_CONTEXT] == counts[:1], seen
+    assert slot >= MIN_CONTEXT and [n for _, n in seen if n >= MIN_CONTEXT] == counts[:1] * (1 + replay["tries"]), seen
