@@ -72,7 +72,7 @@ def rows(report: Path) -> dict[str, dict]:
 
 
 def test_every_arm_is_declared_once_with_its_proof_per_engine():
-    assert list(ARMS) == ["default", "deterministic", "preempt", "prefix-warm", "fp8-kv", "long"]
+    assert list(ARMS) == ["default", "deterministic", "preempt", "prefix-warm", "fp8-kv", "long", "mamba-slots"]
     for arm in ARMS.values():
         for engine in arm.engines:
             assert arm.changes.get(engine) and arm.proof.get(engine), (arm.name, engine)
@@ -80,7 +80,9 @@ def test_every_arm_is_declared_once_with_its_proof_per_engine():
 
 
 def test_the_default_arms_are_every_arm_the_engine_supports():
-    assert [a.name for a in parse_arms(None, "vllm")] == list(ARMS)
+    assert [a.name for a in parse_arms(None, "vllm")] == [a.name for a in ARMS.values() if "vllm" in a.engines]
+    assert [a.name for a in parse_arms(None, "sglang")] == [a.name for a in ARMS.values()
+                                                            if "sglang" in a.engines and not a.hybrid]
     assert [a.name for a in parse_arms(None, "llamacpp")] == [a.name for a in ARMS.values() if "llamacpp" in a.engines]
 
 
@@ -172,7 +174,7 @@ def test_vllm_arms_change_both_launches():
     assert not any(launch.env() for launch in plain)
     # every arm, default included: each answer's cached prompt tokens, and dev mode's /reset_prefix_cache
     for arm in ARMS:
-        if arm == "long":
+        if arm == "long" or "vllm" not in ARMS[arm].engines:
             continue  # its context needs a target's positions
         _launch, both = _launched(vllm_engine, "vllm", arm, "vllm-ngram")
         assert all("--enable-prompt-tokens-details" in launch.args() for launch in both), arm

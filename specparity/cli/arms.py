@@ -35,7 +35,7 @@ def _run_arms(args: argparse.Namespace) -> int:
     from specparity.cli.options import build_setup
     from specparity.model.arms import parse_arms
     from specparity.engines.libraries import configure_libraries
-    from specparity.run.arm_runs import engine_kind, plan_arms, run_arms, write_arms
+    from specparity.run.arm_runs import engine_kind, plan_arms, run_arms, target_is_hybrid, write_arms
 
     configure_libraries(args.verbose)
     raw = {dest: getattr(args, dest) for dest in gate_dests()}
@@ -43,7 +43,7 @@ def _run_arms(args: argparse.Namespace) -> int:
     setup = build_setup(raw, check_report=True)
     engine, _server = engine_kind(setup)
     try:
-        arms = parse_arms(args.arms, engine)
+        arms = parse_arms(args.arms, engine, hybrid=target_is_hybrid(setup.engine_options.target))
     except ValueError as exc:
         raise BadInput(str(exc)) from None
     if args.arms is None and setup.engine_options.baseline_urls and not args.prelaunched:
@@ -77,7 +77,8 @@ def add_arms_command(sub: Any) -> None:
 
     p = sub.add_parser(
         "arms",
-        help="run the gate once per configuration arm (deterministic, preempt, prefix-warm, fp8-kv, long) and "
+        help="run the gate once per configuration arm (deterministic, preempt, prefix-warm, fp8-kv, long, "
+        "mamba-slots) and "
         "prove each arm happened",
         description="Run the lossless gate once per configuration arm against one engine and one prompt set, each "
         "arm journalled in REPORT/<arm>/, its proof read from the judged requests and the engine, with the "

@@ -34,7 +34,9 @@ class Arm:
     themselves are in :mod:`specparity.engines.server.arm_knobs`); ``proof`` names the facts that show the
     condition happened on the judged requests; ``launch``: the arm changes how servers are launched (with
     ``--baseline-url`` / ``--spec-url`` it runs only under ``--prelaunched``); ``engines``: the
-    engines that can set it up, and ``unsupported`` why each other one cannot."""
+    engines that can set it up, and ``unsupported`` why each other one cannot; ``hybrid``: the arm needs a
+    hybrid target (linear-attention layers with a recurrent state per request), and is run without ``--arms``
+    only for one."""
 
     name: str
     description: str
@@ -43,6 +45,7 @@ class Arm:
     launch: bool
     engines: tuple[str, ...]
     unsupported: dict[str, str]
+    hybrid: bool = False
 
 
 ARMS: dict[str, Arm] = {
@@ -110,6 +113,21 @@ ARMS: dict[str, Arm] = {
             proof={e: f"every judged prompt is >= {LONG_MIN_TOKENS} tokens (the engine's own prompt token count "
                       "where it reports one)" for e in SERVER_ENGINES},
             launch=True, engines=SERVER_ENGINES, unsupported={}),
+        Arm("mamba-slots", "a hybrid target's mamba state cache sized below the requests in flight: the server "
+            "caps its running requests under the run's concurrency, so judged requests wait (or are retracted) for "
+            "a state slot; concurrency raised to what the engine serves",
+            changes={"sglang": "--max-mamba-cache-size S (S = the mamba-slots probe's state slots per request x half "
+                               "the requests in flight) and --enable-metrics on both launches"},
+            proof={"sglang": "/server_info internal_states effective_max_running_requests_per_dp below the requests "
+                             "in flight on every speculative server (beside what the mamba-slots probe predicted), "
+                             "and more judged speculative requests alive on a server at once than it runs "
+                             "(meta_info.request_received_ts to request_finished_ts): the rest waited for a slot"},
+            launch=True, engines=("sglang",),
+            hybrid=True,
+            unsupported={"vllm": "not wired: vLLM allocates a hybrid's recurrent state with its KV cache blocks, "
+                                 "with no separate slot count to set (the preempt arm bounds both)",
+                         "llamacpp": "llama-server's slots each hold their own recurrent state; no slot pool to "
+                                     "exhaust"}),
     )
 }
 
@@ -121,10 +139,11 @@ def arm_names() -> tuple[str, ...]:
     return tuple(ARMS)
 
 
-def parse_arms(text: str | None, engine: str) -> tuple[Arm, ...]:
-    """``--arms a,b``: known names, each once (None: every arm ``engine`` supports). ValueError, one line."""
+def parse_arms(text: str | None, engine: str, *, hybrid: bool = False) -> tuple[Arm, ...]:
+    """``--arms a,b``: known names, each once (None: every arm ``engine`` supports, those that need a hybrid
+    target only when ``hybrid``). ValueError, one line."""
     if text is None:
-        return tuple(a for a in ARMS.values() if engine in a.engines)
+        return tuple(a for a in ARMS.values() if engine in a.engines and (hybrid or not a.hybrid))
     names = [n.strip() for n in str(text).split(",")]
     if not str(text).strip() or any(not n for n in names):
         raise ValueError(f"--arms {text!r}: expected arm names separated by commas (known: {', '.join(ARMS)})")

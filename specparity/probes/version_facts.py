@@ -376,6 +376,11 @@ MAMBA_CAP_MESSAGE = (
 MAMBA_ZERO_MESSAGE = "Hybrid (mamba/linear-attention) state cache is too small to serve any requests."
 
 
+def newest_mamba_read() -> Version:
+    """The newest SGLang version whose mamba slot constants were read (for a version not known here)."""
+    return max(parse_version(v) for v in _MAMBA_LINES)
+
+
 def sglang_mamba_sizing(v: Version) -> MambaSizing | None:
     """The slot constants for SGLang ``v`` from the table (None: older than anything read)."""
     if v[:3] < (0, 5, 17):

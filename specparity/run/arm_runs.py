@@ -38,6 +38,7 @@ from specparity.engines.server.arm_knobs import (
     prefix_full_hit,
     requests_in_flight,
     reset_prefix_caches,
+    running_caps,
 )
 from specparity.gate import exitcodes
 from specparity.model.files import replace_whole
@@ -214,6 +215,65 @@ def long_prompts(setup: GateSetup, engine: str) -> list[Prompt]:
     return [dataclasses.replace(p, id=f"longctx-en-{size}-s{seed}") for seed, p in enumerate(made)]
 
 
+def target_is_hybrid(target: str | None) -> bool:
+    """Whether ``--target`` has linear-attention layers (a recurrent state per request: mamba state slots on
+    SGLang), from its ``config.json`` as the mamba-slots probe reads it; False when unreadable."""
+    from specparity.probes.checkpoints import Checkpoint
+    from specparity.probes.mamba_slots import linear_layer_report
+
+    try:
+        config = json.loads((Path(target or "") / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(config, dict) and linear_layer_report(Checkpoint(Path(target or ""), config, {}))[0]
+
+
+def _sglang_version() -> tuple[int, ...] | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    from specparity.probes.version_facts import parse_version
+
+    try:
+        return parse_version(version("sglang"))
+    except (PackageNotFoundError, ValueError):
+        return None
+
+
+def predict_mamba_slots(target: str | None, flags: Any, version: tuple[int, ...] | None) -> Any:
+    """The mamba-slots probe's :class:`~specparity.probes.mamba_slots.SlotPrediction` for a hybrid ``target``
+    launched with ``flags`` (:class:`~specparity.probes.mamba_slots.LaunchFlags`) on SGLang ``version`` (None:
+    the newest version read); None for a target that is not a hybrid."""
+    from specparity.probes.checkpoints import Checkpoint
+    from specparity.probes.mamba_slots import predict_slots
+    from specparity.probes.version_facts import newest_mamba_read, sglang_mamba_sizing
+
+    if not target_is_hybrid(target):
+        return None
+    config = json.loads((Path(target or "") / "config.json").read_text())
+    sizing = sglang_mamba_sizing(version if version is not None and version[:3] >= (0, 5, 17) else newest_mamba_read())
+    return predict_slots(Checkpoint(Path(target or ""), config, {}), flags, sizing, {}) if sizing else None
+
+
+def mamba_slots_per_request(setup: GateSetup, engine: str) -> int | None:
+    """The state slots one request of the speculative launch takes (the mamba-slots probe, on the flags the
+    speculative server is launched with and the SGLang installed here, else the newest version read); None
+    when the target is not a hybrid or the engine is not SGLang."""
+    from specparity.probes.mamba_slots import LaunchFlags
+
+    if engine != "sglang":
+        return None
+    options = setup.engine_options
+    argv: list[str] = [str(a) for a in (options.extra.get("server_args") or ())]
+    try:
+        from specparity.engines.server.sglang import launch_configs
+
+        argv = launch_configs(options)[1].args()
+    except (ValueError, KeyError, TypeError):
+        pass  # servers at URLs, or no preset: the flags given are all there is
+    prediction = predict_mamba_slots(options.target, LaunchFlags.parse(argv), _sglang_version())
+    return prediction.slots_per_request if prediction is not None else None
+
+
 def plan_arms(setup: GateSetup, arms: Sequence[Arm], *, prelaunched: bool = False) -> list[ArmPlan]:
     """Every arm's plan; :class:`BadInput` (one line naming the arm and the missing knob) for an arm this
     engine, its servers or its model cannot run — before any model loads or request is sent."""
@@ -248,8 +308,9 @@ def plan_arms(setup: GateSetup, arms: Sequence[Arm], *, prelaunched: bool = Fals
                 launch = ArmLaunch()
             else:
                 sent = [*prompts, *(calibration or ())]  # every prompt a server of this arm is sent
+                slots = mamba_slots_per_request(setup, engine) if arm.hybrid else None
                 sizing = ArmSizing(_prompt_tokens(setup, engine, sent), _max_new(setup, sent),
-                                   requests_in_flight(options))
+                                   requests_in_flight(options), slots)
                 launch = arm_launch(engine, arm.name, sizing, options)
         except ArmSetupError as exc:
             raise BadInput(str(exc) if str(exc).startswith("--arms") else f"--arms {exc}") from None
@@ -525,6 +586,92 @@ def preempt_check(engine: Any, judged: Sequence[Any], phase: JudgedPhase | None,
                           f"preempted: {n} preemption(s) of the judged requests, {how}"], facts)
 
 
+def most_alive(judged: Sequence[Any]) -> int | None:
+    """The most judged requests alive on the server at once, from each answer's server-side times (received to
+    finished; a request that finished the instant another arrived is not alive with it); None when an answer
+    lacks them."""
+    events = []
+    for r in judged:
+        start, end = r.spec.facts.get("received_ts"), r.spec.facts.get("finished_ts")
+        if start is None or end is None:
+            return None
+        events += [(float(start), 1), (float(end), -1)]
+    alive = most = 0
+    for _t, step in sorted(events):  # at one instant, finishing (-1) sorts before arriving (+1)
+        alive += step
+        most = max(most, alive)
+    return most
+
+
+def _mamba_flags(info: dict[str, Any]) -> Any:
+    """The mamba-slots probe's launch flags as a server's ``/server_info`` says them."""
+    from specparity.probes.mamba_slots import LaunchFlags
+
+    def number(key: str) -> int | None:
+        value = info.get(key)
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+    return LaunchFlags(disable_radix_cache=bool(info.get("disable_radix_cache")),
+                       mamba_radix_cache_strategy=str(info.get("mamba_radix_cache_strategy") or "auto"),
+                       disable_overlap_schedule=bool(info.get("disable_overlap_schedule")),
+                       page_size=number("page_size"), max_mamba_cache_size=number("max_mamba_cache_size"),
+                       max_running_requests=number("max_running_requests"),
+                       linear_attn_backend=str(info.get("linear_attn_backend") or "triton"),
+                       speculative_algorithm=info.get("speculative_algorithm"))
+
+
+def _predicted_line(target: str | None, url: str, info: dict[str, Any]) -> str:
+    """What the mamba-slots probe predicts for the server's own flags and version, in words."""
+    from specparity.probes.version_facts import parse_version
+
+    try:
+        version = parse_version(str(info.get("version"))) if info.get("version") else None
+    except ValueError:
+        version = None
+    flags = _mamba_flags(info)
+    prediction = predict_mamba_slots(target, flags, version)
+    if prediction is None:
+        return f"{url}: the mamba-slots probe predicts nothing (the target is not a hybrid)"
+    if prediction.cap is None:
+        cap = "with max_mamba_cache_size unset, no cap it can tell (the pool is sized from memory)"
+    else:
+        cap = f"with max_mamba_cache_size {flags.max_mamba_cache_size}, a cap of {prediction.cap}"
+    return (f"{url}: the mamba-slots probe predicts {prediction.slots_per_request} state slots per request "
+            f"({prediction.strategy}) and, {cap} (sglang {info.get('version') or 'version unknown'})")
+
+
+def _or_unknown(value: Any) -> str:
+    return "unknown" if value is None else str(value)
+
+
+def slots_check(engine: Any, judged: Sequence[Any], in_flight: int, target: str | None) -> Check:
+    """The mamba-slots arm's condition: the speculative servers run fewer requests at once than the run sends
+    (``/server_info``), and more judged requests were alive on them at once than they run (:func:`most_alive`),
+    so the rest waited for a state slot. Retractions of the judged requests are said, not required."""
+    caps = running_caps(engine)
+    capacity = sum(cap for _url, cap, _info in caps if cap is not None)
+    facts: dict[str, Any] = {"running_caps": {url: cap for url, cap, _info in caps}, "requests_in_flight": in_flight}
+    lines = [f"running-request cap as each speculative server says (/server_info effective_max_running_requests_"
+             f"per_dp): {', '.join(f'{url} {_or_unknown(cap)}' for url, cap, _ in caps) or 'none'}"]
+    lines += [_predicted_line(target, url, info) for url, _cap, info in caps if info]
+    if not caps or any(cap is None for _url, cap, _info in caps):
+        return Check(False, lines + ["the running-request cap is unknown: nothing shows a slot ran out"], facts)
+    if capacity >= in_flight:
+        return Check(False, lines + [f"not capped: the speculative server(s) run {capacity} request(s) at once, the "
+                                     f"run sends {in_flight}"], facts)
+    alive = most_alive(judged)
+    facts["most_alive"] = alive
+    if alive is None:
+        return Check(False, lines + ["the judged answers carry no meta_info.request_received_ts / request_finished_ts "
+                                     "(SGLang answers them with --enable-metrics): nothing shows a request waited"],
+                     facts)
+    if alive <= capacity:
+        return Check(False, lines + [f"at most {alive} judged request(s) alive on the server(s) at once, within what "
+                                     f"they run ({capacity}): none waited for a slot"], facts)
+    return Check(True, lines + [f"{alive} judged requests alive at once on server(s) that run {capacity}: at least "
+                                f"{alive - capacity} waited for a state slot"], facts)
+
+
 def _launch_conditions(engine: Any, judged: Sequence[Any], run: Any) -> Check:
     """The default arm free of the launch-level arms' conditions, where the run shows them: determinism
     declared, an fp8 KV cache, prompts of the long arm's size. Unknown is said, not failed."""
@@ -576,6 +723,12 @@ def collect_evidence(plan: ArmPlan, engine: Any, run: Any, phase: JudgedPhase | 
         return _combine(phase, preempt_check(engine, judged, phase, want=True), cold_check(engine, judged))
     elif name == "prefix-warm":
         return _combine(phase, warm_check(plan, engine, judged, run), preempt_check(engine, judged, phase, want=False))
+    elif name == "mamba-slots":  # a request retracted for a slot is part of the condition: said, not refused
+        retracted = preempt_check(engine, judged, phase, want=True)
+        said = Check(True, [line.replace("preemptions of the judged requests", "retractions of the judged requests")
+                            for line in retracted.lines], retracted.facts)
+        return _combine(phase, slots_check(engine, judged, plan.setup.config.concurrency or 1,
+                                           plan.setup.engine_options.target), cold_check(engine, judged), said)
     elif name == "fp8-kv":
         said = kv_cache_dtypes(engine)
         ok = bool(said) and all(d is not None and d.startswith("fp8") for _, _, d in said)

@@ -58,6 +58,12 @@ Knobs besides the faults of :class:`~fakes.server.FakeServer`:
   tokens) whose length (prompt + ``max_new_tokens``) times the most requests in flight while it waited (as
   ``batch_flip_above`` counts them) exceeds N is retracted once, answered in ``meta_info.num_retractions``
   and listed in ``retracted``; ``retract_bug=True`` flips a retracted answer at its closest call.
+* ``running_cap=N``: the server runs at most N requests at once (``max_running_requests``, capped by a small
+  mamba state cache), reported in ``/server_info`` ``internal_states[0].effective_max_running_requests_per_dp``;
+  a request arriving while N run waits for a slot (listed in ``waited``); ``slot_wait_bug=True`` flips an
+  answer that waited, at its closest call (a bug only ``specparity arms --arms mamba-slots`` sees).
+  ``server_args={"enable_metrics": True}`` answers ``meta_info.request_received_ts`` and
+  ``request_finished_ts`` (seconds since the epoch), as ``--enable-metrics`` does.
 
 The content faults, in SGLang's fields: ``no_timings`` drops ``meta_info.spec_*``;
 ``accepted_gt_drafted`` reports ``spec_num_correct_drafts`` above ``spec_num_proposed_drafts``;
@@ -70,6 +76,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+import threading
 import time
 import uuid
 from typing import Any, Sequence
@@ -116,7 +123,8 @@ class SGLangServer(FakeServer):
                  refuse: bool = False, hang_s: float = 30.0, trickle_s: float = 0.1, prefix_cache: bool = True,
                  prefix_hit_bug: bool = False, server_args: dict[str, Any] | None = None,
                  scoring_skew_nats: float = 0.0, page_size: int = 1, cold_prefill_bug: bool = False,
-                 retract_budget_tokens: int | None = None, retract_bug: bool = False):
+                 retract_budget_tokens: int | None = None, retract_bug: bool = False,
+                 running_cap: int | None = None, slot_wait_bug: bool = False, slot_hold_s: float = 0.05):
         super().__init__(rules=rules, die_after=die_after, refuse=refuse, hang_s=hang_s, trickle_s=trickle_s)
         self.server_args = dict(server_args or {})
         self.backend = backend or shared_backend()
@@ -131,6 +139,13 @@ class SGLangServer(FakeServer):
         self.retract_bug = retract_bug
         #: Request ids of the retracted answers.
         self.retracted: list[str] = []
+        self.running_cap = running_cap
+        self.slot_wait_bug = slot_wait_bug
+        #: How long a request holds its slot at least (so that requests sent together overlap).
+        self.slot_hold_s = slot_hold_s
+        self._slots = threading.BoundedSemaphore(running_cap) if running_cap else None
+        #: Request ids of the answers that waited for a slot.
+        self.waited: list[str] = []
         self.instance_noise_nats = instance_noise_nats
         self.scoring_skew_nats = scoring_skew_nats
         if version not in ("0.5.23", "0.5.19"):
@@ -209,6 +224,8 @@ class SGLangServer(FakeServer):
             if key in info["internal_states"][0]:
                 info["internal_states"][0][key] = value
         info["internal_states"][0].pop("avg_spec_accept_length", None)
+        if self.running_cap:
+            info["internal_states"][0]["effective_max_running_requests_per_dp"] = self.running_cap
         flags = f"--model-path {TARGET} --port {{port}}"
         if self.speculative:
             flags += (f" --speculative-algorithm STANDALONE --speculative-draft-model-path {DRAFT} "
@@ -346,6 +363,28 @@ class SGLangServer(FakeServer):
 
     def _one(self, prompt: list[int], sampling: dict[str, Any], body: dict[str, Any], rid: str,
              fault: str | None, constraint: Constraint | None = None) -> Any:
+        """One request, in a running slot when the server has a cap (waiting for one while the cap is reached),
+        with the times ``--enable-metrics`` answers."""
+        received = time.time()
+        waited = False
+        if self._slots is not None:
+            waited = not self._slots.acquire(blocking=False)
+            if waited:
+                self._slots.acquire()
+                self.waited.append(rid)
+        try:
+            answer = self._decode_one(prompt, sampling, body, rid, fault, constraint, waited)
+            if self._slots is not None:
+                time.sleep(self.slot_hold_s)
+        finally:
+            if self._slots is not None:
+                self._slots.release()
+        if isinstance(answer, dict) and self.server_args.get("enable_metrics"):
+            answer["meta_info"].update({"request_received_ts": received, "request_finished_ts": time.time()})
+        return answer
+
+    def _decode_one(self, prompt: list[int], sampling: dict[str, Any], body: dict[str, Any], rid: str,
+                    fault: str | None, constraint: Constraint | None, waited: bool) -> Any:
         max_new = sampling.get("max_new_tokens", 128)
         if max_new is None or max_new < 1:
             return refuses("max_new_tokens < 1 (prefill-only requests) is not emulated")
@@ -388,7 +427,7 @@ class SGLangServer(FakeServer):
                     result = flipped
                     self.batch_flipped.append(rid)
             arm_bug = ((full_hit and self.prefix_hit_bug) or (cached == 0 and self.cold_prefill_bug)
-                       or (retracted and self.retract_bug))
+                       or (retracted and self.retract_bug) or (waited and self.slot_wait_bug))
             if arm_bug and self.speculative and max_new >= 2:
                 flipped = self.backend.flip_closest_call(prompt, result, max_new, stops, top_n)
                 if flipped is not None:

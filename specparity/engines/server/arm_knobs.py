@@ -81,6 +81,7 @@ ARM_ARGUMENTS = {
              {"*": "enable_prompt_tokens_details", "preempt": "num_gpu_blocks_override",
               "prefix-warm": "enable_prefix_caching", "fp8-kv": "kv_cache_dtype", "long": "max_model_len"}),
     "sglang": (("srt/server_args.py",), {"preempt": "max_total_tokens", "fp8-kv": "kv_cache_dtype",
+                                         "mamba-slots": "max_mamba_cache_size",
                                          "long": "context_length", "deterministic": "enable_deterministic_inference"}),
 }
 
@@ -97,6 +98,9 @@ class ArmSizing:
     prompt_tokens: tuple[int, ...]
     max_new_tokens: tuple[int, ...]
     concurrency: int
+    #: The mamba state slots a request of the speculative launch takes (the mamba-slots probe's prediction);
+    #: None: the target is not a hybrid, or nothing was predicted.
+    mamba_slots: int | None = None
 
 
 @dataclass(frozen=True)
@@ -143,6 +147,21 @@ def preempt_tokens(sizing: ArmSizing) -> int:
     if len(sizes) < 2:
         raise ArmSetupError("preempt: one prompt cannot preempt another; select two or more prompts")
     return sizes[0] + VLLM_BLOCK_TOKENS
+
+
+def mamba_slots_size(sizing: ArmSizing) -> tuple[int, int]:
+    """(``--max-mamba-cache-size``, the running-request cap it gives): state slots for half the requests in
+    flight (at least one request), so that the rest wait for a slot. SGLang caps its running requests at the
+    pool's size divided by the slots a request takes (``max_running_requests is capped to N by the mamba state
+    cache``); the slots per request are the mamba-slots probe's prediction for the launch."""
+    if sizing.concurrency < 2:
+        raise ArmSetupError(f"mamba-slots: {sizing.concurrency} request in flight cannot wait for another's state "
+                            "slot; raise --engine-opt max_concurrency (at least 2)")
+    if not sizing.mamba_slots:
+        raise ArmSetupError("mamba-slots: the target has no linear-attention layers (no mamba state slots); "
+                            "the arm needs a hybrid target")
+    cap = max(1, sizing.concurrency // 2)
+    return sizing.mamba_slots * cap, cap
 
 
 def preempt_context(sizing: ArmSizing) -> int:
@@ -259,6 +278,9 @@ def _arm_launch(engine: str, arm: str, sizing: ArmSizing, options: EngineOptions
                               "--max-model-len", str(context)), concurrency=sizing.concurrency)
         return ArmLaunch(("--max-total-tokens", str(tokens), "--context-length", str(context), "--enable-metrics"),
                          concurrency=sizing.concurrency)
+    if arm == "mamba-slots":  # both launches: the baseline's answers do not depend on how many run at once
+        size, _cap = mamba_slots_size(sizing)
+        return ArmLaunch(("--max-mamba-cache-size", str(size), "--enable-metrics"), concurrency=sizing.concurrency)
     if arm == "long":
         length = long_context_length(sizing, options.target)
         flag = {"vllm": "--max-model-len", "sglang": "--context-length", "llamacpp": "--ctx-size"}[engine]
@@ -392,4 +414,19 @@ def reset_prefix_caches(engine: Any) -> list[tuple[str, bool, str]]:
             except (ValueError, AttributeError):
                 ok = False
         out.append((endpoint.base_url, ok, text[:200]))
+    return out
+
+
+def running_caps(engine: Any) -> list[tuple[str, int | None, dict[str, Any]]]:
+    """(url, the most requests the server runs at once, its ``/server_info``) per speculative server: SGLang's
+    ``internal_states[0].effective_max_running_requests_per_dp`` (after every cap it applied at start-up, the
+    mamba state cache's included; ``Scheduler.get_internal_state``, 0.5.17), None where the server does not say."""
+    out = []
+    for endpoint in _spec_endpoints(engine):
+        info = (engine.raw_server_info(endpoint) or {}) if getattr(engine, "name", "") == "sglang" else {}
+        states = info.get("internal_states")
+        state = states[0] if isinstance(states, list) and states and isinstance(states[0], dict) else {}
+        cap = state.get("effective_max_running_requests_per_dp")
+        ok = isinstance(cap, int) and not isinstance(cap, bool) and cap > 0
+        out.append((endpoint.base_url, cap if ok else None, info))
     return out

@@ -437,10 +437,22 @@ def spec_stats(meta: dict[str, Any], n_out: int, declared: str | None) -> SpecSt
 ANSWER_FACTS = {"prompt_tokens": "prompt_tokens", "cached_tokens": "cached_tokens", "num_retractions": "preemptions"}
 
 
-def answer_facts(meta: dict[str, Any]) -> dict[str, int]:
-    """The :data:`ANSWER_FACTS` an answer's ``meta_info`` carries (a key it lacks is left out)."""
-    return {name: int(meta[key]) for key, name in ANSWER_FACTS.items()
-            if isinstance(meta.get(key), int) and not isinstance(meta.get(key), bool)}
+#: ``meta_info`` times (seconds since the epoch, the server's clock) a server with ``--enable-metrics`` answers:
+#: when the request reached the server and when it finished (``APIServerReqTimeStats.convert_to_output_meta_info``,
+#: 0.5.17). Requests alive at once beyond what the server runs waited for a slot.
+ANSWER_TIMES = {"request_received_ts": "received_ts", "request_finished_ts": "finished_ts"}
+
+
+def answer_facts(meta: dict[str, Any]) -> dict[str, int | float]:
+    """The :data:`ANSWER_FACTS` and :data:`ANSWER_TIMES` an answer's ``meta_info`` carries (a key it lacks is
+    left out)."""
+    out: dict[str, int | float] = {name: int(meta[key]) for key, name in ANSWER_FACTS.items()
+                                   if isinstance(meta.get(key), int) and not isinstance(meta.get(key), bool)}
+    for key, name in ANSWER_TIMES.items():
+        value = meta.get(key)
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+            out[name] = float(value)
+    return out
 
 
 def parse_generate(body: Any, k: int) -> tuple[list[int], str, TokenScores, dict[str, Any]]:
