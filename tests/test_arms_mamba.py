@@ -23,7 +23,7 @@ from specparity.engines.server.arm_knobs import ArmSetupError, ArmSizing, arm_la
 from specparity.gate import exitcodes
 from specparity.model.arms import ARMS, NOT_EXERCISED, parse_arms
 from specparity.probes.mamba_slots import LaunchFlags
-from specparity.run.arm_runs import most_alive, predict_mamba_slots, target_is_hybrid
+from specparity.run.arm_runs import mamba_slots_per_request, most_alive, predict_mamba_slots, target_is_hybrid
 from test_arms import arms, prompts, rows, url_args  # noqa: F401 - prompts: a fixture test_arms defines
 
 REPO = Path(__file__).resolve().parents[1]
@@ -84,6 +84,28 @@ def test_the_slots_per_request_are_the_probes_for_the_launch():
                                                                 "--max-mamba-cache-size", "20"]), (0, 5, 17))
     assert (extra.slots_per_request, extra.cap) == (5, 4)
     assert predict_mamba_slots(str(PLAIN), LaunchFlags(), (0, 5, 17)) is None
+
+
+def test_the_plan_predicts_for_the_sglang_the_servers_run(tmp_path):
+    """The sglang-mtp preset on the hybrid: the SGLang of ``--engine-opt python`` is asked its version (0.5.17
+    here: no_buffer, 3 slots); an interpreter that cannot say leaves the newest version read (extra_buffer
+    for this class, 5 slots)."""
+    stub = tmp_path / "python"
+    stub.write_text("#!/bin/sh\necho 0.5.17\n")
+    stub.chmod(0o755)
+    broken = tmp_path / "broken"
+    broken.write_text("#!/bin/sh\nexit 1\n")
+    broken.chmod(0o755)
+
+    def setup(python):
+        return SimpleNamespace(engine_options=EngineOptions(target=str(HYBRID), preset="sglang-mtp",
+                                                            extra={"python": str(python)}))
+
+    assert mamba_slots_per_request(setup(stub), "sglang") == 3
+    assert mamba_slots_per_request(setup(broken), "sglang") == 5
+    assert mamba_slots_per_request(setup(stub), "vllm") is None
+    plain = SimpleNamespace(engine_options=EngineOptions(target=str(PLAIN), preset="sglang-mtp", extra={"python": str(stub)}))
+    assert mamba_slots_per_request(plain, "sglang") is None
 
 
 def test_a_target_that_is_not_a_hybrid_is_refused_before_any_request(capsys, tmp_path, prompts):

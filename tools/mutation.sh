@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# Mutation testing of the verdict code: specparity/judge/, specparity/gate/ and
-# specparity/model/threshold.py, against the unit-level tests named in pyproject.toml's
+# Mutation testing of the verdict code (specparity/judge/, specparity/gate/, specparity/model/threshold.py)
+# and of the run-level code (specparity/run/merge.py, ray_fleet.py, arm_runs.py and
+# specparity/model/run_state.py), against the unit-level tests named in pyproject.toml's
 # [tool.mutmut] table (pytest ignores that table; `pytest -n auto` is unchanged).
 #
 #   bash tools/mutation.sh                                  # every mutant (hours on 2 cores)
 #   bash tools/mutation.sh "specparity.judge.compare.*"     # only the mutants matching the patterns
+#   bash tools/mutation.sh "specparity.run.*"               # the run-level files only
 #   bash tools/mutation.sh --score                          # print the score of what has run so far
 #
 # Not part of CI. mutmut works in ./mutants/ (ignored by git) and keeps each mutant's result there,
@@ -26,7 +28,8 @@ python3 - <<'EOF'
 import collections, glob, json
 
 PARTS = {"judge": "mutants/specparity/judge/", "gate": "mutants/specparity/gate/",
-         "threshold": "mutants/specparity/model/threshold.py"}
+         "threshold": "mutants/specparity/model/threshold.py", "run": "mutants/specparity/run/",
+         "run_state": "mutants/specparity/model/run_state.py"}
 WORDS = {1: "killed", 0: "survived", 33: "no tests", None: "not run"}
 try:  # which functions the selected tests reach: a "no tests" result for one of them is stale
     covered = {f for f, t in json.load(open("mutants/mutmut-stats.json"))["tests_by_mangled_function_name"].items() if t}

@@ -228,14 +228,23 @@ def target_is_hybrid(target: str | None) -> bool:
     return isinstance(config, dict) and linear_layer_report(Checkpoint(Path(target or ""), config, {}))[0]
 
 
-def _sglang_version() -> tuple[int, ...] | None:
+def _sglang_version(python: str | None) -> tuple[int, ...] | None:
+    """The SGLang version the servers will run: that of ``--engine-opt python`` (asked in a child process:
+    SGLang often lives in another environment), else the one installed here; None when neither says."""
+    import subprocess
     from importlib.metadata import PackageNotFoundError, version
 
     from specparity.probes.version_facts import parse_version
 
     try:
-        return parse_version(version("sglang"))
-    except (PackageNotFoundError, ValueError):
+        if python:
+            ask = "import importlib.metadata as m; print(m.version('sglang'))"
+            text = subprocess.run([python, "-c", ask], capture_output=True, text=True, timeout=120,
+                                  check=True).stdout.strip().splitlines()[-1]
+        else:
+            text = version("sglang")
+        return parse_version(text)
+    except (PackageNotFoundError, ValueError, IndexError, OSError, subprocess.SubprocessError):
         return None
 
 
@@ -256,7 +265,7 @@ def predict_mamba_slots(target: str | None, flags: Any, version: tuple[int, ...]
 
 def mamba_slots_per_request(setup: GateSetup, engine: str) -> int | None:
     """The state slots one request of the speculative launch takes (the mamba-slots probe, on the flags the
-    speculative server is launched with and the SGLang installed here, else the newest version read); None
+    speculative server is launched with and the SGLang it runs, else the newest version read); None
     when the target is not a hybrid or the engine is not SGLang."""
     from specparity.probes.mamba_slots import LaunchFlags
 
@@ -270,7 +279,8 @@ def mamba_slots_per_request(setup: GateSetup, engine: str) -> int | None:
         argv = launch_configs(options)[1].args()
     except (ValueError, KeyError, TypeError):
         pass  # servers at URLs, or no preset: the flags given are all there is
-    prediction = predict_mamba_slots(options.target, LaunchFlags.parse(argv), _sglang_version())
+    version = _sglang_version(options.extra.get("python"))
+    prediction = predict_mamba_slots(options.target, LaunchFlags.parse(argv), version)
     return prediction.slots_per_request if prediction is not None else None
 
 
