@@ -192,3 +192,165 @@ def test_a_server_that_is_not_capped_or_says_no_times_leaves_the_arm_not_exercis
     cap = spec.server_info()["internal_states"][0]["effective_max_running_requests_per_dp"]
     assert words.format(cap=cap, sent=len(chosen)) in " ".join(arm["evidence"]["lines"]), arm["evidence"]["lines"]
     assert code == exitcodes.GATE_FAILED, out
+
+
+# --------------------------------------------------------------------------- the proof piece by piece
+
+
+def test_the_probes_flags_are_read_from_server_info_field_by_field():
+    from specparity.run.arm_runs import _mamba_flags
+
+    info = {"disable_radix_cache": 1, "mamba_radix_cache_strategy": "extra_buffer", "disable_overlap_schedule": 1,
+            "page_size": 16, "max_mamba_cache_size": 40, "max_running_requests": 8, "linear_attn_backend": "fla",
+            "speculative_algorithm": "EAGLE"}
+    assert _mamba_flags(info) == LaunchFlags(disable_radix_cache=True, mamba_radix_cache_strategy="extra_buffer",
+                                             disable_overlap_schedule=True, page_size=16, max_mamba_cache_size=40,
+                                             max_running_requests=8, linear_attn_backend="fla",
+                                             speculative_algorithm="EAGLE")
+    # what a server leaves out (or says as null) is SGLang's default; a boolean is not a number
+    assert _mamba_flags({"page_size": True, "max_mamba_cache_size": None, "mamba_radix_cache_strategy": None,
+                         "linear_attn_backend": ""}) == LaunchFlags()
+    assert _mamba_flags({"max_running_requests": "8"}).max_running_requests is None
+
+
+class _Endpoint(SimpleNamespace):
+    pass
+
+
+def _engine(*infos):
+    """A stand-in SGLang engine whose speculative servers answer ``infos`` on /server_info."""
+    endpoints = [_Endpoint(base_url=f"http://s{i}") for i in range(len(infos))]
+    by_url = {e.base_url: info for e, info in zip(endpoints, infos)}
+    return SimpleNamespace(name="sglang", spec=SimpleNamespace(fleet=SimpleNamespace(endpoints=endpoints)),
+                           raw_server_info=lambda endpoint: by_url[endpoint.base_url])
+
+
+def _info(cap, **over):
+    return {"internal_states": [{"effective_max_running_requests_per_dp": cap}], "version": "0.5.17",
+            "max_mamba_cache_size": 3 * cap if isinstance(cap, int) else 6, **over}
+
+
+def _alive(n, start=100.0):
+    """``n`` judged answers alive together (each received before the first finished)."""
+    return _answers([(start + i * 0.01, start + 10 + i) for i in range(n)])
+
+
+PREDICTED = ("http://s0: the mamba-slots probe predicts 3 state slots per request (no_buffer) and, with "
+             "max_mamba_cache_size 6, a cap of 2 (sglang 0.5.17)")
+
+
+def test_the_proof_says_the_cap_the_prediction_and_how_many_waited():
+    from specparity.run.arm_runs import slots_check
+
+    got = slots_check(_engine(_info(2)), _alive(5), 8, str(HYBRID))
+    assert got.ok is True
+    assert got.lines == [
+        "running-request cap as each speculative server says (/server_info effective_max_running_requests_per_dp): "
+        "http://s0 2", PREDICTED,
+        "5 judged requests alive at once on server(s) that run 2: at least 3 waited for a state slot"]
+    assert got.facts == {"running_caps": {"http://s0": 2}, "requests_in_flight": 8, "most_alive": 5}
+
+
+def test_a_server_that_runs_as_many_as_are_sent_is_not_capped():
+    from specparity.run.arm_runs import slots_check
+
+    got = slots_check(_engine(_info(4), _info(4)), _alive(8), 8, str(HYBRID))
+    assert got.ok is False and got.lines[-1] == ("not capped: the speculative server(s) run 8 request(s) at once, the "
+                                                 "run sends 8")
+    assert got.facts == {"running_caps": {"http://s0": 4, "http://s1": 4}, "requests_in_flight": 8}
+    assert slots_check(_engine(_info(4), _info(3)), _alive(8), 8, str(HYBRID)).ok is True  # 7 < 8, 8 alive
+
+
+def test_no_more_alive_than_the_server_runs_shows_no_wait():
+    from specparity.run.arm_runs import slots_check
+
+    got = slots_check(_engine(_info(2)), _alive(2), 8, str(HYBRID))
+    assert got.ok is False and got.lines[-1] == ("at most 2 judged request(s) alive on the server(s) at once, within "
+                                                 "what they run (2): none waited for a slot")
+    assert got.facts["most_alive"] == 2
+    assert slots_check(_engine(_info(2)), _alive(3), 8, str(HYBRID)).ok is True
+
+
+def test_a_cap_or_times_the_server_does_not_say_prove_nothing():
+    from specparity.run.arm_runs import slots_check
+
+    unknown = slots_check(_engine(_info(2), {"version": "0.5.17"}), _alive(5), 8, str(HYBRID))
+    assert unknown.ok is False and unknown.lines[0].endswith("http://s0 2, http://s1 unknown")
+    assert unknown.lines[-1] == "the running-request cap is unknown: nothing shows a slot ran out"
+    assert unknown.facts == {"running_caps": {"http://s0": 2, "http://s1": None}, "requests_in_flight": 8}
+    for bad in (0, True, "2", None):
+        assert slots_check(_engine(_info(bad)), _alive(5), 8, str(HYBRID)).facts["running_caps"] == {"http://s0": None}
+    no_times = slots_check(_engine(_info(2)), [SimpleNamespace(spec=SimpleNamespace(facts={}))], 8, str(HYBRID))
+    assert no_times.ok is False and no_times.facts["most_alive"] is None
+    assert no_times.lines[-1] == ("the judged answers carry no meta_info.request_received_ts / request_finished_ts "
+                                  "(SGLang answers them with --enable-metrics): nothing shows a request waited")
+    nothing = slots_check(_engine(), [], 8, str(HYBRID))
+    assert nothing.ok is False and nothing.lines[0].endswith("effective_max_running_requests_per_dp): none")
+
+
+def test_the_prediction_line_for_each_kind_of_server():
+    from specparity.run.arm_runs import _predicted_line
+
+    assert _predicted_line(str(HYBRID), "http://s0", _info(2)) == PREDICTED
+    unset = _predicted_line(str(HYBRID), "u", {"version": "0.5.17"})
+    assert unset == ("u: the mamba-slots probe predicts 3 state slots per request (no_buffer) and, with "
+                     "max_mamba_cache_size unset, no cap it can tell (the pool is sized from memory) (sglang 0.5.17)")
+    newest = _predicted_line(str(HYBRID), "u", {"version": "not a version", "max_mamba_cache_size": 10})
+    assert newest.endswith("a cap of 2 (sglang not a version)"), newest  # the newest constants read: 5 slots
+    assert _predicted_line(str(HYBRID), "u", {}).endswith("(sglang version unknown)")
+    assert _predicted_line(str(PLAIN), "u", _info(2)) == "u: the mamba-slots probe predicts nothing (the target is not a hybrid)"
+
+
+def test_the_prediction_takes_the_version_and_falls_back_to_the_newest_read():
+    from specparity.probes.version_facts import newest_mamba_read
+
+    flags = LaunchFlags.parse(["--max-mamba-cache-size", "30"])
+    old, newest = (predict_mamba_slots(str(HYBRID), flags, v) for v in ((0, 5, 17), newest_mamba_read()))
+    assert (old.slots_per_request, old.cap) == (3, 10) and (newest.slots_per_request, newest.cap) == (5, 6)
+    for before_any_read in ((0, 5, 16), (0, 4), None):
+        got = predict_mamba_slots(str(HYBRID), flags, before_any_read)
+        assert (got.slots_per_request, got.cap) == (5, 6), before_any_read
+    assert predict_mamba_slots(str(HYBRID), flags, (0, 5, 17, 1)).slots_per_request == 3  # a post release
+    assert predict_mamba_slots(None, flags, (0, 5, 17)) is None
+
+
+def test_the_plan_reads_the_flags_given_when_there_is_no_preset(tmp_path):
+    stub = tmp_path / "python"
+    stub.write_text("#!/bin/sh\necho 'a warning first'\necho 0.5.17\n")
+    stub.chmod(0o755)
+    given = SimpleNamespace(engine_options=EngineOptions(target=str(HYBRID), extra={
+        "python": str(stub), "server_args": ["--mamba-radix-cache-strategy", "extra_buffer"]}))
+    assert mamba_slots_per_request(given, "sglang") == 5  # extra_buffer with the overlap schedule
+    given.engine_options.extra["server_args"] = ["--mamba-radix-cache-strategy", "extra_buffer",
+                                                 "--disable-overlap-schedule"]
+    assert mamba_slots_per_request(given, "sglang") == 4
+    # the preset's speculative launch, not its baseline, and the flags given after it
+    preset = SimpleNamespace(engine_options=EngineOptions(target=str(HYBRID), preset="sglang-mtp", extra={
+        "python": str(stub), "server_args": ["--mamba-radix-cache-strategy", "extra_buffer"]}))
+    assert mamba_slots_per_request(preset, "sglang") == 5
+
+
+def test_the_sglang_version_is_asked_of_the_interpreter_that_runs_it(tmp_path, monkeypatch):
+    from specparity.run import arm_runs
+
+    def script(name, body):
+        path = tmp_path / name
+        path.write_text("#!/bin/sh\n" + body)
+        path.chmod(0o755)
+        return str(path)
+
+    assert arm_runs._sglang_version(script("ok", "echo 0.5.17.post1\n")) == (0, 5, 17)
+    assert arm_runs._sglang_version(script("silent", "true\n")) is None
+    assert arm_runs._sglang_version(script("fails", "echo 0.5.17; exit 3\n")) is None
+    assert arm_runs._sglang_version(str(tmp_path / "missing")) is None
+    import importlib.metadata
+
+    asked = []
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: asked.append(name) or "0.5.19")
+    assert arm_runs._sglang_version(None) == (0, 5, 19) and asked == ["sglang"]
+
+
+def test_unknown_is_said_for_a_missing_figure():
+    from specparity.run.arm_runs import _or_unknown
+
+    assert [_or_unknown(v) for v in (None, 0, 3)] == ["unknown", "0", "3"]

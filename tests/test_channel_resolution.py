@@ -152,6 +152,13 @@ def test_the_words_name_the_step_the_ulp_and_what_a_reported_tie_is():
         f"{MIN_CHANNEL_VALUES}, so a reported tie is not known to be exact")
 
 
+def test_the_fewest_values_that_measure_a_channel_are_enough_for_the_words():
+    at = resolution_words(ChannelResolution(None, 0.125, MIN_CHANNEL_VALUES))
+    assert at.endswith("a reported tie is exact") and "unknown" not in at, at
+    assert "the channel's resolution is unknown" in resolution_words(ChannelResolution(None, 0.125,
+                                                                                       MIN_CHANNEL_VALUES - 1))
+
+
 def test_the_coarser_channel_decides_and_the_fewest_values_count():
     fine = [s.decoded for s in calibration(None)]
     coarse = [s.teacher_forced for s in calibration(3)]

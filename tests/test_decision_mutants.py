@@ -156,6 +156,18 @@ def test_a_drop_of_exactly_max_accept_drop_passes_and_more_fails():
                           f"(interval of the difference [-1.000, -0.500], {MIN_PROMPTS} prompts)"]
 
 
+def test_rows_that_cannot_be_judged_leave_the_later_rows_judged():
+    """A category too small to judge, or without an interval, is passed over; the rows after it are still judged."""
+    small = Row("code", MIN_PROMPTS - 1, 4.0, 1.0, -3.5, -2.5)
+    unmeasured = Row("math", MIN_PROMPTS, 4.0, 1.0, None, None)
+    dropped = Row("all", MIN_PROMPTS, 4.0, 3.25, -1.0, -0.5)
+    rows = [small, unmeasured, dropped]
+    c = judge_acceptance(Comparison("accept_length", "OLD", "NEW", rows, rows, {}, None), max_drop=0.5)
+    assert [r.failed for r in rows] == [False, False, True]
+    assert c.failures == [f"acceptance all: 4.000 → 3.250 dropped by 0.750 > max_accept_drop 0.5 "
+                          f"(interval of the difference [-1.000, -0.500], {MIN_PROMPTS} prompts)"]
+
+
 @pytest.mark.parametrize("high", [0.0, 0.5])
 def test_a_drop_whose_interval_reaches_zero_passes(high):
     assert not judge_acceptance(_comparison(4.0, 3.0, -2.0, high), max_drop=0.5).failures
