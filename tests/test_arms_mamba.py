@@ -354,3 +354,46 @@ def test_unknown_is_said_for_a_missing_figure():
     from specparity.run.arm_runs import _or_unknown
 
     assert [_or_unknown(v) for v in (None, 0, 3)] == ["unknown", "0", "3"]
+
+
+def _judged(n: int, retractions: dict[int, int] | None = None):
+    """``n`` answered judged requests alive together, cold, with their retractions."""
+    out = []
+    for i in range(n):
+        facts = {"received_ts": 100.0 + i * 0.01, "finished_ts": 110.0 + i, "cached_tokens": 0,
+                 "preemptions": (retractions or {}).get(i, 0)}
+        out.append(SimpleNamespace(request=SimpleNamespace(request_id=f"r{i}", prompt_ids=[10 + i, 5, 6]),
+                                   spec=SimpleNamespace(facts=facts, error=None, output_ids=[7])))
+    return SimpleNamespace(records=out)
+
+
+def test_the_arms_evidence_joins_the_wait_the_cold_start_and_the_retractions():
+    from specparity.run.arm_runs import JudgedPhase, collect_evidence
+
+    engine = _engine(_info(2))
+    engine.every_server = lambda: []
+    phase = JudgedPhase(reset=[("http://s0", True, "Cache flushed.")])
+
+    def plan(concurrency):
+        return SimpleNamespace(arm=ARMS["mamba-slots"], setup=SimpleNamespace(
+            config=SimpleNamespace(concurrency=concurrency), engine_options=SimpleNamespace(target=str(HYBRID))))
+
+    got = collect_evidence(plan(8), engine, _judged(5, {1: 2}), phase)
+    assert got.exercised is True
+    assert got.lines[-4:] == [
+        "5 judged requests alive at once on server(s) that run 2: at least 3 waited for a state slot",
+        "cold: none of the 5 judged request(s) found anything cached",
+        "retractions of the judged requests: 2, per judged request (r1 2)",
+        "prefix cache reset on the speculative server(s) before the judged requests (http://s0)"]
+    assert got.facts["preemptions"] == 2 and got.facts["preemptions_per_request"] == {
+        "r0": 0, "r1": 2, "r2": 0, "r3": 0, "r4": 0}
+    assert got.facts["cached_tokens"] == {f"r{i}": 0 for i in range(5)} and got.facts["most_alive"] == 5
+    assert got.facts["prefix_cache_reset"] == [("http://s0", True, "Cache flushed.")]
+    # no requests in flight said: one, which no cap is below
+    alone = collect_evidence(plan(None), engine, _judged(5), phase)
+    assert alone.exercised is False and ("not capped: the speculative server(s) run 2 request(s) at once, the run "
+                                         "sends 1") in alone.lines
+    # a warm judged request fails the arm: it must be free of prefix-warm's condition
+    warm = _judged(5)
+    warm.records[0].spec.facts["cached_tokens"] = 2
+    assert collect_evidence(plan(8), engine, warm, phase).exercised is False

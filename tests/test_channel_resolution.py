@@ -152,6 +152,16 @@ def test_the_words_name_the_step_the_ulp_and_what_a_reported_tie_is():
         f"{MIN_CHANNEL_VALUES}, so a reported tie is not known to be exact")
 
 
+def test_a_value_is_on_a_step_as_the_float32_it_is_stored_as():
+    """A logprob written on a 1e-4 step and read back through float64 arithmetic is judged as the float32 it
+    is held as: a float64 value a hair off that float32 still lies on the step."""
+    from specparity.judge.resolution import on_step
+
+    held = float(np.float32(-0.1234))
+    assert on_step(np.array([held + 1e-12]), 1e-4)
+    assert on_step(np.array([held]), 1e-4) and not on_step(np.array([held + 1e-6]), 1e-4)
+
+
 def test_the_fewest_values_that_measure_a_channel_are_enough_for_the_words():
     at = resolution_words(ChannelResolution(None, 0.125, MIN_CHANNEL_VALUES))
     assert at.endswith("a reported tie is exact") and "unknown" not in at, at

@@ -758,6 +758,29 @@ def _golden_shards(tmp_path: Path, entries, *, thresholds: dict[int, dict] | Non
     return dirs
 
 
+def test_a_shards_replay_lines_reach_the_merged_journal_after_the_verdicts(tmp_path, golden):
+    """How often a failure came back is kept across a merge: each prompt's ``replay`` line, from the shard that
+    owns the prompt, once, after the verdicts; a replay line of another shard's prompt is not taken."""
+    dirs = _golden_shards(tmp_path, golden)
+    firsts = []
+    for d in dirs:
+        lines = _lines(Path(d))
+        judged = [x["prompt"]["id"] for x in lines if x["kind"] == "prompt"]
+        replay = {"kind": "replay", "prompt_id": judged[0], "tries": 3, "same": 1, "baseline": 2, "other": 0,
+                  "failed": 0, "first_error": "", "of_error": False, "other_positions": []}
+        _save(Path(d), lines + [replay])
+        firsts.append(replay)
+    merged = merge_dirs(dirs, str(tmp_path / "merged"))
+    lines = _lines(tmp_path / "merged")
+    kinds = [x["kind"] for x in lines]
+    assert [x for x in lines if x["kind"] == "replay"] == sorted(
+        firsts, key=lambda x: [r.prompt.id for r in merged.run.records].index(x["prompt_id"]))
+    assert kinds.index("replay") > max(i for i, k in enumerate(kinds) if k == "prompt")
+    back = {r.prompt.id: r.replay for r in load_run(tmp_path / "merged").records if r.replay is not None}
+    assert sorted(back) == sorted(x["prompt_id"] for x in firsts) and all(r.tries == 3 and r.same == 1
+                                                                           for r in back.values())
+
+
 def test_the_runs_threshold_is_measured_on_every_shards_noise_as_one_run_measures_it(tmp_path, golden):
     dirs = _golden_shards(tmp_path, golden)
     check, expected = calibrate(_samples(golden), scorer="fake", label=LABEL, cross_note=CROSS_FAILED)
