@@ -9,6 +9,7 @@ that is not capped, or whose answers carry no times, leaves the arm NOT EXERCISE
 
 from __future__ import annotations
 
+import sys
 from itertools import combinations
 from pathlib import Path
 from types import SimpleNamespace
@@ -339,6 +340,13 @@ def test_the_sglang_version_is_asked_of_the_interpreter_that_runs_it(tmp_path, m
         path.chmod(0o755)
         return str(path)
 
+    # a real interpreter, whose packages hold an SGLang distribution: the version its metadata gives
+    site = tmp_path / "site"
+    (site / "sglang-0.5.17.dist-info").mkdir(parents=True)
+    (site / "sglang-0.5.17.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: sglang\nVersion: 0.5.17\n")
+    monkeypatch.setenv("PYTHONPATH", str(site))
+    assert arm_runs._sglang_version(sys.executable) == (0, 5, 17)
+    monkeypatch.delenv("PYTHONPATH")
     assert arm_runs._sglang_version(script("ok", "echo 0.5.17.post1\n")) == (0, 5, 17)
     assert arm_runs._sglang_version(script("silent", "true\n")) is None
     assert arm_runs._sglang_version(script("fails", "echo 0.5.17; exit 3\n")) is None

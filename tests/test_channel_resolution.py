@@ -106,6 +106,33 @@ def test_channel_values_leave_out_zeros_unreported_slots_and_repeats():
     assert channel_values([]).size == 0 and channel_step(np.zeros(0)) == CHANNEL_STEPS[0]
 
 
+def test_channel_values_read_every_stream_and_token_id_0():
+    """An empty stream is passed over, not the end of the reading; token id 0 is a real token (-1 is an empty
+    slot)."""
+    empty = TokenScores([], [], np.zeros((0, 2), int), np.zeros((0, 2), np.float32))
+    first = TokenScores([5], [-0.25], [[5, 0]], [[-0.25, -1.5]])
+    later = TokenScores([6], [-0.75], [[6, -1]], [[-0.75, -9.0]])
+    assert channel_values([first, empty, later]).tolist() == [-1.5, -0.75, -0.25]
+
+
+def test_the_ulp_is_the_lower_middle_of_every_streams_close_calls():
+    """The close-call rows of every stream count (a later stream does not replace an earlier one's), and the
+    middle of an even count is the lower of the two middle values, not their mean."""
+    rng = np.random.default_rng(5)
+    ulps = logits_ulp([bf16_rows(rng, 3), *[s.decoded for s in calibration(None)[:1]]], 2.0)
+    assert ulps is None  # the continuous stream's close calls outnumber the bf16 rows: no spacing
+    fine = bf16_rows(rng, 2)
+    coarse = top_rows(np.arange(2), 20.0 + np.stack([np.zeros(2), -np.full(2, 0.25), -0.25 * rng.integers(2, 12, 2),
+                                                   -0.25 * rng.integers(12, 30, 2)], 1) - 21.5)
+    assert logits_ulp([fine, coarse], 2.0) == 0.125 and logits_ulp([coarse, fine], 2.0) == 0.125
+
+
+def test_the_resolution_carries_the_logits_ulp():
+    rng = np.random.default_rng(3)
+    rows = bf16_rows(rng)
+    assert measure_resolution([rows], [rows], 2.0).ulp == 0.125
+
+
 def bf16_rows(rng: np.random.Generator, n: int = 30) -> TokenScores:
     """Logits on the bf16 spacing of magnitude 16–32 (0.125), log-softmaxed in float32 by a continuous
     normaliser: within a row every difference is a whole number of ulps, one of them odd."""

@@ -266,6 +266,24 @@ def test_the_prediction_covers_judged_prompts_with_a_baseline_only():
     assert flip_expectation(run).prompts == 0
 
 
+def test_a_rate_measured_with_ties_counts_reported_ties_at_risk():
+    """On a channel too coarse for exact ties the flip rate counts reported ties as positions at risk; the
+    prediction then counts them on the judged prompts too, and without ``with_ties`` it does not."""
+    import dataclasses
+
+    import numpy as np
+
+    tied = TokenScores(np.array([0, 0, 0]), np.array([-0.6, -0.6, -0.6], np.float32),
+                       np.array([[0, 1]] * 3), np.array([[-0.6, -0.6]] * 3, np.float32))  # margins 0
+    run = _with_flip_rate(_run(["exact", "exact"]))
+    for r in run.records:
+        r.baseline = GenerationResult(r.prompt.id, [0, 0, 0], "", "length", tied, SpecStats.unavailable("n/a"))
+    assert flip_expectation(run).at_risk_prompts == 0
+    run.threshold.flip_rate = dataclasses.replace(run.threshold.flip_rate, with_ties=True)
+    exp = flip_expectation(run)
+    assert exp.prompts == 2 and exp.at_risk_prompts == 2
+
+
 # --------------------------------------------------------------------------- the near-tie budget as a check
 
 
