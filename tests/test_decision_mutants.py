@@ -300,6 +300,13 @@ def test_bit_exact_budget_check_word_for_word():
     assert clean.state == "ok" and clean.numbers == {"near_tie": 0, "ties": 0, "judged": 1}
 
 
+def test_a_share_given_by_hand_on_a_run_without_ties_or_prompts():
+    check = near_tie_budget(_run(["near_tie", "exact"]), {"near_tie": 1, "exact": 1}, GatePolicy(max_near_tie=0.5))
+    assert check.state == "ok" and check.text.endswith("this run has 1 of 2 judged (50%)"), check
+    empty = near_tie_budget(_run([]), {}, GatePolicy(max_near_tie=0.4))
+    assert empty.state == "ok" and empty.numbers["fraction"] == 0.0 and empty.text.endswith("0 of 0 judged (0%)")
+
+
 def test_fixed_share_budget_check_word_for_word():
     run = _run(["near_tie", "near_tie", "exact", "exact"], ties=(0,))
     check = near_tie_budget(run, {"near_tie": 2, "exact": 2}, GatePolicy(max_near_tie=0.4))
