@@ -199,7 +199,7 @@ def test_a_server_that_is_not_capped_or_says_no_times_leaves_the_arm_not_exercis
 
 
 def test_the_probes_flags_are_read_from_server_info_field_by_field():
-    from specparity.run.arm_runs import _mamba_flags
+    _mamba_flags = LaunchFlags.from_server_info
 
     info = {"disable_radix_cache": 1, "mamba_radix_cache_strategy": "extra_buffer", "disable_overlap_schedule": 1,
             "page_size": 16, "max_mamba_cache_size": 40, "max_running_requests": 8, "linear_attn_backend": "fla",

@@ -63,6 +63,22 @@ class LaunchFlags:
             raise ValueError(f"--launch-flags: {exc}") from None
         return cls(**{k: v for k, v in vars(ns).items()})
 
+    @classmethod
+    def from_server_info(cls, info: Mapping[str, object]) -> "LaunchFlags":
+        """The same flags as a running server's ``/server_info`` states them (its server arguments); a field
+        it leaves out or says as null (or empty) keeps SGLang's default, and a boolean is no number."""
+        def number(key: str) -> int | None:
+            value = info.get(key)
+            return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+        strategy = info.get("mamba_radix_cache_strategy") or cls.mamba_radix_cache_strategy
+        return cls(disable_radix_cache=bool(info.get("disable_radix_cache")), mamba_radix_cache_strategy=str(strategy),
+                   disable_overlap_schedule=bool(info.get("disable_overlap_schedule")),
+                   page_size=number("page_size"), max_mamba_cache_size=number("max_mamba_cache_size"),
+                   max_running_requests=number("max_running_requests"),
+                   linear_attn_backend=str(info.get("linear_attn_backend") or cls.linear_attn_backend),
+                   speculative_algorithm=info.get("speculative_algorithm"))  # type: ignore[arg-type]
+
 
 def linear_layer_report(target: Checkpoint) -> tuple[bool, list[str], list[str]]:
     """(is_hybrid, evidence, disagreements) from ``layer_types`` / ``full_attention_interval``."""

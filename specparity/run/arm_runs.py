@@ -215,17 +215,26 @@ def long_prompts(setup: GateSetup, engine: str) -> list[Prompt]:
     return [dataclasses.replace(p, id=f"longctx-en-{size}-s{seed}") for seed, p in enumerate(made)]
 
 
-def target_is_hybrid(target: str | None) -> bool:
-    """Whether ``--target`` has linear-attention layers (a recurrent state per request: mamba state slots on
-    SGLang), from its ``config.json`` as the mamba-slots probe reads it; False when unreadable."""
+def _hybrid_checkpoint(target: str | None) -> Any:
+    """``--target``'s config as the mamba-slots probe reads it (a checkpoint of its config alone) when the target
+    has linear-attention layers (a recurrent state per request: mamba state slots on SGLang); None when it has
+    none or its ``config.json`` is unreadable."""
     from specparity.probes.checkpoints import Checkpoint
     from specparity.probes.mamba_slots import linear_layer_report
 
     try:
         config = json.loads((Path(target or "") / "config.json").read_text())
     except (OSError, ValueError):
-        return False
-    return isinstance(config, dict) and linear_layer_report(Checkpoint(Path(target or ""), config, {}))[0]
+        return None
+    if not isinstance(config, dict):
+        return None
+    checkpoint = Checkpoint(Path(target or ""), config, {})
+    return checkpoint if linear_layer_report(checkpoint)[0] else None
+
+
+def target_is_hybrid(target: str | None) -> bool:
+    """Whether ``--target`` has linear-attention layers (:func:`_hybrid_checkpoint`); False when unreadable."""
+    return _hybrid_checkpoint(target) is not None
 
 
 def _sglang_version(python: str | None) -> tuple[int, ...] | None:
@@ -252,15 +261,14 @@ def predict_mamba_slots(target: str | None, flags: Any, version: tuple[int, ...]
     """The mamba-slots probe's :class:`~specparity.probes.mamba_slots.SlotPrediction` for a hybrid ``target``
     launched with ``flags`` (:class:`~specparity.probes.mamba_slots.LaunchFlags`) on SGLang ``version`` (None:
     the newest version read); None for a target that is not a hybrid."""
-    from specparity.probes.checkpoints import Checkpoint
     from specparity.probes.mamba_slots import predict_slots
     from specparity.probes.version_facts import newest_mamba_read, sglang_mamba_sizing
 
-    if not target_is_hybrid(target):
+    checkpoint = _hybrid_checkpoint(target)
+    if checkpoint is None:
         return None
-    config = json.loads((Path(target or "") / "config.json").read_text())
     sizing = sglang_mamba_sizing(version if version is not None and version[:3] >= (0, 5, 17) else newest_mamba_read())
-    return predict_slots(Checkpoint(Path(target or ""), config, {}), flags, sizing, {}) if sizing else None
+    return predict_slots(checkpoint, flags, sizing, {}) if sizing else None
 
 
 def mamba_slots_per_request(setup: GateSetup, engine: str) -> int | None:
@@ -613,32 +621,16 @@ def most_alive(judged: Sequence[Any]) -> int | None:
     return most
 
 
-def _mamba_flags(info: dict[str, Any]) -> Any:
-    """The mamba-slots probe's launch flags as a server's ``/server_info`` says them."""
-    from specparity.probes.mamba_slots import LaunchFlags
-
-    def number(key: str) -> int | None:
-        value = info.get(key)
-        return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-    return LaunchFlags(disable_radix_cache=bool(info.get("disable_radix_cache")),
-                       mamba_radix_cache_strategy=str(info.get("mamba_radix_cache_strategy") or "auto"),
-                       disable_overlap_schedule=bool(info.get("disable_overlap_schedule")),
-                       page_size=number("page_size"), max_mamba_cache_size=number("max_mamba_cache_size"),
-                       max_running_requests=number("max_running_requests"),
-                       linear_attn_backend=str(info.get("linear_attn_backend") or "triton"),
-                       speculative_algorithm=info.get("speculative_algorithm"))
-
-
 def _predicted_line(target: str | None, url: str, info: dict[str, Any]) -> str:
     """What the mamba-slots probe predicts for the server's own flags and version, in words."""
+    from specparity.probes.mamba_slots import LaunchFlags
     from specparity.probes.version_facts import parse_version
 
     try:
         version = parse_version(str(info.get("version"))) if info.get("version") else None
     except ValueError:
         version = None
-    flags = _mamba_flags(info)
+    flags = LaunchFlags.from_server_info(info)
     prediction = predict_mamba_slots(target, flags, version)
     if prediction is None:
         return f"{url}: the mamba-slots probe predicts nothing (the target is not a hybrid)"
@@ -734,9 +726,9 @@ def collect_evidence(plan: ArmPlan, engine: Any, run: Any, phase: JudgedPhase | 
     elif name == "prefix-warm":
         return _combine(phase, warm_check(plan, engine, judged, run), preempt_check(engine, judged, phase, want=False))
     elif name == "mamba-slots":  # a request retracted for a slot is part of the condition: said, not refused
-        retracted = preempt_check(engine, judged, phase, want=True)
-        said = Check(True, [line.replace("preemptions of the judged requests", "retractions of the judged requests")
-                            for line in retracted.lines], retracted.facts)
+        n, how, counted = _preemption_counts(engine, judged, phase)
+        said = Check(True, [how if n is None else f"retractions of the judged requests: {n}, {how}"],
+                     {"preemptions": n, **counted})
         return _combine(phase, slots_check(engine, judged, plan.setup.config.concurrency or 1,
                                            plan.setup.engine_options.target), cold_check(engine, judged), said)
     elif name == "fp8-kv":
