@@ -20,7 +20,7 @@ import pytest
 from fakes.backend import TARGET
 from specparity.engines.base import EngineInfo, EngineOptions
 from specparity.engines.server import arm_knobs
-from specparity.engines.server.arm_knobs import ArmLaunch, ArmSizing, arm_launch
+from specparity.engines.server.arm_knobs import ArmLaunch, ArmSizing, arm_changes, arm_launch, unsupported_reason
 from specparity.engines.server.engine import HFTokenizer
 from specparity.engines.server.http import ServerError
 from specparity.gate import exitcodes
@@ -305,7 +305,7 @@ def test_an_arm_that_changes_the_launch_of_running_servers_is_refused_naming_the
     setup = setup_for("vllm", urls=True)
     with pytest.raises(BadInput) as exc:
         plan_arms(setup, [ARMS["default"], ARMS["prefix-warm"], ARMS["preempt"], ARMS["fp8-kv"]])
-    assert str(exc.value) == (f"--arms preempt: it changes the servers' launch ({ARMS['preempt'].changes['vllm']}), "
+    assert str(exc.value) == (f"--arms preempt: it changes the servers' launch ({arm_changes('vllm', 'preempt')}), "
                               "which the gate cannot do to servers at --baseline-url/--spec-url; use --preset, or "
                               "launch them so yourself and pass --prelaunched")
     # an engine the arm says nothing about
@@ -319,11 +319,12 @@ def test_an_arm_that_changes_the_launch_of_running_servers_is_refused_naming_the
 def test_an_arm_a_server_engine_cannot_run_is_refused_naming_why_and_what_it_runs():
     with pytest.raises(BadInput) as exc:
         plan_arms(setup_for("llamacpp", target=None), [ARMS["default"], ARMS["fp8-kv"]])
-    assert str(exc.value) == (f"--arms fp8-kv: engine 'llamacpp' cannot run it: {ARMS['fp8-kv'].unsupported['llamacpp']}"
+    assert str(exc.value) == (f"--arms fp8-kv: engine 'llamacpp' cannot run it: {unsupported_reason('llamacpp', 'fp8-kv')}"
                               " (it supports: default, long)")
     with pytest.raises(BadInput) as exc:  # a server engine no arm knows
         plan_arms(setup_for("tgi"), [ARMS["default"]])
-    assert str(exc.value) == "--arms default: engine 'tgi' cannot run it:  (it supports: )"
+    assert str(exc.value) == ("--arms default: engine 'tgi' cannot run it: it declares no arm knobs (its EngineInfo "
+                              "has no ServerDescriptor) (it supports: )")
 
 
 def test_server_arms_are_planned_with_their_launch_sized_from_every_prompt_sent(tmp_path):

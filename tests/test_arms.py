@@ -30,13 +30,15 @@ from specparity.engines.server import vllm as vllm_engine
 from specparity.engines.server.engine import HFTokenizer
 from specparity.engines.server.arm_knobs import (
     LOOKAHEAD_TOKENS,
-    VLLM_BLOCK_TOKENS,
+    KV_BLOCK_TOKENS,
     ArmSizing,
     arm_launch,
     preempt_tokens,
 )
 from specparity.gate import exitcodes
-from specparity.model.arms import ARMS, LONG_MIN_TOKENS, NOT_EXERCISED, parse_arms
+from specparity.engines import SERVER_ENGINES
+from specparity.engines.server.arm_knobs import arm_changes, arm_proof, parse_arms, supported_arms, unsupported_reason
+from specparity.model.arms import ARMS, LONG_MIN_TOKENS, NOT_EXERCISED
 from specparity.run.arm_runs import ARM_JSON, ARMS_JSON, ARMS_MD, LONG_FIT_TOKENS
 
 #: Prompts per run: few, so every request of a phase is in flight at once under the preempt arm.
@@ -74,16 +76,18 @@ def rows(report: Path) -> dict[str, dict]:
 def test_every_arm_is_declared_once_with_its_proof_per_engine():
     assert list(ARMS) == ["default", "deterministic", "preempt", "prefix-warm", "fp8-kv", "long", "mamba-slots"]
     for arm in ARMS.values():
-        for engine in arm.engines:
-            assert arm.changes.get(engine) and arm.proof.get(engine), (arm.name, engine)
-        assert not set(arm.engines) & set(arm.unsupported), arm.name
+        for engine in SERVER_ENGINES:
+            if arm.name in supported_arms(engine):
+                assert arm_changes(engine, arm.name) != "n/a" and arm_proof(engine, arm.name), (arm.name, engine)
+            else:  # an engine that cannot set an arm up says why
+                assert unsupported_reason(engine, arm.name) != "no knob", (arm.name, engine)
 
 
 def test_the_default_arms_are_every_arm_the_engine_supports():
-    assert [a.name for a in parse_arms(None, "vllm")] == [a.name for a in ARMS.values() if "vllm" in a.engines]
+    assert [a.name for a in parse_arms(None, "vllm")] == [a.name for a in ARMS.values() if a.name in supported_arms("vllm")]
     assert [a.name for a in parse_arms(None, "sglang")] == [a.name for a in ARMS.values()
-                                                            if "sglang" in a.engines and not a.hybrid]
-    assert [a.name for a in parse_arms(None, "llamacpp")] == [a.name for a in ARMS.values() if "llamacpp" in a.engines]
+                                                            if a.name in supported_arms("sglang") and not a.hybrid]
+    assert [a.name for a in parse_arms(None, "llamacpp")] == [a.name for a in ARMS.values() if a.name in supported_arms("llamacpp")]
 
 
 # --------------------------------------------------------------------------- bad input
@@ -113,7 +117,7 @@ def test_an_arm_llamacpp_cannot_set_up_names_why_and_what_it_supports(capsys, tm
     code, _out, err = arms(capsys, "--engine", "llamacpp", "--baseline-url", "http://127.0.0.1:9", "--spec-url",
                            "http://127.0.0.1:10", "--arms", "fp8-kv", "--prelaunched", "--report", str(tmp_path / "r"))
     assert code == exitcodes.BAD_INPUT
-    supported = ", ".join(a.name for a in ARMS.values() if "llamacpp" in a.engines)
+    supported = ", ".join(a.name for a in ARMS.values() if a.name in supported_arms("llamacpp"))
     assert "--arms fp8-kv" in err and "no fp8" in err and f"(it supports: {supported})" in err, err
 
 
@@ -129,7 +133,7 @@ def test_a_launch_arm_on_running_servers_is_refused_before_any_request(capsys, t
 def test_on_running_servers_the_default_arms_are_those_without_a_launch_change(capsys, tmp_path, prompts):
     with VLLMServer() as base, VLLMServer(speculative=True) as spec:
         arms(capsys, *url_args("vllm", base, spec, prompts[0], tmp_path))
-    assert list(rows(tmp_path)) == [a.name for a in ARMS.values() if not a.launch and "vllm" in a.engines]
+    assert list(rows(tmp_path)) == [a.name for a in ARMS.values() if not a.launch and a.name in supported_arms("vllm")]
 
 
 def test_the_long_arm_on_a_short_target_names_its_positions(capsys, tmp_path):
@@ -174,7 +178,7 @@ def test_vllm_arms_change_both_launches():
     assert not any(launch.env() for launch in plain)
     # every arm, default included: each answer's cached prompt tokens, and dev mode's /reset_prefix_cache
     for arm in ARMS:
-        if arm == "long" or "vllm" not in ARMS[arm].engines:
+        if arm == "long" or arm not in supported_arms("vllm"):
             continue  # its context needs a target's positions
         _launch, both = _launched(vllm_engine, "vllm", arm, "vllm-ngram")
         assert all("--enable-prompt-tokens-details" in launch.args() for launch in both), arm
@@ -186,12 +190,12 @@ def test_vllm_preempt_sizes_the_kv_cache_below_what_runs_at_once():
     launch, both = _launched(vllm_engine, "vllm", "preempt", "vllm-ngram")
     blocks = {int(_pairs(launch_.args(), "--num-gpu-blocks-override")[0]) for launch_ in both}
     assert len(blocks) == 1
-    tokens = blocks.pop() * VLLM_BLOCK_TOKENS
+    tokens = blocks.pop() * KV_BLOCK_TOKENS
     sizes = sorted((p + n + LOOKAHEAD_TOKENS for p, n in zip(sizing.prompt_tokens, sizing.max_new_tokens)), reverse=True)
     assert tokens >= sizes[0]  # the largest request fits on its own
     assert tokens < sum(sizes[: sizing.concurrency])  # those in flight together do not
     assert launch.concurrency == sizing.concurrency
-    assert math.ceil(preempt_tokens(sizing) / VLLM_BLOCK_TOKENS) * VLLM_BLOCK_TOKENS == tokens
+    assert math.ceil(preempt_tokens(sizing) / KV_BLOCK_TOKENS) * KV_BLOCK_TOKENS == tokens
     # the context fits the KV cache (vLLM refuses to start otherwise) and the largest request fits the context
     contexts = {int(_pairs(launch_.args(), "--max-model-len")[-1]) for launch_ in both}
     assert len(contexts) == 1 and sizes[0] <= contexts.pop() <= tokens
@@ -489,9 +493,9 @@ def test_prefix_warm_needs_each_warm_up_to_succeed_and_the_whole_prompt_cached()
     finding only the 16-token block it shares with the others, the arm was "exercised". A prompt counts only
     when its warm-up succeeded and it found all of its prompt a cache can hold (whole blocks of all but its
     last token)."""
-    from specparity.engines.server.arm_knobs import PREFIX_CACHE_UNIT
+    from specparity.engines.server.arm_knobs import descriptor_of
 
-    unit = PREFIX_CACHE_UNIT["vllm"]
+    unit = descriptor_of("vllm").prefix_cache.unit
     lengths = {f"p{i}": 200 for i in range(3)}
     whole = (200 - 1) // unit * unit
     failed = _prefix_warm_evidence(lengths, {rid: unit for rid in lengths},
@@ -508,9 +512,9 @@ def test_prefix_warm_needs_each_warm_up_to_succeed_and_the_whole_prompt_cached()
 def test_prefix_warm_counts_only_prompts_long_enough_to_be_cached():
     """vLLM caches whole blocks and recomputes a prompt's last token: a prompt of one block or less can find
     nothing cached, so it neither proves nor disproves the warm path; with only such prompts nothing is proven."""
-    from specparity.engines.server.arm_knobs import PREFIX_CACHE_UNIT
+    from specparity.engines.server.arm_knobs import descriptor_of
 
-    unit = PREFIX_CACHE_UNIT["vllm"]
+    unit = descriptor_of("vllm").prefix_cache.unit
     lengths = {"short": unit, "long": 3 * unit + 1}
 
     def run_with(cached: dict[str, int]):
@@ -527,13 +531,13 @@ def test_prefix_warm_floor_counts_the_block_vllm_drops_for_hidden_state_drafts()
     """For a draft that reads the target's hidden states (EAGLE, EAGLE-3, MTP, DFlash) vLLM drops the last
     matched block of every hit: a prompt of two blocks finds nothing cached there, and counting it would
     call a working cache cold (live vLLM 0.26.0 answered exactly floor((n - 1) / 16) * 16 - 16)."""
-    from specparity.engines.server.arm_knobs import PREFIX_CACHE_UNIT, prefix_cache_floor
+    from specparity.engines.server.arm_knobs import descriptor_of, prefix_cache_floor
 
-    unit = PREFIX_CACHE_UNIT["vllm"]
+    unit = descriptor_of("vllm").prefix_cache.unit
     assert prefix_cache_floor("vllm", {"method": "ngram"})[0] == unit + 1
     assert prefix_cache_floor("vllm", None)[0] == unit + 1
     assert prefix_cache_floor("vllm", {"method": "eagle3"})[0] == 2 * unit + 1
-    assert prefix_cache_floor("sglang", {"method": "eagle3"})[0] == PREFIX_CACHE_UNIT["sglang"] + 1
+    assert prefix_cache_floor("sglang", {"method": "eagle3"})[0] == descriptor_of("sglang").prefix_cache.unit + 1
     lengths = {"two-blocks": 2 * unit, "three-blocks": 3 * unit + 1}
 
     def run_with(cached: dict[str, int], method: str):

@@ -19,10 +19,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fakes import SGLangServer
+from specparity.engines import SERVER_ENGINES
 from specparity.engines.base import EngineOptions
 from specparity.engines.server.arm_knobs import ArmSetupError, ArmSizing, arm_launch, mamba_slots_size
 from specparity.gate import exitcodes
-from specparity.model.arms import ARMS, NOT_EXERCISED, parse_arms
+from specparity.engines.server.arm_knobs import arm_engines, parse_arms, unsupported_reason
+from specparity.model.arms import ARMS, NOT_EXERCISED
 from specparity.probes.mamba_slots import LaunchFlags
 from specparity.run.arm_runs import mamba_slots_per_request, most_alive, predict_mamba_slots, target_is_hybrid
 from test_arms import arms, prompts, rows, url_args  # noqa: F401 - prompts: a fixture test_arms defines
@@ -54,8 +56,8 @@ def run_mamba(capsys, tmp_path, prompt_file, chosen, spec: SGLangServer, *extra:
 
 def test_the_arm_is_sglangs_and_needs_a_hybrid_target():
     arm = ARMS["mamba-slots"]
-    assert arm.engines == ("sglang",) and arm.hybrid and arm.launch
-    assert set(arm.unsupported) == {"vllm", "llamacpp"}
+    assert arm_engines(arm.name, SERVER_ENGINES) == ("sglang",) and arm.hybrid and arm.launch
+    assert {e for e in SERVER_ENGINES if unsupported_reason(e, arm.name) != "no knob"} == {"vllm", "llamacpp"}
     assert "mamba-slots" not in [a.name for a in parse_arms(None, "sglang")]
     assert "mamba-slots" in [a.name for a in parse_arms(None, "sglang", hybrid=True)]
     assert "mamba-slots" not in [a.name for a in parse_arms(None, "vllm", hybrid=True)]
@@ -345,17 +347,17 @@ def test_the_sglang_version_is_asked_of_the_interpreter_that_runs_it(tmp_path, m
     (site / "sglang-0.5.17.dist-info").mkdir(parents=True)
     (site / "sglang-0.5.17.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: sglang\nVersion: 0.5.17\n")
     monkeypatch.setenv("PYTHONPATH", str(site))
-    assert arm_runs._sglang_version(sys.executable) == (0, 5, 17)
+    assert arm_runs._installed_version("sglang", sys.executable) == (0, 5, 17)
     monkeypatch.delenv("PYTHONPATH")
-    assert arm_runs._sglang_version(script("ok", "echo 0.5.17.post1\n")) == (0, 5, 17)
-    assert arm_runs._sglang_version(script("silent", "true\n")) is None
-    assert arm_runs._sglang_version(script("fails", "echo 0.5.17; exit 3\n")) is None
-    assert arm_runs._sglang_version(str(tmp_path / "missing")) is None
+    assert arm_runs._installed_version("sglang", script("ok", "echo 0.5.17.post1\n")) == (0, 5, 17)
+    assert arm_runs._installed_version("sglang", script("silent", "true\n")) is None
+    assert arm_runs._installed_version("sglang", script("fails", "echo 0.5.17; exit 3\n")) is None
+    assert arm_runs._installed_version("sglang", str(tmp_path / "missing")) is None
     import importlib.metadata
 
     asked = []
     monkeypatch.setattr(importlib.metadata, "version", lambda name: asked.append(name) or "0.5.19")
-    assert arm_runs._sglang_version(None) == (0, 5, 19) and asked == ["sglang"]
+    assert arm_runs._installed_version("sglang", None) == (0, 5, 19) and asked == ["sglang"]
 
 
 def test_unknown_is_said_for_a_missing_figure():

@@ -33,7 +33,7 @@ def check_arms_options(raw: dict[str, Any]) -> None:
 def _run_arms(args: argparse.Namespace) -> int:
     from specparity.cli.option_table import gate_dests
     from specparity.cli.options import build_setup
-    from specparity.model.arms import parse_arms
+    from specparity.engines.server.arm_knobs import parse_arms
     from specparity.engines.libraries import configure_libraries
     from specparity.run.arm_runs import engine_kind, plan_arms, run_arms, target_is_hybrid, write_arms
 

@@ -22,11 +22,14 @@ import importlib.util
 import sys
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import TYPE_CHECKING, Callable, Iterator
 
 from specparity.engines.base import Engine, EngineInfo, EngineOptions
 from specparity.engines.common import set_threads
 from specparity.model.locations import FixtureError, fixture_dir
+
+if TYPE_CHECKING:
+    from specparity.engines.server.descriptor import ServerDescriptor
 
 #: Built-in engines: name -> "module:factory", imported lazily (torch is heavy).
 BUILTIN: dict[str, str] = {
@@ -105,6 +108,18 @@ def _import_file(path: Path, spec: str, option: str):
 def engine_info(factory: Factory) -> EngineInfo | None:
     info = getattr(factory, "engine_info", None)
     return info if isinstance(info, EngineInfo) else None
+
+
+def server_descriptor(spec: str) -> "ServerDescriptor | None":
+    """The :class:`~specparity.engines.server.descriptor.ServerDescriptor` of the engine ``spec`` names (a
+    built-in name or a ``module:factory`` / ``file.py:factory`` spec), from its factory's
+    :class:`~specparity.engines.base.EngineInfo`; None for an engine that declares none (in-process engines,
+    plugins that do not say) or a spec that does not resolve."""
+    try:
+        info = engine_info(resolve_factory(spec))
+    except EngineLoadError:
+        return None
+    return info.descriptor if info is not None else None
 
 
 def engines_applying(constraint: str) -> list[str]:

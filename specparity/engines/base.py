@@ -31,7 +31,10 @@ fields, so engines that follow the contract are counted alike.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Literal, Mapping, Protocol, Sequence, TypeVar, runtime_checkable
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Literal, Mapping, Protocol, Sequence, TypeVar, runtime_checkable
+
+if TYPE_CHECKING:
+    from specparity.engines.server.descriptor import ServerDescriptor
 
 from specparity.model.types import Fingerprint, GenerationRequest, GenerationResult, StepRecord, TokenScores
 
@@ -178,6 +181,9 @@ class EngineInfo:
     #: sides; a constrained prompt for an engine without its kind is refused before anything loads
     #: (never decoded unconstrained). Empty: none (in-process engines, plugins that do not say).
     constraints: tuple[str, ...] = ()
+    #: A server engine's own facts beyond the protocol (arms, prefix cache, proofs' readers, reproducer
+    #: parsers: :class:`~specparity.engines.server.descriptor.ServerDescriptor`); None for an engine without.
+    descriptor: "ServerDescriptor | None" = None
 
 
 def step_record(

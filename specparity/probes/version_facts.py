@@ -12,7 +12,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-ENGINE_NAMES = ("sglang", "vllm", "llamacpp")
+from specparity.engines import SERVER_ENGINES
+
+#: The engines whose versions ``--engine name==version`` names: the registry's server engines.
+ENGINE_NAMES = SERVER_ENGINES
 _ALIASES = {"llama.cpp": "llamacpp", "llama-cpp": "llamacpp", "llama_cpp": "llamacpp"}
 
 Version = tuple[int, ...]

@@ -65,44 +65,6 @@ def show(base_ids, base_rows, spec_ids, spec_rows):
     return 1
 '''
 
-#: Parsers of each server's answer into (token ids, top-k rows), standard library only.
-PARSERS = {
-    "llamacpp": r'''
-def parse(answer):
-    """llama-server /completion: tokens, and completion_probabilities rows aligned by id (a token
-    without a row, or an accepted draft token with no alternatives, is not reported)."""
-    ids = [int(t) for t in answer["tokens"]]
-    rows, cursor = [None] * len(ids), 0
-    for row in answer.get("completion_probabilities") or []:
-        while cursor < len(ids) and ids[cursor] != int(row["id"]):
-            cursor += 1
-        if cursor >= len(ids):
-            break
-        alts = row.get("top_logprobs") or []
-        rows[cursor] = [(int(a["id"]), float(a["logprob"]), a.get("token")) for a in alts] or None
-        cursor += 1
-    return ids, rows
-''',
-    "sglang": r'''
-def parse(answer):
-    """SGLang /generate: output_ids and meta_info.output_top_logprobs ([logprob, id, text] each)."""
-    ids = [int(t) for t in answer["output_ids"]]
-    tops = answer["meta_info"].get("output_top_logprobs") or [None] * len(ids)
-    rows = [[(int(a[1]), float("nan") if a[0] is None else float(a[0]), a[2] if len(a) > 2 else None)
-             for a in row] if row else None for row in tops]
-    return ids, rows
-''',
-    "vllm": r'''
-def parse(answer):
-    """vLLM /v1/completions with return_tokens_as_token_ids: "token_id:N" keys, rows sorted by logprob."""
-    block = answer["choices"][0]["logprobs"]
-    ids = [int(t.split(":", 1)[1]) for t in block["tokens"]]
-    rows = [sorted(((int(k.split(":", 1)[1]), float(v), None) for k, v in row.items()), key=lambda t: -t[1])
-            if row else None for row in block["top_logprobs"]]
-    return ids, rows
-''',
-}
-
 #: Shared by the server scripts: one JSON POST with the standard library.
 POST = r'''
 
@@ -112,39 +74,6 @@ def post(url, body):
     with urllib.request.urlopen(request, timeout=TIMEOUT_S) as response:
         return json.loads(response.read())
 '''
-
-#: Parsers of one position's row, standard library only, per engine and kind of request: ``score`` (a
-#: teacher-forced scoring of prompt + continuation) or ``decode`` (a generation). Each returns (the chosen
-#: token's logprob or None, the top-k as ``[(token id, logprob, text or None), ...]``) at output position
-#: ``pos``; ``prompt_len`` is the scored prompt's length.
-ROW_PARSERS = {
-    "sglang": r"""
-def row_of(kind, answer, pos, token, prompt_len):
-    meta = answer["meta_info"]
-    if kind == "score":  # logprob_start_len = prompt_len - 1: entry 0 is the last prompt position
-        own, top = meta["input_token_logprobs"][1 + pos], (meta.get("input_top_logprobs") or [])[1 + pos]
-    else:
-        own, top = meta["output_token_logprobs"][pos], (meta.get("output_top_logprobs") or [])[pos]
-    row = [(int(a[1]), float("nan") if a[0] is None else float(a[0]), a[2] if len(a) > 2 else None) for a in top or ()]
-    return (None if own[0] is None or int(own[1]) != token else float(own[0])), row
-""",
-    "vllm": r"""
-def row_of(kind, answer, pos, token, prompt_len):
-    choice = answer["choices"][0]
-    if kind == "score":  # prompt_logprobs of prompt + continuation: {"<id>": {"logprob", "rank", ...}}
-        entries = choice["prompt_logprobs"][prompt_len + pos] or {}
-        ranked = sorted(entries.items(), key=lambda kv: (kv[1].get("rank") or 1e9, -kv[1]["logprob"]))
-        row = [(int(k), float(v["logprob"]), v.get("decoded_token")) for k, v in ranked]
-        own = entries.get(str(token))
-        return (None if own is None else float(own["logprob"])), row
-    block = choice["logprobs"]
-    ids = [int(t.split(":", 1)[1]) for t in block["tokens"]]
-    row = sorted(((int(k.split(":", 1)[1]), float(v), None) for k, v in (block["top_logprobs"][pos] or {}).items()),
-                 key=lambda t: -t[1])
-    own = block["token_logprobs"][pos] if ids[pos] == token else None
-    return (None if own is None else float(own)), row
-""",
-}
 
 _SCORER_MAIN = POST + r"""
 
@@ -255,6 +184,19 @@ def json_file(value: Any) -> str:
     return pretty_json(value) + "\n"
 
 
+def _descriptor(engine: str) -> Any:
+    """The server engine's descriptor, whose ``repro_parse`` (``parse(answer)``: token ids and top-k rows) and
+    ``repro_row_parse`` (``row_of(kind, answer, pos, token, prompt_len)``: one position's row of a ``score`` or
+    ``decode`` answer) are standard-library Python pasted into ``repro.py``; ValueError for an engine without
+    them."""
+    from specparity.engines import server_descriptor
+
+    d = server_descriptor(engine)
+    if d is None or not d.repro_parse:
+        raise ValueError(f"engine {engine!r} declares no reproducer parsers (ServerDescriptor.repro_parse)")
+    return d
+
+
 def _literal(value: Any) -> str:
     """``value`` as Python source: JSON text inside ``json.loads`` (pasteable as it stands)."""
     return f'json.loads(r"""{pretty_json(value)}""")'
@@ -271,7 +213,7 @@ def server_script(*, title: str, engine: str, path: str, urls: tuple[str, str], 
             f"BASELINE_URL = {json.dumps(urls[0])}\nSPEC_URL = {json.dumps(urls[1])}\nPATH = {json.dumps(path)}\n"
             f"TIMEOUT_S = {timeout_s:g}\nRECORDED = {json.dumps(recorded, ensure_ascii=False)}\n"
             f"BASELINE_BODY = {_literal(bodies[0])}\nSPEC_BODY = {_literal(bodies[1])}\n"
-            f"{PARSERS[engine]}{COMPARE}{_SERVER_MAIN}")
+            f"{_descriptor(engine).repro_parse}{COMPARE}{_SERVER_MAIN}")
 
 
 def inprocess_script(*, title: str, engine: dict[str, Any], request: dict[str, Any], recorded: str) -> str:
@@ -312,7 +254,7 @@ def scorer_script(*, title: str, engine: str, path: str, reads: list[dict[str, A
             f"PATH = {json.dumps(path)}\nTIMEOUT_S = {timeout_s:g}\nPOSITION = {position}\nTOKEN = {token}\n"
             f"PROMPT_LEN = {prompt_len}\nLIMIT = {limit!r}\nLIMIT_WORDS = {json.dumps(limit_words)}\n"
             f"RECORDED = {json.dumps(recorded, ensure_ascii=False)}\n"
-            f"READS = {_literal(reads)}\n{ROW_PARSERS[engine]}{_SCORER_MAIN}")
+            f"READS = {_literal(reads)}\n{_descriptor(engine).repro_row_parse}{_SCORER_MAIN}")
 
 
 def scorer_curl_script(*, title: str, path: str, reads: list[dict[str, Any]]) -> str:

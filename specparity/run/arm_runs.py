@@ -23,15 +23,17 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from specparity.engines.server.arm_knobs import (
-    CACHED_TOKENS_NEED,
-    NO_PREEMPTION,
-    NO_PREFIX_CACHE,
     ArmLaunch,
     ArmSetupError,
     ArmSizing,
+    arm_changes,
     arm_launch,
+    cached_tokens_need,
+    descriptor_of,
     kv_cache_dtypes,
     long_prompt_tokens,
+    no_preemption,
+    no_prefix_cache,
     preemptions,
     prefix_cache_floor,
     prefix_cache_unit,
@@ -39,10 +41,12 @@ from specparity.engines.server.arm_knobs import (
     requests_in_flight,
     reset_prefix_caches,
     running_caps,
+    supported_arms,
+    unsupported_reason,
 )
 from specparity.gate import exitcodes
 from specparity.model.files import replace_whole
-from specparity.model.arms import ARMS, LONG_MIN_TOKENS, NOT_EXERCISED, Arm
+from specparity.model.arms import LONG_MIN_TOKENS, NOT_EXERCISED, Arm
 from specparity.model.prompts import Prompt, long_context_prompt
 from specparity.run.gate_command import RunRefused
 from specparity.run.setup import BadInput, GateSetup
@@ -164,14 +168,20 @@ def engine_kind(setup: GateSetup) -> tuple[str, bool]:
 
 
 def _prompt_tokens(setup: GateSetup, engine: str, prompts: Sequence[Prompt]) -> tuple[int, ...]:
-    """Each prompt's token count, with the tokenizer the server engine sends (llama.cpp tokenizes on the
-    server: its character count, an upper bound)."""
-    if engine == "llamacpp":
+    """Each prompt's token count, with the tokenizer the server engine sends (an engine that tokenizes on the
+    server, llama.cpp: its character count, an upper bound)."""
+    if _on_server(engine):
         return tuple(len(p.prompt or "") + sum(len(c) for _, c in (p.messages or ())) for p in prompts)
     from specparity.engines.server.engine import HFTokenizer, resolve_tokenizer_dir
 
     tok = HFTokenizer(resolve_tokenizer_dir(setup.engine_options, engine))
     return tuple(len(tok.encode_prompt(p.prompt, p.messages_as_dicts())) for p in prompts)
+
+
+def _on_server(engine: str) -> bool:
+    """Whether ``engine`` is sent text and tokenizes on the server (its descriptor says)."""
+    d = descriptor_of(engine)
+    return bool(d is not None and d.tokenizes_on_server)
 
 
 def _max_new(setup: GateSetup, prompts: Sequence[Prompt]) -> tuple[int, ...]:
@@ -237,9 +247,9 @@ def target_is_hybrid(target: str | None) -> bool:
     return _hybrid_checkpoint(target) is not None
 
 
-def _sglang_version(python: str | None) -> tuple[int, ...] | None:
-    """The SGLang version the servers will run: that of ``--engine-opt python`` (asked in a child process:
-    SGLang often lives in another environment), else the one installed here; None when neither says."""
+def _installed_version(package: str, python: str | None) -> tuple[int, ...] | None:
+    """The version of ``package`` the servers will run: that of ``--engine-opt python`` (asked in a child process:
+    an engine often lives in another environment), else the one installed here; None when neither says."""
     import subprocess
     from importlib.metadata import PackageNotFoundError, version
 
@@ -247,11 +257,11 @@ def _sglang_version(python: str | None) -> tuple[int, ...] | None:
 
     try:
         if python:
-            ask = "import importlib.metadata as m; print(m.version('sglang'))"
+            ask = f"import importlib.metadata as m; print(m.version({package!r}))"
             text = subprocess.run([python, "-c", ask], capture_output=True, text=True, timeout=120,
                                   check=True).stdout.strip().splitlines()[-1]
         else:
-            text = version("sglang")
+            text = version(package)
         return parse_version(text)
     except (PackageNotFoundError, ValueError, IndexError, OSError, subprocess.SubprocessError):
         return None
@@ -273,21 +283,21 @@ def predict_mamba_slots(target: str | None, flags: Any, version: tuple[int, ...]
 
 def mamba_slots_per_request(setup: GateSetup, engine: str) -> int | None:
     """The state slots one request of the speculative launch takes (the mamba-slots probe, on the flags the
-    speculative server is launched with and the SGLang it runs, else the newest version read); None
-    when the target is not a hybrid or the engine is not SGLang."""
+    speculative server is launched with and the engine version it runs, else the newest version read); None
+    when the target is not a hybrid or the engine cannot set up the mamba-slots arm."""
     from specparity.probes.mamba_slots import LaunchFlags
 
-    if engine != "sglang":
+    d = descriptor_of(engine)
+    if d is None or not d.supports("mamba-slots"):
         return None
     options = setup.engine_options
     argv: list[str] = [str(a) for a in (options.extra.get("server_args") or ())]
     try:
-        from specparity.engines.server.sglang import launch_configs
-
-        argv = launch_configs(options)[1].args()
+        if d.spec_launch_args is not None:
+            argv = list(d.spec_launch_args(options))
     except (ValueError, KeyError, TypeError):
         pass  # servers at URLs, or no preset: the flags given are all there is
-    version = _sglang_version(options.extra.get("python"))
+    version = _installed_version(d.package, options.extra.get("python")) if d.package else None
     prediction = predict_mamba_slots(options.target, LaunchFlags.parse(argv), version)
     return prediction.slots_per_request if prediction is not None else None
 
@@ -307,14 +317,14 @@ def plan_arms(setup: GateSetup, arms: Sequence[Arm], *, prelaunched: bool = Fals
         needs = [a for a in arms if a.launch]
         if needs:
             a = needs[0]
-            raise BadInput(f"--arms {a.name}: it changes the servers' launch ({a.changes.get(engine, 'n/a')}), which "
+            raise BadInput(f"--arms {a.name}: it changes the servers' launch ({arm_changes(engine, a.name)}), which "
                            "the gate cannot do to servers at --baseline-url/--spec-url; use --preset, or launch them "
                            "so yourself and pass --prelaunched")
     plans = []
     for arm in arms:
-        if server and engine not in arm.engines:
-            raise BadInput(f"--arms {arm.name}: engine {engine!r} cannot run it: {arm.unsupported.get(engine, '')} "
-                           f"(it supports: {', '.join(a.name for a in ARMS.values() if engine in a.engines)})")
+        if server and arm.name not in supported_arms(engine):
+            raise BadInput(f"--arms {arm.name}: engine {engine!r} cannot run it: {unsupported_reason(engine, arm.name)} "
+                           f"(it supports: {', '.join(supported_arms(engine))})")
         config = setup.config
         prompts = list(setup.prompts)
         calibration = setup.calibration
@@ -471,7 +481,7 @@ def _cache_off(engine: Any) -> str | None:
     """Why no request of ``engine`` reads a prefix cache (None: its requests may)."""
     if not _server(engine):
         return "the engine runs in process: no prefix cache"
-    why = NO_PREFIX_CACHE.get(_name(engine))
+    why = no_prefix_cache(engine)
     return f"{_name(engine)}: {why}" if why else None
 
 
@@ -491,7 +501,7 @@ def _cached(judged: Sequence[Any]) -> dict[str, int | None]:
 
 
 def _unknown_line(engine: Any, n: int) -> str:
-    need = CACHED_TOKENS_NEED.get(_name(engine))
+    need = cached_tokens_need(engine)
     return f"{n} judged answer(s) carried no cached-token count" + (f" ({need})" if need else "")
 
 
@@ -576,7 +586,7 @@ def _preemption_counts(engine: Any, judged: Sequence[Any], phase: JudgedPhase | 
     scoring (vLLM: no answer says it); None when neither can be read."""
     if not _server(engine):
         return 0, "the engine runs in process: nothing is preempted", {}
-    why = NO_PREEMPTION.get(_name(engine))
+    why = no_preemption(engine)
     if why:
         return 0, f"{_name(engine)}: {why}", {}
     per = {r.request.request_id: r.spec.facts.get("preemptions") for r in judged}

@@ -349,6 +349,9 @@ class ServerEngine:
     """
 
     name = "server"
+    #: The engine's own facts (:class:`~specparity.engines.server.descriptor.ServerDescriptor`); set by each
+    #: adapter class.
+    descriptor: Any = None
 
     def __init__(self, options: EngineOptions, baseline: Session, spec: Session, tokenizer: Any,
                  *, target: ArtifactId, draft: ArtifactId | None,

@@ -60,6 +60,7 @@ from specparity.engines.base import (
     engine_factory,
     parse_positive_int,
 )
+from specparity.engines.server.llamacpp_descriptor import DESCRIPTOR
 from specparity.engines.server.http import Endpoint, ServerError
 from specparity.engines.server.wire import WireFormat
 from specparity.engines.server.launch import LaunchConfig
@@ -288,7 +289,7 @@ def check_options(options: EngineOptions) -> None:
 #: (greedy) token is emitted (``server_sample_and_accept_synth`` in tools/server/server-context.cpp).
 FORCE_REJECT_SYNTH_LEN = 1.0
 INFO = EngineInfo("llamacpp", spec_modes=SPEC_TYPES, options=OPTIONS, dtypes=(), local_models=False,
-                  check=check_options, server=True, counters="request", force_reject=("all",),
+                  check=check_options, server=True, descriptor=DESCRIPTOR, counters="request", force_reject=("all",),
                   force_reject_note="llama-server forces rejects with --spec-synth-len 1; a synthetic length above 1 "
                   "accepts draft tokens without checking them, which breaks greedy output, so random is not offered",
                   constraints=CONSTRAINT_FIELDS)
@@ -487,6 +488,7 @@ WIRE = WireFormat("/completion", request_body)
 
 class LlamaCppEngine(ServerEngine):
     name = "llamacpp"
+    descriptor = DESCRIPTOR
     scorer_description = ("one n_predict=1 request per position to the baseline llama-server (speculation off, "
                           "cache_prompt false: a prefill-style pass whose last row is the position's distribution)")
     #: Why the noise between the two servers is not measured (:mod:`specparity.run.scoring`).

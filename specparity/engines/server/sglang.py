@@ -62,6 +62,7 @@ from specparity.engines.base import (
     parse_bool,
     parse_positive_int,
 )
+from specparity.engines.server.sglang_descriptor import DESCRIPTOR
 from specparity.engines.server.http import Endpoint, ServerError
 from specparity.engines.server.wire import WireFormat
 from specparity.engines.server.launch import GPU_STARTUP_TIMEOUT_S, LaunchConfig
@@ -274,7 +275,7 @@ def check_options(options: EngineOptions) -> None:
         launch_configs(options)
 
 
-INFO = EngineInfo("sglang", options=OPTIONS, dtypes=(), local_models=False, check=check_options, server=True,
+INFO = EngineInfo("sglang", options=OPTIONS, dtypes=(), local_models=False, check=check_options, server=True, descriptor=DESCRIPTOR,
                   counters="request", constraints=tuple(CONSTRAINT_KEYS),
                   force_reject_note="SGLang's own knob, SGLANG_SIMULATE_ACC_LEN=1 with SGLANG_SIMULATE_ACC_TOKEN_MODE="
                   "real-draft-token, is not wired here yet (untested); see docs/FORCE_REJECT.md")
@@ -494,6 +495,7 @@ def parse_score(body: Any, prompt_ids: Sequence[int], continuation_ids: Sequence
 
 class SGLangEngine(ServerEngine):
     name = "sglang"
+    descriptor = DESCRIPTOR
     scorer_description = ("SGLang prompt logprobs on the baseline server: one /generate of prompt + continuation "
                           "with logprob_start_len = len(prompt) - 1 (entry 0 is null and dropped), max_new_tokens 1")
 

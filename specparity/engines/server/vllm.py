@@ -71,6 +71,7 @@ from specparity.engines.base import (
     parse_bool,
     parse_positive_int,
 )
+from specparity.engines.server.vllm_descriptor import DESCRIPTOR
 from specparity.engines.server.http import Endpoint, ServerError
 from specparity.engines.server.traffic import TrafficTally
 from specparity.engines.server.wire import WireFormat
@@ -389,7 +390,7 @@ def check_options(options: EngineOptions) -> None:
         launch_configs(options)
 
 
-INFO = EngineInfo("vllm", options=OPTIONS, dtypes=(), local_models=False, check=check_options, server=True,
+INFO = EngineInfo("vllm", options=OPTIONS, dtypes=(), local_models=False, check=check_options, server=True, descriptor=DESCRIPTOR,
                   counters="aggregate", constraints=CONSTRAINT_FIELDS,
                   force_reject_note="newer vLLM's rejection_sample_method synthetic with synthetic_acceptance_length 1 "
                   "is not wired here yet (untested); see docs/FORCE_REJECT.md")
@@ -613,6 +614,7 @@ def reported_max_num_seqs(info: dict[str, Any] | None) -> int | None:
 
 class VLLMEngine(ServerEngine):
     name = "vllm"
+    descriptor = DESCRIPTOR
     scorer_description = ("vLLM prompt_logprobs on the baseline server: prompt + continuation, max_tokens 1, "
                           "prompt_logprobs k (position 0 is null)")
 

@@ -11,7 +11,6 @@ rebuilt from the journal alone, long after the servers are gone.
 
 from __future__ import annotations
 
-import importlib
 import zlib
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
@@ -55,13 +54,17 @@ def shard_index(request_id: str, n: int) -> int:
 
 
 def wire_format(engine: str) -> WireFormat | None:
-    """The :class:`WireFormat` of the built-in server engine named ``engine`` (None: not a built-in
-    server engine, or one that declares none)."""
-    from specparity.engines import BUILTIN
+    """The :class:`WireFormat` the server engine ``engine`` (a registered name or a ``module:factory`` spec)
+    declares in its factory's module (``WIRE``); None: not a server engine, or one that declares none."""
+    import sys
 
-    target = BUILTIN.get(engine)
-    if not target or ".server." not in target:
+    from specparity.engines import EngineLoadError, engine_info, resolve_factory
+
+    try:
+        factory = resolve_factory(engine)
+    except EngineLoadError:
         return None
-    module = importlib.import_module(target.rpartition(":")[0])
-    wire = getattr(module, "WIRE", None)
+    info = engine_info(factory)
+    module = sys.modules.get(getattr(factory, "__module__", "") or "")
+    wire = getattr(module, "WIRE", None) if info is not None and info.server else None
     return wire if isinstance(wire, WireFormat) else None
