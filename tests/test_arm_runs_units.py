@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from fakes.backend import TARGET
+from specparity.engines import SERVER_ENGINES
 from specparity.engines.base import EngineInfo, EngineOptions
 from specparity.engines.server import arm_knobs
 from specparity.engines.server.arm_knobs import ArmLaunch, ArmSizing, arm_changes, arm_launch, unsupported_reason
@@ -286,7 +287,7 @@ def test_an_in_process_engine_is_refused_every_arm_but_default_in_one_line():
     with pytest.raises(BadInput) as exc:
         plan_arms(setup, [ARMS["default"], ARMS["preempt"], ARMS["long"]])
     assert str(exc.value) == ("--arms preempt,long: engine 'my_plugin.py:make' runs in process; these arms change a "
-                              "GPU server's launch (vllm, sglang; llama.cpp: default, long) — only 'default' runs here")
+                              f"GPU server's launch (--engine {', '.join(SERVER_ENGINES)}) — only 'default' runs here")
 
 
 def test_an_in_process_engine_plans_default_as_it_is_and_its_own_checks_are_not_run(tmp_path):

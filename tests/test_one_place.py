@@ -64,6 +64,44 @@ def test_the_cli_reads_engine_names_from_the_registry():
     assert not found, "engine names written out in the CLI instead of read from specparity.engines:\n" + "\n".join(found)
 
 
+#: Where an engine's name may be written: the registry, each engine's own modules (its adapter, its
+#: descriptor, its build and conversion tooling and its ``specparity llamacpp`` command), the presets table, and the
+#: probes, whose per-version engine facts are read from each engine's source.
+OWN_MODULES = ("engines/__init__.py", "engines/server/presets.py", "cli/llamacpp.py")
+
+
+def _own(path: Path) -> bool:
+    rel = path.relative_to(PACKAGE).as_posix()
+    engine_file = rel.startswith("engines/server/") and any(
+        Path(rel).name.startswith(name) for name in SERVER_ENGINES)
+    return rel in OWN_MODULES or rel.startswith("probes/") or engine_file
+
+
+def _engine_branches(path: Path) -> list[str]:
+    """Comparisons with a server engine's name (``engine == "sglang"``, ``name in ("vllm", ...)``); a command
+    word in an argv list (``specparity llamacpp``) is not an engine."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Compare):
+            sides = [node.left, *node.comparators]
+            names = [c.value for side in sides for c in ([side] if isinstance(side, ast.Constant) else
+                                                         side.elts if isinstance(side, (ast.Tuple, ast.Set)) else [])
+                     if isinstance(c, ast.Constant) and c.value in SERVER_ENGINES]
+            if names:
+                found.append(f"{path.name}:{node.lineno}: {ast.unparse(node)[:80]}")
+    return found
+
+
+def test_the_package_names_a_server_engine_only_in_its_own_modules():
+    """What is engine-specific is the engine's (its descriptor): the generic code (arms, reproducers, the run,
+    the report, the CLI) neither branches on an engine's name nor types out a list of engines."""
+    modules = [p for p in sorted(PACKAGE.rglob("*.py")) if not _own(p)]
+    assert len(modules) > 50
+    found = [hit for path in modules for hit in (*_engine_branches(path), *_engine_lists(path))]
+    assert not found, "engine names outside the engines' own modules:\n" + "\n".join(found)
+
+
 def test_the_probe_suite_has_one_test_per_live_probe():
     code, out = run_pytest("suites/probes", "--collect-only", "-q", "--probe-engine", "sglang==0.5.19",
                            "--target", str(fixture_dir("target")), "--draft", str(fixture_dir("dflash2")))

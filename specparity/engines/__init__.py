@@ -160,7 +160,7 @@ def check_options(factory: Factory, options: EngineOptions, name: str) -> Engine
     if not info.server and (options.baseline_urls or options.spec_urls or options.preset):
         flag = "--baseline-url" if options.baseline_urls else "--spec-url" if options.spec_urls else "--preset"
         raise EngineLoadError(f"{flag}: engine {info.name!r} runs in-process; server options need "
-                              "--engine llamacpp, sglang or vllm")
+                              f"--engine {', '.join(SERVER_ENGINES[:-1])} or {SERVER_ENGINES[-1]}")
     parsed = {key: info.options[key].check(key, str(value)) for key, value in options.extra.items()}
     checked = fill_model_defaults(info, dataclasses.replace(options, extra=parsed))
     if info.check is not None:

@@ -213,9 +213,9 @@ def sized_long_prompt(size: int, seed: int, count: Callable[[Prompt], int]) -> P
 
 def long_prompts(setup: GateSetup, engine: str) -> list[Prompt]:
     """The long arm's prompts: :data:`LONG_PROMPTS` needle-in-a-haystack prompts of the size the target
-    allows, sized with the tokenizer the gate sends (llama.cpp tokenizes on the server: its prompts are
-    sized by the generator's own estimate, and bounded by characters)."""
-    if engine == "llamacpp":
+    allows, sized with the tokenizer the gate sends (an engine that tokenizes on the server, llama.cpp: its
+    prompts are sized by the generator's own estimate, and bounded by characters)."""
+    if _on_server(engine):
         made = [long_context_prompt(LONG_MIN_TOKENS, seed=seed) for seed in range(LONG_PROMPTS)]
         size = LONG_MIN_TOKENS
     else:
@@ -309,8 +309,10 @@ def plan_arms(setup: GateSetup, arms: Sequence[Arm], *, prelaunched: bool = Fals
     if not server:
         gpu = [a.name for a in arms if a.name != "default"]
         if gpu:
+            from specparity.engines import SERVER_ENGINES
+
             raise BadInput(f"--arms {','.join(gpu)}: engine {setup.engine_spec!r} runs in process; these arms change "
-                           "a GPU server's launch (vllm, sglang; llama.cpp: default, long) — only 'default' runs here")
+                           f"a GPU server's launch (--engine {', '.join(SERVER_ENGINES)}) — only 'default' runs here")
     options = setup.engine_options
     urls = bool(options.baseline_urls)
     if urls and not prelaunched:

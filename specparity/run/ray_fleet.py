@@ -72,13 +72,14 @@ class RayOptions:
 
 def check_ray_options(setup: GateSetup, ray: RayOptions) -> None:
     """Refuse before anything starts what the Ray face cannot do (:class:`BadInput`, one line)."""
-    from specparity.engines import engine_info
+    from specparity.engines import SERVER_ENGINES, engine_info
 
     info = engine_info(setup.factory)
     options, config = setup.engine_options, setup.config
     if info is None or not info.server:
         raise BadInput(f"--ray: engine {setup.engine_spec!r} runs in this process; --ray places server pairs "
-                       "(--engine llamacpp, sglang or vllm with --preset, or --baseline-url/--spec-url pairs)")
+                       f"(--engine {', '.join(SERVER_ENGINES[:-1])} or {SERVER_ENGINES[-1]} with --preset, or "
+                       "--baseline-url/--spec-url pairs)")
     if config.shard is not None:
         raise BadInput(f"--ray with --shard {config.shard.label}: --ray makes one shard per server pair itself; "
                        "drop --shard (or run each shard without --ray)")

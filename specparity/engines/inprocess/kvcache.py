@@ -146,9 +146,11 @@ def require_torch() -> None:
     except (ImportError, ValueError):  # a None entry in sys.modules: import blocked
         spec = None
     if spec is None:
+        from specparity.engines import SERVER_ENGINES
+
         raise ValueError("--engine: this engine runs the models in this process and needs torch, which is not "
                          "installed (pip install torch==2.13.0 for the CPU wheel, or pip install 'specparity[torch]'); "
-                         "the server engines (llamacpp, sglang, vllm) need no torch")
+                         f"the server engines ({', '.join(SERVER_ENGINES)}) need no torch")
 
 
 # ---------------------------------------------------------------------------------------------- numerics
