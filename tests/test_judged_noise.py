@@ -8,7 +8,7 @@ side's noise is measured apart and enters the allowance only as the cross-instan
 does — up to the cap the reference sets (the larger of 0.25 nats and twice its own figure), and named as
 a finding with both figures whenever it widens the allowance, inside the cap or beyond it
 (:func:`specparity.model.cross_instance.judged_finding`, one rule for both).
-Constructed sides (:func:`specparity.cli.golden_commands.judge_sides`, the function both commands call): no
+Constructed sides (:func:`specparity.run.sides.judge_sides`, the function both commands call): no
 engine, no journal.
 """
 
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from specparity.cli.golden_commands import Side, judge_sides
+from specparity.run.sides import Side, judge_sides
 from specparity.judge.calibration import Sample
 from specparity.judge.resolution import measure_resolution
 from specparity.model.cross_instance import CROSS_INSTANCE_NATS

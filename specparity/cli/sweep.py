@@ -7,7 +7,7 @@ alike, so every level's gate passes) or for speculation only (acceptance moves w
 built once (the same servers), each level journalled in its own directory (``REPORT/c1``,
 ``REPORT/c4`` …: a later level's failure never loses an earlier level's results), then judges each
 level's speculative output against the lowest level's with the comparison of ``specparity compare
---old-side spec`` (:func:`specparity.cli.golden_commands.judge_sides`: the gate's classes, the threshold
+--old-side spec`` (:func:`specparity.run.sides.judge_sides`: the gate's classes, the threshold
 from the lowest level's measured noise, the higher level's own noise capped and named as the judged
 side's). A prompt whose output differs between two levels of one configuration
 is a **batch flip**: ``batch_flip_near_tie`` when the comparison calls it a near tie (within the noise),
@@ -228,12 +228,12 @@ def batch_flips(lowest: int, low_dir: Path, result: LevelResult, setup: GateSetu
     on the comparison): the budget from the data (or ``--max-near-tie``), bit-exact under
     ``--bit-exact`` or where the engine declares deterministic inference (``level_run``'s
     declaration: every level runs on the one engine)."""
-    from specparity.cli.golden_commands import _load_side, judge_sides
+    from specparity.run.sides import judge_sides, load_side
 
     config = setup.config
     try:
-        old = _load_side(str(low_dir), f"level {lowest}", "spec")
-        new = _load_side(result.report_dir, f"level {result.level}", "spec")
+        old = load_side(str(low_dir), f"level {lowest}", "spec")
+        new = load_side(result.report_dir, f"level {result.level}", "spec")
     except BadInput as exc:
         result.flip_error = str(exc)
         return
