@@ -30,33 +30,13 @@ from specparity.model.gate_run import Activity, GateConfig, PromptRecord
 from specparity.model.prompts import Prompt, long_context_prompt
 from specparity.model.types import GenerationRequest, GenerationResult, SpecStats, TokenScores
 from specparity.run import arm_runs
-from specparity.run.arm_runs import (
-    ARM_JSON,
-    ARMS_JSON,
-    ARMS_MD,
-    LONG_FIT_TOKENS,
-    ArmEngine,
-    ArmPlan,
-    ArmResult,
-    ArmsResult,
-    Check,
-    Evidence,
-    JudgedPhase,
-    arm_line,
-    arms_markdown,
-    bias_line,
-    cold_check,
-    collect_evidence,
-    engine_kind,
-    plan_arms,
-    preempt_check,
-    run_arms,
-    sized_long_prompt,
-    terminal_lines,
-    warm_check,
-    write_arm,
-    write_arms,
-)
+from specparity.run import arm_plan
+from specparity.run import arm_evidence
+from specparity.run.arm_runs import (ARM_JSON, ARMS_JSON, ARMS_MD, ArmResult, ArmsResult, arm_line, arms_markdown, run_arms,
+                                     terminal_lines, write_arm, write_arms)
+from specparity.run.arm_plan import LONG_FIT_TOKENS, ArmPlan, engine_kind, plan_arms, sized_long_prompt
+from specparity.run.arm_evidence import (ArmEngine, Check, Evidence, JudgedPhase, bias_line, cold_check, collect_evidence,
+                                         preempt_check, warm_check)
 from specparity.run.setup import BadInput, GateSetup
 
 # --------------------------------------------------------------------------- stand-ins
@@ -262,13 +242,13 @@ def test_engine_kind_names_a_declared_engine_and_whether_it_talks_to_servers():
 
 def test_prompt_tokens_are_the_tokenizer_s_and_llamacpp_s_an_upper_bound_in_characters():
     setup = setup_for("vllm")
-    assert arm_runs._prompt_tokens(setup, "vllm", PROMPTS + CALIBRATION) == tokens(PROMPTS + CALIBRATION)
+    assert arm_plan._prompt_tokens(setup, "vllm", PROMPTS + CALIBRATION) == tokens(PROMPTS + CALIBRATION)
     both = [Prompt("p", "math", "en", prompt="abcd"), Prompt("m", "chat", "en", messages=(("system", "ab"),
                                                                                          ("user", "cde")))]
-    assert arm_runs._prompt_tokens(setup, "llamacpp", both) == (4, 5)
+    assert arm_plan._prompt_tokens(setup, "llamacpp", both) == (4, 5)
     nowhere = setup_for("vllm", target="/nonexistent/t")
     with pytest.raises(ValueError) as exc:
-        arm_runs._prompt_tokens(nowhere, "vllm", PROMPTS)
+        arm_plan._prompt_tokens(nowhere, "vllm", PROMPTS)
     assert str(exc.value) == ("--engine-opt tokenizer: the vllm engine sends token ids, so it needs a local Hugging "
                               "Face tokenizer directory (--target '/nonexistent/t' is not a local directory); pass "
                               "--engine-opt tokenizer=DIR")
@@ -277,9 +257,9 @@ def test_prompt_tokens_are_the_tokenizer_s_and_llamacpp_s_an_upper_bound_in_char
 def test_the_output_limit_is_the_run_s_else_the_prompt_s_else_the_default():
     from specparity.model.gate_run import DEFAULT_MAX_NEW_TOKENS
 
-    assert arm_runs._max_new(setup_for("vllm"), PROMPTS + CALIBRATION) == (5, DEFAULT_MAX_NEW_TOKENS, 40)
+    assert arm_plan._max_new(setup_for("vllm"), PROMPTS + CALIBRATION) == (5, DEFAULT_MAX_NEW_TOKENS, 40)
     capped = setup_for("vllm", config=GateConfig(max_new_tokens=7))
-    assert arm_runs._max_new(capped, PROMPTS + CALIBRATION) == (7, 7, 7)
+    assert arm_plan._max_new(capped, PROMPTS + CALIBRATION) == (7, 7, 7)
 
 
 def test_an_in_process_engine_is_refused_every_arm_but_default_in_one_line():
@@ -464,7 +444,7 @@ def test_a_long_prompt_that_never_fits_stops_after_four_measures_and_never_asks_
 def test_llamacpp_long_prompts_are_the_generator_s_at_the_arm_s_size(tmp_path):
     (plan,) = plan_arms(setup_for("llamacpp", target=None, report_dir=str(tmp_path)), [ARMS["long"]])
     want = [dataclasses.replace(long_context_prompt(LONG_MIN_TOKENS, seed=s), id=f"longctx-en-{LONG_MIN_TOKENS}-s{s}")
-            for s in range(arm_runs.LONG_PROMPTS)]
+            for s in range(arm_plan.LONG_PROMPTS)]
     assert plan.setup.prompts == want and len(want) == 2
     assert plan.setup.calibration is None  # the long arm measures its noise on its own prompts
     chars = max(len(p.prompt) for p in want)
@@ -545,20 +525,20 @@ def test_only_answered_speculative_requests_are_judged():
     ok = record("ok")
     run = SimpleNamespace(records=[record("no-spec", spec=False), record("no-request", request=False), ok,
                                    record("failed", error="HTTP 500")])
-    assert arm_runs._judged(run) == [ok]
+    assert arm_evidence._judged(run) == [ok]
 
 
 def test_an_engine_s_name_and_whether_it_has_servers():
-    assert arm_runs._name(Engine("vllm")) == "vllm"
-    assert arm_runs._name(Engine(None)) == ""
-    assert arm_runs._name(SimpleNamespace(name=None)) == ""
-    assert arm_runs._server(Engine("vllm")) is True
-    assert arm_runs._server(InProcess()) is False
-    assert arm_runs._server(SimpleNamespace(every_server="not callable")) is False
+    assert arm_evidence._name(Engine("vllm")) == "vllm"
+    assert arm_evidence._name(Engine(None)) == ""
+    assert arm_evidence._name(SimpleNamespace(name=None)) == ""
+    assert arm_evidence._server(Engine("vllm")) is True
+    assert arm_evidence._server(InProcess()) is False
+    assert arm_evidence._server(SimpleNamespace(every_server="not callable")) is False
 
 
 def test_the_common_prefix_of_two_sequences():
-    common = arm_runs._common
+    common = arm_evidence._common
     assert [common([1, 2, 3], [1, 2, 4]), common([1, 2], [1, 2, 3]), common([5], [6]), common([], [1]),
             common([7, 8, 9], [7, 8, 9])] == [2, 2, 0, 0, 3]
 
@@ -566,35 +546,35 @@ def test_the_common_prefix_of_two_sequences():
 def test_the_shared_prefix_is_with_the_nearest_other_request_on_either_side():
     judged = [record("a", [1, 2, 3, 4, 5]), record("b", [1, 2, 3, 9], output=[4, 5, 6]), record("c", [1, 2, 7]),
               record("d", [8, 8]), record("e", [1, 2, 3, 4, 5])]
-    assert arm_runs._shared(judged) == {"a": 5, "b": 3, "c": 2, "d": 0, "e": 5}
-    assert arm_runs._shared([record("alone", [1, 2])]) == {"alone": 0}
+    assert arm_evidence._shared(judged) == {"a": 5, "b": 3, "c": 2, "d": 0, "e": 5}
+    assert arm_evidence._shared([record("alone", [1, 2])]) == {"alone": 0}
     # the nearest on the right, not the first in sorted order
-    assert arm_runs._shared([record("a", [1]), record("b", [5, 5]), record("c", [5, 6])]) == {"a": 0, "b": 1, "c": 1}
+    assert arm_evidence._shared([record("a", [1]), record("b", [5, 5]), record("c", [5, 6])]) == {"a": 0, "b": 1, "c": 1}
     # a prompt is never compared with its own answer
-    assert arm_runs._shared([record("x", [1, 2], output=[3]), record("y", [1, 2, 3, 4])]) == {"x": 2, "y": 3}
+    assert arm_evidence._shared([record("x", [1, 2], output=[3]), record("y", [1, 2, 3, 4])]) == {"x": 2, "y": 3}
 
 
 def test_why_a_request_reads_no_prefix_cache():
-    assert arm_runs._cache_off(InProcess()) == "the engine runs in process: no prefix cache"
-    assert arm_runs._cache_off(Engine("llamacpp")) == "llamacpp: every request sends cache_prompt: false"
-    assert arm_runs._cache_off(Engine("vllm")) is None
+    assert arm_evidence._cache_off(InProcess()) == "the engine runs in process: no prefix cache"
+    assert arm_evidence._cache_off(Engine("llamacpp")) == "llamacpp: every request sends cache_prompt: false"
+    assert arm_evidence._cache_off(Engine("vllm")) is None
 
 
 def test_the_reset_line_names_each_server_or_what_failed():
-    assert arm_runs._reset_line(None) == []
-    assert arm_runs._reset_line(JudgedPhase()) == []
-    assert arm_runs._reset_line(JudgedPhase([("http://a", True, "ok"), ("http://b", True, "ok")], 0)) == [
+    assert arm_evidence._reset_line(None) == []
+    assert arm_evidence._reset_line(JudgedPhase()) == []
+    assert arm_evidence._reset_line(JudgedPhase([("http://a", True, "ok"), ("http://b", True, "ok")], 0)) == [
         "prefix cache reset on the speculative server(s) before the judged requests (http://a, http://b)"]
     long_said = "x" * 150 + "0123456789ABCDEF"
-    assert arm_runs._reset_line(JudgedPhase([("http://a", True, "ok"), ("http://b", False, long_said),
+    assert arm_evidence._reset_line(JudgedPhase([("http://a", True, "ok"), ("http://b", False, long_said),
                                              ("", False, "RuntimeError: boom")])) == [
         "prefix cache NOT reset before the judged requests: http://b: " + "x" * 150 + "0123456789; ?: RuntimeError: boom"]
 
 
 def test_the_line_on_answers_without_cached_tokens_says_what_the_engine_needs():
-    assert arm_runs._unknown_line(Engine("vllm"), 2) == ("2 judged answer(s) carried no cached-token count (vLLM "
+    assert arm_evidence._unknown_line(Engine("vllm"), 2) == ("2 judged answer(s) carried no cached-token count (vLLM "
                                                          "answers it only with --enable-prompt-tokens-details)")
-    assert arm_runs._unknown_line(Engine("sglang"), 1) == "1 judged answer(s) carried no cached-token count"
+    assert arm_evidence._unknown_line(Engine("sglang"), 1) == "1 judged answer(s) carried no cached-token count"
 
 
 # --------------------------------------------------------------------------- cold
@@ -872,29 +852,29 @@ def test_default_is_free_of_the_launch_level_arms_where_the_run_shows_them():
     run = SimpleNamespace(deterministic="both launches set VLLM_BATCH_INVARIANT=1")
     dtypes = [("baseline", "http://b1", "fp8"), ("baseline", "http://b2", None), ("spec", "http://s1", "fp8_e5m2"),
               ("spec", "http://s2", None), ("spec", "http://s3", "auto")]
-    assert arm_runs._launch_conditions(engine, judged, run) == Check(False, [
+    assert arm_evidence._launch_conditions(engine, judged, run) == Check(False, [
         "determinism declared (both launches set VLLM_BATCH_INVARIANT=1): the deterministic arm's condition",
         "an fp8 KV cache on baseline http://b1, spec http://s1: the fp8-kv arm's condition",
         f"1 prompt(s) of {LONG_MIN_TOKENS}+ tokens: the long arm's condition",
         "KV cache dtype unknown on baseline http://b2, spec http://s2"], {"kv_cache_dtype": dtypes})
     clean = Engine("vllm", spec=[Endpoint("http://s1", info=vllm_info("auto"))])
-    assert arm_runs._launch_conditions(clean, judged[1:], SimpleNamespace(deterministic=None)) == Check(
+    assert arm_evidence._launch_conditions(clean, judged[1:], SimpleNamespace(deterministic=None)) == Check(
         True, [], {"kv_cache_dtype": [("spec", "http://s1", "auto")]})
 
 
 def test_an_in_process_engine_shows_no_kv_cache_dtype():
     nameless = SimpleNamespace()  # no servers and no name
-    assert arm_runs._launch_conditions(nameless, [record("a")], SimpleNamespace()) == Check(True, [], {})
-    assert arm_runs._launch_conditions(InProcess(), [record("a")], SimpleNamespace(deterministic="")) == Check(True, [], {})
+    assert arm_evidence._launch_conditions(nameless, [record("a")], SimpleNamespace()) == Check(True, [], {})
+    assert arm_evidence._launch_conditions(InProcess(), [record("a")], SimpleNamespace(deterministic="")) == Check(True, [], {})
 
 
 def test_combined_proofs_end_with_the_reset_line_and_record_the_reset():
     a = Check(True, ["one"], {"x": 1})
     b = Check(False, ["two", "three"], {"y": 2, "x": 3})
-    assert arm_runs._combine(None, a, b) == Evidence(False, ["one", "two", "three"], {"x": 3, "y": 2})
-    assert arm_runs._combine(JudgedPhase(), a) == Evidence(True, ["one"], {"x": 1})
+    assert arm_evidence._combine(None, a, b) == Evidence(False, ["one", "two", "three"], {"x": 3, "y": 2})
+    assert arm_evidence._combine(JudgedPhase(), a) == Evidence(True, ["one"], {"x": 1})
     phase = JudgedPhase([("http://s", True, "ok")], 0)
-    assert arm_runs._combine(phase, a, a) == Evidence(
+    assert arm_evidence._combine(phase, a, a) == Evidence(
         True, ["one", "one", "prefix cache reset on the speculative server(s) before the judged requests (http://s)"],
         {"prefix_cache_reset": [("http://s", True, "ok")], "x": 1})
 
@@ -1198,7 +1178,7 @@ def gate(monkeypatch):
     return state
 
 
-def arm_plan(arm: str, root: Path, launch_text: str = "nothing") -> ArmPlan:
+def arm_plan_for(arm: str, root: Path, launch_text: str = "nothing") -> ArmPlan:
     setup = SimpleNamespace(engine_spec="sglang", prompts=[Prompt("p1", "math", "en", prompt="x"),
                                                            Prompt("p2", "math", "en", prompt="y")],
                             config=GateConfig(report_dir=str(root / arm)), calibration=[Prompt("c", "math", "en",
@@ -1219,7 +1199,7 @@ def test_every_arm_runs_in_turn_an_engine_that_does_not_load_is_reported_and_the
     engine = served(p1=answer("p1", facts=facts), p2=answer("p2", facts=facts))
     gate.engines = {"default": EngineLoadFailed("cannot load engine 'sglang': no such preset"), "prefix-warm": engine}
     monkeypatch.setattr(arm_runs, "time", Clock(10.0, 11.5, 13.0, 20.0, 21.0, 23.0, 30.0, 34.0))
-    plans = [arm_plan("default", tmp_path), arm_plan("prefix-warm", tmp_path, "radix cache")]
+    plans = [arm_plan_for("default", tmp_path), arm_plan_for("prefix-warm", tmp_path, "radix cache")]
     said: list[str] = []
     result = run_arms(plans, "sglang", str(tmp_path), say=said.append)
     assert (result.engine, result.arms, result.report_dir, result.interrupted) == (
@@ -1257,7 +1237,7 @@ def warm_run_of(gate):
 def test_an_arm_other_than_prefix_warm_sends_no_warm_up_and_runs_without_a_listener(gate, tmp_path):
     engine = served()
     gate.engines = {"default": engine}
-    result = run_arms([arm_plan("default", tmp_path)], "sglang", str(tmp_path))
+    result = run_arms([arm_plan_for("default", tmp_path)], "sglang", str(tmp_path))
     assert engine.calls == [([("p1", 4), ("p2", 4)], False), ([("p1", 4), ("p2", 4)], True)]
     assert [r.arm for r in result.results] == ["default"] and engine.closed == 1
     assert json.loads((tmp_path / ARMS_JSON).read_text())["arms"] == ["default"]
@@ -1273,7 +1253,7 @@ def test_a_proof_that_cannot_be_read_is_a_missing_proof(gate, tmp_path, monkeypa
         raise RuntimeError("the counters vanished")
 
     monkeypatch.setattr(arm_runs, "collect_evidence", unreadable)
-    plans = [arm_plan("default", tmp_path)]
+    plans = [arm_plan_for("default", tmp_path)]
     (arm,) = run_arms(plans, "sglang", str(tmp_path)).results
     assert arm.evidence == Evidence(False, ["the proof could not be read: RuntimeError: the counters vanished"])
     assert arm.status == NOT_EXERCISED and arm.final_exit == exitcodes.GATE_FAILED
@@ -1289,11 +1269,11 @@ def test_ctrl_c_writes_the_partial_arm_and_hands_the_partial_table_on(gate, tmp_
     gate.engines = {"default": engine, "preempt": served()}
     gate.interrupt = True
     with pytest.raises(GateInterrupted) as exc:
-        run_arms([arm_plan("default", tmp_path), arm_plan("preempt", tmp_path)], "sglang", str(tmp_path))
+        run_arms([arm_plan_for("default", tmp_path), arm_plan_for("preempt", tmp_path)], "sglang", str(tmp_path))
     partial = exc.value.arms
     assert partial.interrupted is True and partial.status == "INTERRUPTED"
     (arm,) = partial.results
-    assert arm == arm_runs._result(arm_plan("default", tmp_path), exc.value.run, gate.decisions[0],
+    assert arm == arm_runs._result(arm_plan_for("default", tmp_path), exc.value.run, gate.decisions[0],
                                    Evidence(None, ["interrupted"]))
     assert gate.concluded == [exc.value.run]
     assert engine.closed == 1

@@ -39,7 +39,8 @@ from specparity.gate import exitcodes
 from specparity.engines import SERVER_ENGINES
 from specparity.engines.server.arm_knobs import arm_changes, arm_proof, parse_arms, supported_arms, unsupported_reason
 from specparity.model.arms import ARMS, LONG_MIN_TOKENS, NOT_EXERCISED
-from specparity.run.arm_runs import ARM_JSON, ARMS_JSON, ARMS_MD, LONG_FIT_TOKENS
+from specparity.run.arm_runs import ARM_JSON, ARMS_JSON, ARMS_MD
+from specparity.run.arm_plan import LONG_FIT_TOKENS
 
 #: Prompts per run: few, so every request of a phase is in flight at once under the preempt arm.
 PER_CATEGORY = {"math": 2, "code": 2}
@@ -476,7 +477,7 @@ def _prefix_warm_evidence(lengths: dict[str, int], cached: dict[str, int], metho
     from types import SimpleNamespace
 
     from specparity.model.types import GenerationRequest
-    from specparity.run.arm_runs import collect_evidence
+    from specparity.run.arm_evidence import collect_evidence
 
     errors = warm_errors or {}
     records = [SimpleNamespace(spec=SimpleNamespace(facts={"cached_tokens": n, "prompt_tokens": lengths[rid]},

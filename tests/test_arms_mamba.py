@@ -26,7 +26,8 @@ from specparity.gate import exitcodes
 from specparity.engines.server.arm_knobs import arm_engines, parse_arms, unsupported_reason
 from specparity.model.arms import ARMS, NOT_EXERCISED
 from specparity.probes.mamba_slots import LaunchFlags
-from specparity.run.arm_runs import mamba_slots_per_request, most_alive, predict_mamba_slots, target_is_hybrid
+from specparity.run.arm_plan import mamba_slots_per_request, predict_mamba_slots, target_is_hybrid
+from specparity.run.arm_evidence import most_alive
 from test_arms import arms, prompts, rows, url_args  # noqa: F401 - prompts: a fixture test_arms defines
 
 REPO = Path(__file__).resolve().parents[1]
@@ -243,7 +244,7 @@ PREDICTED = ("http://s0: the mamba-slots probe predicts 3 state slots per reques
 
 
 def test_the_proof_says_the_cap_the_prediction_and_how_many_waited():
-    from specparity.run.arm_runs import slots_check
+    from specparity.run.arm_evidence import slots_check
 
     got = slots_check(_engine(_info(2)), _alive(5), 8, str(HYBRID))
     assert got.ok is True
@@ -255,7 +256,7 @@ def test_the_proof_says_the_cap_the_prediction_and_how_many_waited():
 
 
 def test_a_server_that_runs_as_many_as_are_sent_is_not_capped():
-    from specparity.run.arm_runs import slots_check
+    from specparity.run.arm_evidence import slots_check
 
     got = slots_check(_engine(_info(4), _info(4)), _alive(8), 8, str(HYBRID))
     assert got.ok is False and got.lines[-1] == ("not capped: the speculative server(s) run 8 request(s) at once, the "
@@ -265,7 +266,7 @@ def test_a_server_that_runs_as_many_as_are_sent_is_not_capped():
 
 
 def test_no_more_alive_than_the_server_runs_shows_no_wait():
-    from specparity.run.arm_runs import slots_check
+    from specparity.run.arm_evidence import slots_check
 
     got = slots_check(_engine(_info(2)), _alive(2), 8, str(HYBRID))
     assert got.ok is False and got.lines[-1] == ("at most 2 judged request(s) alive on the server(s) at once, within "
@@ -275,7 +276,7 @@ def test_no_more_alive_than_the_server_runs_shows_no_wait():
 
 
 def test_a_cap_or_times_the_server_does_not_say_prove_nothing():
-    from specparity.run.arm_runs import slots_check
+    from specparity.run.arm_evidence import slots_check
 
     unknown = slots_check(_engine(_info(2), {"version": "0.5.17"}), _alive(5), 8, str(HYBRID))
     assert unknown.ok is False and unknown.lines[0].endswith("http://s0 2, http://s1 unknown")
@@ -292,7 +293,7 @@ def test_a_cap_or_times_the_server_does_not_say_prove_nothing():
 
 
 def test_the_prediction_line_for_each_kind_of_server():
-    from specparity.run.arm_runs import _predicted_line
+    from specparity.run.arm_evidence import _predicted_line
 
     assert _predicted_line(str(HYBRID), "http://s0", _info(2)) == PREDICTED
     unset = _predicted_line(str(HYBRID), "u", {"version": "0.5.17"})
@@ -334,7 +335,7 @@ def test_the_plan_reads_the_flags_given_when_there_is_no_preset(tmp_path):
 
 
 def test_the_sglang_version_is_asked_of_the_interpreter_that_runs_it(tmp_path, monkeypatch):
-    from specparity.run import arm_runs
+    from specparity.run import arm_plan
 
     def script(name, body):
         path = tmp_path / name
@@ -347,21 +348,21 @@ def test_the_sglang_version_is_asked_of_the_interpreter_that_runs_it(tmp_path, m
     (site / "sglang-0.5.17.dist-info").mkdir(parents=True)
     (site / "sglang-0.5.17.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: sglang\nVersion: 0.5.17\n")
     monkeypatch.setenv("PYTHONPATH", str(site))
-    assert arm_runs._installed_version("sglang", sys.executable) == (0, 5, 17)
+    assert arm_plan._installed_version("sglang", sys.executable) == (0, 5, 17)
     monkeypatch.delenv("PYTHONPATH")
-    assert arm_runs._installed_version("sglang", script("ok", "echo 0.5.17.post1\n")) == (0, 5, 17)
-    assert arm_runs._installed_version("sglang", script("silent", "true\n")) is None
-    assert arm_runs._installed_version("sglang", script("fails", "echo 0.5.17; exit 3\n")) is None
-    assert arm_runs._installed_version("sglang", str(tmp_path / "missing")) is None
+    assert arm_plan._installed_version("sglang", script("ok", "echo 0.5.17.post1\n")) == (0, 5, 17)
+    assert arm_plan._installed_version("sglang", script("silent", "true\n")) is None
+    assert arm_plan._installed_version("sglang", script("fails", "echo 0.5.17; exit 3\n")) is None
+    assert arm_plan._installed_version("sglang", str(tmp_path / "missing")) is None
     import importlib.metadata
 
     asked = []
     monkeypatch.setattr(importlib.metadata, "version", lambda name: asked.append(name) or "0.5.19")
-    assert arm_runs._installed_version("sglang", None) == (0, 5, 19) and asked == ["sglang"]
+    assert arm_plan._installed_version("sglang", None) == (0, 5, 19) and asked == ["sglang"]
 
 
 def test_unknown_is_said_for_a_missing_figure():
-    from specparity.run.arm_runs import _or_unknown
+    from specparity.run.arm_evidence import _or_unknown
 
     assert [_or_unknown(v) for v in (None, 0, 3)] == ["unknown", "0", "3"]
 
@@ -378,7 +379,7 @@ def _judged(n: int, retractions: dict[int, int] | None = None):
 
 
 def test_the_arms_evidence_joins_the_wait_the_cold_start_and_the_retractions():
-    from specparity.run.arm_runs import JudgedPhase, collect_evidence
+    from specparity.run.arm_evidence import JudgedPhase, collect_evidence
 
     engine = _engine(_info(2))
     engine.every_server = lambda: []

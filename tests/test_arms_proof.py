@@ -263,7 +263,7 @@ def test_the_shared_prefix_is_the_longest_with_any_other_judged_request(requests
     request's prompt and answer (found among its neighbours in sorted order), never with its own."""
     from types import SimpleNamespace
 
-    from specparity.run.arm_runs import _shared
+    from specparity.run.arm_evidence import _shared
 
     judged = [SimpleNamespace(request=SimpleNamespace(request_id=f"r{i}", prompt_ids=prompt),
                               spec=SimpleNamespace(output_ids=answer)) for i, (prompt, answer) in enumerate(requests)]

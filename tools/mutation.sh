@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Mutation testing of the verdict code (specparity/judge/, specparity/gate/, specparity/model/threshold.py)
-# and of the run-level code (specparity/run/merge.py, ray_fleet.py, arm_runs.py and
+# and of the run-level code (specparity/run/merge.py, ray_fleet.py, arm_runs.py, arm_plan.py, arm_evidence.py and
 # specparity/model/run_state.py), against the unit-level tests named in pyproject.toml's
 # [tool.mutmut] table (pytest ignores that table; `pytest -n auto` is unchanged).
 #

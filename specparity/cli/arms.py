@@ -35,7 +35,8 @@ def _run_arms(args: argparse.Namespace) -> int:
     from specparity.cli.options import build_setup
     from specparity.engines.server.arm_knobs import parse_arms
     from specparity.engines.libraries import configure_libraries
-    from specparity.run.arm_runs import engine_kind, plan_arms, run_arms, target_is_hybrid, write_arms
+    from specparity.run.arm_plan import engine_kind, plan_arms, target_is_hybrid
+    from specparity.run.arm_runs import run_arms, write_arms
 
     configure_libraries(args.verbose)
     raw = {dest: getattr(args, dest) for dest in gate_dests()}
