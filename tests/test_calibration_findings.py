@@ -22,7 +22,7 @@ from specparity.gate.decision import decide
 from specparity.gate.exitcodes import ENGINE_ERROR, GATE_FAILED, PASS
 from specparity.model.gate_run import GateConfig, GatePolicy
 from specparity.model.locations import REPO_ROOT
-from specparity.report.render import drift_line, scorer_check_line
+from specparity.report.lines import drift_line, scorer_check_line
 from specparity.run.runner import run_gate
 
 UNSCORED = f"{REPO_ROOT / 'tests' / 'unscored_pairs_engine.py'}:create"

@@ -24,7 +24,7 @@ from specparity.model.prompts import Prompt
 from specparity.model.threshold import ChannelResolution, NearTieThreshold
 from specparity.model.types import GenerationResult, SpecStats, TokenScores
 from specparity.model.verdicts import Divergence, TokenView, Verdict
-from specparity.report.render import near_tie_lines
+from specparity.report.lines import near_tie_lines
 
 #: Positions per calibration sample and samples: enough close calls for a measured threshold (50 near pairs).
 POSITIONS, SAMPLES = 20, 10

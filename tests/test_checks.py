@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from specparity.report import render as report
+from specparity.report import view
 from specparity.judge.checks import Check, verdict_checks
 from specparity.judge.compare import OWN_ROW_REJECTED, compare
 from specparity.model.verdicts import CLASSES, Verdict
@@ -233,7 +234,7 @@ def test_the_report_renders_the_checks_it_is_given_for_every_class():
     page = report.render_report_html(run, decision)
     for rec, (_, klass, _) in zip(recs, CASES.values()):
         assert rec.verdict.klass == klass
-        checks = report.judgement(rec, run, decision)
+        checks = view.judgement(rec, run, decision)
         assert checks == prompt_checks(rec.verdict, run, decision)
         own = verdict_checks(rec.verdict, noise=run.threshold.noise)
         assert checks == (own + [decision.near_tie_budget] if klass == "near_tie" else own)
@@ -256,7 +257,7 @@ def test_the_near_tie_budget_is_the_gates_one_rule(policy, fails):
     assert budget == near_tie_budget(run, decision.counts)
     assert (budget.state == "fail") == fails == any("near-tie" in f for f in decision.failures)
     assert budget.numbers["near_tie"] == decision.counts["near_tie"] == 1
-    assert report.judgement(run.records[0], run, decision)[-1] is budget
+    assert view.judgement(run.records[0], run, decision)[-1] is budget
     md = report.render_report_md(run, decision)
     assert f"{budget.mark} {budget.text}" in md.replace("\\", "")
 
@@ -275,7 +276,7 @@ def test_verdicts_rebuilt_from_the_journal_give_the_same_checks(tmp_path):
     for live, back in zip(run.records, rebuilt.records):
         assert back.verdict.to_json() == live.verdict.to_json()
         assert back.verdict.later_scored == live.verdict.later_scored
-        assert report.judgement(back, rebuilt, again) == report.judgement(live, run, decision)
+        assert view.judgement(back, rebuilt, again) == view.judgement(live, run, decision)
     assert {r.verdict.klass for r in rebuilt.records} == set(CLASSES)
 
 

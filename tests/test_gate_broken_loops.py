@@ -21,7 +21,7 @@ from specparity.gate.decision import decide
 from specparity.run.golden import load_golden
 from specparity.model.prompts import load_prompts
 from specparity.model.gate_run import GateConfig, GatePolicy
-from specparity.report.render import judgement
+from specparity.report.view import judgement
 from specparity.run.runner import run_gate
 
 MAX_NEW = 32

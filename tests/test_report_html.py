@@ -26,6 +26,7 @@ import numpy as np
 import pytest
 
 from specparity.report import render as report
+from specparity.report import view
 from specparity.judge.compare import compare
 from specparity.model.verdicts import CLASSES
 from specparity.model.locations import REPO_ROOT
@@ -354,7 +355,7 @@ def test_report_judgement_matches_the_verdict(case, tmp_path):
     assert unescape(card.split('<p class="reason"><strong>Reason:</strong> ')[1].split("</p>")[0]) == v.reason
     # the steps shown are the report's judgement of this record, in both reports
     states = re.findall(r'<li class="check check-(\w+)">', card)
-    checks = report.judgement(rec, run, decision)
+    checks = view.judgement(rec, run, decision)
     assert states == [c.state for c in checks] and states
     assert md_details(md, pid).count("❌") == states.count("fail")
     if klass == "near_tie":
@@ -373,7 +374,7 @@ def test_report_judgement_matches_the_verdict(case, tmp_path):
 def test_every_class_but_near_tie_fails_a_step(case):
     """A prompt that is not exact or a near tie has a step of its judgement that says why (✗)."""
     run, rec = run_with(case)
-    checks = report.judgement(rec, run, decide(run))
+    checks = view.judgement(rec, run, decide(run))
     assert any(c.state == "fail" for c in checks), [(c.state, c.text) for c in checks]
 
 
@@ -573,7 +574,7 @@ def test_server_launch_commands_and_running_servers():
 
 def test_speed_and_accept_length_per_category():
     run = full_run()
-    cats, prompts = report.speed_rows(run)
+    cats, prompts = view.speed_rows(run)
     total = cats[-1]
     assert total.name == "total"
     timed = [r for r in run.records if r.spec is not None and not r.spec.error]
@@ -582,7 +583,7 @@ def test_speed_and_accept_length_per_category():
     assert total.speedup == pytest.approx(BASE_S / SPEC_S)
     assert total.accept_length == pytest.approx(run.activity().mean_accept_length)
     assert {p.name for p in prompts} == {r.prompt.id for r in timed}
-    bars = report.accept_bars(run)
+    bars = view.accept_bars(run)
     assert [b.category for b in bars] == run.categories()
 
 
@@ -614,7 +615,7 @@ def test_markdown_stays_under_a_comment_limit():
         assert rec.verdict.klass == "diverged", rec.verdict.reason
         run.records.append(rec)
     md = report.render_report_md(run, decide(run))
-    assert len(md) <= report.MD_MAX_CHARS and "more non-exact prompt(s): see `report.html`" in md
+    assert len(md) <= view.MD_MAX_CHARS and "more non-exact prompt(s): see `report.html`" in md
     assert first.prompt.id in md
 
 
@@ -652,7 +653,7 @@ def test_golden_and_resumed_runs():
     assert "The golden could not be used" in page and "&lt;script&gt;" in page and "<script" not in page
     assert "golden recorded 2026-01-01" in page and "3 baseline(s) and 2 verdict(s) reused" in page
     assert "baseline(s) from the golden are left out" in page and "golden baseline(s) left out" in md
-    cats, prompts = report.speed_rows(run)
+    cats, prompts = view.speed_rows(run)
     assert run.records[0].prompt.id not in {p.name for p in prompts}
 
 
@@ -675,13 +676,13 @@ def test_a_long_broken_stream_stays_readable():
     run = full_run()
     run.records.append(PromptRecord(p, baseline=base, spec=spec, spec_tf=tf, verdict=v))
     page, md = render(run)
-    assert len(page) < 200_000 and len(md) < report.MD_MAX_CHARS
+    assert len(page) < 200_000 and len(md) < view.MD_MAX_CHARS
     svg = page.split('id="margin-plot"')[1].split("</svg>")[0]
     flips = sum(1 for r in run.records if r.verdict.divergence is not None)
-    later = sum(min(report.MAX_LATER_POINTS, sum(1 for t in r.verdict.tf_violations
+    later = sum(min(view.MAX_LATER_POINTS, sum(1 for t in r.verdict.tf_violations
                                                  if t.position > r.verdict.divergence.position))
                 for r in run.records if r.verdict.divergence is not None)
     assert svg.count("<circle") <= 3 + 2 * flips + 2 * later
     shown = 20  # the card lists the first teacher-forced violations
     assert f"… and {len(v.tf_violations) - shown} more." in page
-    assert f"({500_000 - report.FULL_TEXT_CHARS} more characters)" in page
+    assert f"({500_000 - view.FULL_TEXT_CHARS} more characters)" in page

@@ -25,7 +25,7 @@ from specparity.model.prompts import Prompt
 from specparity.model.threshold import FlipRate, NearTieThreshold, NoiseStats
 from specparity.model.types import GenerationResult, SpecStats, StepRecord, TokenScores
 from specparity.model.verdicts import Divergence, TokenView, Verdict
-from specparity.report.render import near_tie_lines, terminal_lines
+from specparity.report.lines import near_tie_lines, terminal_lines
 from specparity.run.runner import run_gate
 from tie_model import build_tie_model
 

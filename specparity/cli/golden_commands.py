@@ -135,7 +135,7 @@ def _run_compare(args: argparse.Namespace) -> int:
     from specparity.run.sides import acceptance_verdict, judge_sides, load_side
     from specparity.cli.options import check_report_dir
     from specparity.run.setup import BadInput
-    from specparity.report.render import terminal_lines
+    from specparity.report.lines import terminal_lines
 
     for flag, value, low in (("--near-tie-nats", args.near_tie_nats, 0.0),
                              ("--near-tie-ceiling", args.near_tie_ceiling, 1e-6)):
@@ -326,7 +326,7 @@ def _run_report(args: argparse.Namespace) -> int:
     from specparity.run.journal import JournalError, load_run
     from specparity.cli.options import check_report_dir
     from specparity.run.setup import BadInput
-    from specparity.report.render import terminal_lines
+    from specparity.report.lines import terminal_lines
 
     try:
         run = load_run(args.journal)

@@ -99,7 +99,7 @@ def shown_lines(args: argparse.Namespace, lines: list[str], reports: Sequence[Pa
 def print_result(args: argparse.Namespace, result: Any) -> None:
     """A run's outcome (``run``, ``merge``, ``run --ray``): its ``--json`` document, else its terminal
     lines with the report files that were written."""
-    from specparity.report.render import terminal_lines
+    from specparity.report.lines import terminal_lines
 
     if args.json:
         print(json.dumps(run_json(result), indent=1, default=str))

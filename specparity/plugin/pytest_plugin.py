@@ -251,7 +251,7 @@ def collected_prompt_ids(session: pytest.Session) -> set[str]:
 
 @pytest.fixture(scope="session")
 def gate_session(request: pytest.FixtureRequest) -> SessionRun:
-    from specparity.report.render import terminal_lines
+    from specparity.report.lines import terminal_lines
     from specparity.run.gate_command import RunRefused, SessionResult, execute
 
     config = request.config
