@@ -29,8 +29,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from specparity.judge.baseline_checks import baseline_refusal
-from specparity.judge.calibration import Sample, calibrate
-from specparity.judge.noise import CalibrationError
+from specparity.judge.calibration import Sample
 from specparity.model.gate_run import DEFAULT_MAX_NEW_TOKENS, GateRun, PromptRecord
 from specparity.model.prompts import Prompt
 from specparity.model.run_state import RunState
@@ -40,8 +39,8 @@ from specparity.model.types import Fingerprint, GenerationRequest, TokenScores
 from specparity.model.verdicts import Verdict
 from specparity.run.golden import VOLATILE_EXTRA, describe_difference
 from specparity.run.journal import JOURNAL, RESULTS_SCHEMA, Journal, JournalError, load_run, read_journal
-from specparity.run.runner import (ResultsWriter, calibration_label, calibration_measured, calibration_spot,
-                                   cross_failure_note, judge_prompt)
+from specparity.run.calibrating import calibrate_run, calibration_measured, cross_failure_note
+from specparity.run.runner import ResultsWriter, judge_prompt
 
 #: Run settings every shard must share (else their prompts answer other requests, or their noise is
 #: another measurement), with the flag that sets each.
@@ -374,14 +373,7 @@ def _recalibrate(run: GateRun, parts: Sequence[Part], owners: dict[str, Part], m
     if not samples and config.near_tie_nats is None:
         run.calibration_error = "no baseline could be decoded and scored in any shard, so no noise was measured"
         return
-    try:
-        check, run.threshold = calibrate(samples, scorer=run.scorer, ceiling=config.near_tie_ceiling,
-                                         override=config.near_tie_nats, label=calibration_label(run, len(samples)),
-                                         cross_note=note)
-        run.scorer_check = check.to_json()
-    except (CalibrationError, ValueError) as exc:
-        run.calibration_error = str(exc)
-    run.calibration_spot = calibration_spot(run, samples)
+    calibrate_run(run, samples, note)
 
 
 def _same_threshold(a: NearTieThreshold | None, b: NearTieThreshold) -> bool:

@@ -30,15 +30,15 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 from typing import IO, Any, Callable, Iterable, Iterator, Sequence, TypeVar
 
-from specparity.judge.calibration import Sample, calibrate, widest_difference
+from specparity.judge.calibration import Sample
 from specparity.judge.baseline_checks import baseline_refusal
 from specparity.judge.compare import compare, finish_problem, first_mismatch
 from specparity.model.verdicts import Verdict
 from specparity.engines.base import Engine, capabilities_of
 from specparity.gate.decision import GateDecision, decide
+from specparity.run.calibrating import calibrate_run, calibration_measured, cross_failure_note
 from specparity.run.golden import Golden, GoldenError, Recorded, baseline_fields, baseline_key, describe_difference, write_golden
 from specparity.run.journal import JOURNAL, RESULTS_SCHEMA, Journal, baseline_record, judged_record
-from specparity.judge.noise import CalibrationError
 from specparity.judge.logprob_channel import stream_problem
 from specparity.model.prompts import Prompt
 from specparity.model.shards import ShardPlan
@@ -526,49 +526,6 @@ def _record_golden(run: GateRun, golden: Golden | None, writer: ResultsWriter, s
     say(note)
 
 
-def calibration_label(run: GateRun, n: int) -> str:
-    """Which prompts the noise was measured on, in words (the threshold's ``calibration``); a shard
-    says that its figure is its share's alone (the merge measures the run's on every shard's)."""
-    extra = len(run.calibration_records)
-    source = run.config.calibration if run.calibrated_apart else "selected"
-    if source == "selected":
-        label = f"the {n} prompt(s) that ran (the threshold depends on which prompts were selected)"
-    elif source == "suite":
-        label = f"every prompt of the prompt files ({n} measured, {extra} of them run only for calibration)"
-    else:
-        label = f"the calibration set {source} ({n} prompts measured)"
-    shard = run.config.shard
-    if shard is not None:
-        label += (f", in shard {shard.label} only (`specparity merge` measures the run's threshold on the noise of "
-                  f"every shard)")
-    return label
-
-
-def calibration_measured(run: GateRun) -> list[PromptRecord]:
-    """The records the noise is measured on: the calibration set (the selected prompts it reuses and its
-    own), or the selected prompts when it is not apart; only those whose baseline decoded and was scored.
-    The one choice of a run and of a merge of its shards."""
-    if run.calibrated_apart:
-        reused = set(run.calibration_reused)
-        pool = [r for r in run.records if r.prompt.id in reused] + run.calibration_records
-    else:
-        pool = run.records
-    return [r for r in pool if r.baseline is not None and not r.baseline.error and r.baseline_tf is not None]
-
-
-def calibration_spot(run: GateRun, samples: Sequence[Sample]) -> dict[str, Any] | None:
-    """Where the two scorings behind the calibration's problem differ most, among the selected prompts
-    (their requests are journalled, so a reproducer can send them again): both comparisons for a refused
-    calibration, the cross-instance one for a finding; None without a problem."""
-    selected = {r.prompt.id for r in run.records}
-    chosen = [s for s in samples if s.prompt_id in selected]
-    if run.calibration_error:
-        return widest_difference(chosen)
-    if run.threshold is not None and run.threshold.cross_finding():
-        return widest_difference(chosen, ("cross",))
-    return None
-
-
 def _calibrate(run: GateRun, scorer: Scorer, writer: ResultsWriter, say: Callable[[str], None]) -> bool:
     """Measure the noise on the calibration set, check the scorer, derive the threshold.
 
@@ -590,21 +547,14 @@ def _calibrate(run: GateRun, scorer: Scorer, writer: ResultsWriter, say: Callabl
     other, cross_note = _score_spec_side(run, scorer, measured, writer)
     samples = [Sample(r.prompt.id, r.baseline.output_ids, r.baseline.scores, r.baseline_tf, other.get(id(r)))
                for r in measured]
-    try:
-        check, run.threshold = calibrate(samples, scorer=run.scorer, ceiling=config.near_tie_ceiling,
-                                         override=config.near_tie_nats, label=calibration_label(run, len(measured)),
-                                         cross_note=cross_note)
-        run.scorer_check = check.to_json()
-        run.calibration_spot = calibration_spot(run, samples)
-    except (CalibrationError, ValueError) as exc:  # ValueError: no position was scored both ways
-        run.calibration_error = str(exc)
-        run.calibration_spot = calibration_spot(run, samples)
+    refused = calibrate_run(run, samples, cross_note)
+    if refused is not None:
         writer.write({"kind": "calibration_refused", "error": run.calibration_error, "scorer_check": run.scorer_check,
                       "spot": run.calibration_spot})
         for rec in run.records:
-            rec.verdict = Verdict(rec.prompt.id, rec.prompt.category, "error", f"not judged: {exc}")
+            rec.verdict = Verdict(rec.prompt.id, rec.prompt.category, "error", f"not judged: {refused}")
             writer.write(rec.to_json())
-        say(f"calibration refused: {exc}")
+        say(f"calibration refused: {refused}")
         return False
     writer.write({"kind": "threshold", **run.threshold.to_json(), "scorer_check": run.scorer_check,
                   "spot": run.calibration_spot})
@@ -636,15 +586,6 @@ def _score_spec_side(run: GateRun, scorer: Scorer, measured: Sequence[PromptReco
             writer.write({"kind": "cross_instance", "prompt_id": rec.prompt.id, "error": err})
     run.timings["cross_instance_scoring"] += time.perf_counter() - t0
     return got, cross_failure_note(failed, len(measured))
-
-
-def cross_failure_note(failed: Sequence[str], measured: int) -> str:
-    """What the cross-instance figure lacks, in words ("" when nothing failed): ``failed`` holds
-    ``"<prompt id>: <why>"`` per calibration prompt the speculative server could not score."""
-    if not failed:
-        return ""
-    return (f"scoring on the speculative server failed for {len(failed)} of {measured} calibration "
-            f"prompt(s) (first: {sorted(failed)[0]})")
 
 
 def _check_baselines(run: GateRun, decode: Callable[[Sequence[int]], str], writer: ResultsWriter,
