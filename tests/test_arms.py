@@ -27,6 +27,7 @@ from specparity.cli.commands import main
 from specparity.engines.base import EngineOptions
 from specparity.engines.server import sglang as sglang_engine
 from specparity.engines.server import vllm as vllm_engine
+from specparity.engines.server import vllm_launch
 from specparity.engines.server.engine import HFTokenizer
 from specparity.engines.server.arm_knobs import (
     LOOKAHEAD_TOKENS,
@@ -163,7 +164,7 @@ def _pairs(argv: list[str], flag: str) -> list[str]:
 
 
 def test_vllm_arms_change_both_launches():
-    plain = vllm_engine.launch_configs(EngineOptions(preset="vllm-ngram", target="/models/t"))
+    plain = vllm_launch.launch_configs(EngineOptions(preset="vllm-ngram", target="/models/t"))
     for arm, flag, value in (("fp8-kv", "--kv-cache-dtype", "fp8"),
                              ("prefix-warm", "--enable-prompt-tokens-details", None)):
         _launch, both = _launched(vllm_engine, "vllm", arm, "vllm-ngram")
@@ -206,7 +207,7 @@ def test_arm_flags_come_after_the_users_server_args_so_they_win():
     options = EngineOptions(preset="vllm-ngram", target="/models/t",
                             extra={"server_args": ["--enforce-eager", "--max-model-len", "2048"]})
     launch = arm_launch("vllm", "fp8-kv", _sizing(), options)
-    argv = vllm_engine.launch_configs(launch.apply(options))[1].args()
+    argv = vllm_launch.launch_configs(launch.apply(options))[1].args()
     assert argv[-5:] == ["--max-model-len", "2048", "--kv-cache-dtype", "fp8", "--enable-prompt-tokens-details"]
     assert options.extra["server_args"] == ["--enforce-eager", "--max-model-len", "2048"]  # left as it was
 

@@ -39,25 +39,12 @@ from specparity.engines.base import EngineOptions
 from specparity.engines.server.engine import HFTokenizer
 from specparity.engines.server.http import Endpoint, ServerError
 from specparity.engines.server.presets import VLLM_GPU_FRACTION, presets_for
-from specparity.engines.server.vllm import (
-    NUMERICS_PATHS,
-    SPEC_COUNTERS,
-    VLLMLaunch,
-    check_options,
-    VLLMApi,
-    completion_body,
-    drop_unsupported_per_request,
-    launch_configs,
-    normalise_dtype,
-    parse_completion,
-    parse_metrics,
-    parse_prompt_logprobs,
-    parse_token_key,
-    reported_numerics,
-    request_spec_stats,
-    stable_spec_config,
-    top_k_disabled,
-)
+from specparity.engines.server.vllm_wire import (NUMERICS_PATHS, SPEC_COUNTERS, completion_body, normalise_dtype,
+                                                 parse_completion, parse_metrics, parse_prompt_logprobs,
+                                                 parse_token_key, reported_numerics, request_spec_stats,
+                                                 stable_spec_config, top_k_disabled)
+from specparity.engines.server.vllm_launch import VLLMLaunch, VLLMApi, drop_unsupported_per_request, launch_configs
+from specparity.engines.server.vllm import check_options
 from specparity.gate import exitcodes
 from specparity.gate.decision import decide
 from specparity.model.types import GenerationRequest

@@ -15,6 +15,7 @@ import dataclasses
 
 from specparity.engines.base import EngineOptions, engine_factory
 from specparity.engines.server import vllm
+from specparity.engines.server import vllm_wire
 from specparity.engines.server.arm_sizing import ArmLaunch
 from specparity.engines.server.descriptor import ArmKnob, PrefixCache, ServerDescriptor, no_change
 from specparity.engines.server.engine import HFTokenizer, concurrency, resolve_tokenizer_dir, start_sessions
@@ -42,7 +43,7 @@ DESCRIPTOR = ServerDescriptor(
     repro_row_parse=REPRO_ROW_PARSE,
 )
 
-WIRE = vllm.WIRE
+WIRE = vllm_wire.WIRE
 
 
 class ToyEngine(vllm.VLLMEngine):

@@ -484,7 +484,7 @@ def probe_scoring(work: Path, prompts: int = 3) -> int:
     shows here, with the bodies kept under WORK/probe/ for a look or a test)."""
     sys.path.insert(0, str(CHECKOUT))
     from specparity.engines.server.engine import HFTokenizer
-    from specparity.engines.server.vllm import completion_body
+    from specparity.engines.server.vllm_wire import completion_body
 
     servers = [s for s in load_servers(work).values() if s.model == str(TARGET) and health(s.url) == 200]
     ref = next((s for s in servers if s.method == "baseline"), None)

@@ -13,7 +13,8 @@ import time
 
 import requests
 
-from specparity.engines.server.vllm import completion_body, parse_completion, parse_metrics, parse_prompt_logprobs
+from specparity.engines.server.vllm_wire import (completion_body, parse_completion, parse_metrics,
+                                                 parse_prompt_logprobs)
 
 OUT, BASE = sys.argv[1], sys.argv[2]
 SPECS = dict(a.split("=", 1) for a in sys.argv[3:])
