@@ -39,21 +39,11 @@ from specparity.judge.flip_budget import HAND_SET
 from specparity.engines.server.launch import health_ok
 from specparity.engines.server.presets import PRESETS, presets_for
 from specparity.engines.server.engine import Session
-from specparity.engines.server.sglang import (
-    NUMERICS_KEYS,
-    SAMPLING_KEYS_0_5_19,
-    SAMPLING_KEYS_0_5_23,
-    SENT_SAMPLING_KEYS,
-    UNKNOWN,
-    SGLangEngine,
-    SGLangLaunch,
-    check_options,
-    generate_body,
-    launch_configs,
-    parse_generate,
-    parse_score,
-    spec_stats,
-)
+from specparity.engines.server.sglang_wire import (NUMERICS_KEYS, SAMPLING_KEYS_0_5_19, SAMPLING_KEYS_0_5_23,
+                                                   SENT_SAMPLING_KEYS, UNKNOWN, generate_body, parse_generate,
+                                                   parse_score, spec_stats)
+from specparity.engines.server.sglang import SGLangEngine, check_options
+from specparity.engines.server.sglang_launch import SGLangLaunch, launch_configs
 from specparity.model.prompts import load_many
 from specparity.model.types import GenerationRequest
 
@@ -701,7 +691,7 @@ def test_gate_one_sided_determinism_is_not_strict(servers, tmp_path):
 def test_every_spelling_of_no_algorithm_declares_none(value):
     """SGLang's /server_info prints SpeculativeAlgorithm.NONE as "NONE"; null and the other
     spellings mean the same: no speculation (not an algorithm called "NONE")."""
-    from specparity.engines.server.sglang import declared_name
+    from specparity.engines.server.sglang_wire import declared_name
 
     assert declared_name(value) is None
     assert declared_name("DFLASH") == "DFLASH"

@@ -30,7 +30,7 @@ from fakes import SGLangServer, VLLMServer
 from fakes.backend import TARGET, FixtureBackend, forced_document
 from fakes.gate import pytest_in_process
 from specparity.model.constraints import Constraint
-from specparity.engines.server.sglang import WIRE as sglang_wire
+from specparity.engines.server.sglang_wire import WIRE as sglang_wire
 from specparity.engines.server.vllm_wire import WIRE as vllm_wire
 from specparity.model.locations import REPO_ROOT
 from specparity.model.prompts import PromptFileError, load_prompts

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from specparity.engines.server.http import ServerError
-from specparity.engines.server.sglang import UNKNOWN, parse_finish, parse_logprobs, spec_stats
+from specparity.engines.server.sglang_wire import UNKNOWN, parse_finish, parse_logprobs, spec_stats
 from specparity.model.types import GenerationResult, SpecStats, TokenScores
 
 

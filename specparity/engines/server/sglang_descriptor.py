@@ -17,6 +17,7 @@ from specparity.engines.server.arm_sizing import (
     preempt_tokens,
 )
 from specparity.engines.server.descriptor import ArmKnob, PrefixCache, ServerDescriptor, no_change
+from specparity.engines.server.sglang_launch import launch_configs
 
 #: SGLang speculative algorithms whose radix cache is keyed by token bigrams (``RadixKey(is_bigram=...)`` with
 #: ``SpeculativeAlgorithm.is_eagle()``, ``mem_cache/radix_cache.py``, read in 0.5.17; NEXTN runs as EAGLE): a
@@ -76,8 +77,6 @@ def _long(sizing: ArmSizing, options: EngineOptions) -> ArmLaunch:
 
 
 def spec_launch_args(options: EngineOptions) -> list[str]:
-    from specparity.engines.server.sglang import launch_configs  # the adapter imports this module
-
     return launch_configs(options)[1].args()
 
 

@@ -62,7 +62,7 @@ preset_args() {
   PYTHONPATH=$ROOT python3 - "$1" "$HYB" "$PRESET" "$2" <<'PY'
 import shlex, sys
 from specparity.engines.base import EngineOptions
-from specparity.engines.server.sglang import launch_configs
+from specparity.engines.server.sglang_launch import launch_configs
 role, target, preset, extra = sys.argv[1:5]
 b, s = launch_configs(EngineOptions(target=target, preset=preset, extra={"server_args": shlex.split(extra)}))
 print(shlex.join((b if role == "base" else s).args()))

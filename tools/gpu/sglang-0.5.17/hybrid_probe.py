@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT))
 
 from specparity.engines.server.engine import HFTokenizer  # noqa: E402
-from specparity.engines.server.sglang import generate_body  # noqa: E402
+from specparity.engines.server.sglang_wire import generate_body
 from specparity.model.gate_run import DEFAULT_MAX_NEW_TOKENS  # noqa: E402
 from specparity.model.prompts import load_prompts  # noqa: E402
 

@@ -31,7 +31,7 @@ def test_driver_parses_and_prints_its_usage(tmp_path):
 
 def test_the_launch_argv_is_the_presets_with_the_host_flags_after_it():
     from specparity.engines.base import EngineOptions
-    from specparity.engines.server.sglang import launch_configs
+    from specparity.engines.server.sglang_launch import launch_configs
 
     host = "--attention-backend triton --context-length 2048 --mem-fraction-static 0.3"
     base, spec = launch_configs(EngineOptions(target=str(HYBRID), preset="sglang-mtp",
