@@ -30,16 +30,8 @@ from typing import Any
 import pytest
 
 from specparity.engines.base import EngineInfo, EngineOptions, OptionSpec, engine_factory, parse_positive_int
-from specparity.engines.server.llamacpp import (
-    INFO,
-    OPTIONS,
-    LlamaCppEngine,
-    _engine,
-    create,
-    find_binary,
-    fixture_gguf_dir,
-    launch_configs,
-)
+from specparity.engines.server.llamacpp import INFO, OPTIONS, LlamaCppEngine, _engine, create
+from specparity.engines.server.llamacpp_launch import find_binary, fixture_gguf_dir, launch_configs
 from specparity.engines.server.engine import start_sessions
 
 REQUIRE_ENV = "SPECPARITY_REQUIRE_LLAMACPP"

@@ -187,10 +187,10 @@ def test_the_fixture_demo_says_fixture_models(prompts):
 def test_without_the_fixtures_a_given_target_never_looks_for_them(foreign, monkeypatch, tmp_path):
     """An installed wheel carries no fixture models: with --target nothing asks for them (no
     FixtureError); a missing draft is the one-line --draft refusal."""
-    import specparity.engines.server.llamacpp as llamacpp
+    import specparity.engines.server.llamacpp_launch as llamacpp_launch
     import specparity.model.locations as fixtures
 
-    for module in (fixtures, llamacpp):
+    for module in (fixtures, llamacpp_launch):
         monkeypatch.setattr(module, "MANIFEST", tmp_path / "no-fixtures" / "MANIFEST.sha256")
     monkeypatch.setattr(fixtures, "MODELS", tmp_path / "no-fixtures" / "models")
     assert not fixtures.in_checkout()
@@ -255,7 +255,7 @@ def test_gguf_metadata_is_the_models_vocabulary(foreign, foreign_ggufs):
 
 @pytest.mark.slow
 def test_llamacpp_sends_the_models_own_ids_and_passes(foreign, foreign_ggufs, prompts, tmp_path):
-    from specparity.engines.server.llamacpp import LlamaServerTokenizer
+    from specparity.engines.server.llamacpp_tokens import LlamaServerTokenizer
 
     engine = load_engine("llamacpp", EngineOptions(target=str(foreign_ggufs["target"]),
                                                    draft=str(foreign_ggufs["draft"]), spec_mode="draft-simple",
@@ -266,7 +266,7 @@ def test_llamacpp_sends_the_models_own_ids_and_passes(foreign, foreign_ggufs, pr
 
 @pytest.mark.slow
 def test_llamacpp_baseline_that_drafts_is_an_error_never_a_pass(foreign_ggufs, prompts, tmp_path):
-    from specparity.engines.server.llamacpp import LlamaServerLaunch, find_binary
+    from specparity.engines.server.llamacpp_launch import LlamaServerLaunch, find_binary
 
     launch = LlamaServerLaunch(str(find_binary()), str(foreign_ggufs["target"]), draft=str(foreign_ggufs["draft"]),
                                spec_type="draft-simple")
@@ -285,7 +285,7 @@ def test_llamacpp_baseline_that_drafts_is_an_error_never_a_pass(foreign_ggufs, p
 
 @pytest.mark.slow
 def test_llamacpp_sides_serving_different_models_are_refused_before_judging(foreign_ggufs, prompts, tmp_path):
-    from specparity.engines.server.llamacpp import LlamaServerLaunch, find_binary
+    from specparity.engines.server.llamacpp_launch import LlamaServerLaunch, find_binary
 
     binary = str(find_binary())
     base = LlamaServerLaunch(binary, str(foreign_ggufs["target"])).process("base", log_dir=str(tmp_path))

@@ -19,7 +19,7 @@ import pytest
 
 from specparity.engines.base import EngineOptions
 from specparity.engines.server.launch import LaunchError, ServerProcess, health_ok
-from specparity.engines.server.llamacpp import LlamaServerLaunch, launch_configs
+from specparity.engines.server.llamacpp_launch import LlamaServerLaunch, launch_configs
 from specparity.engines.server.presets import PRESETS, fill, get_preset
 
 TOY_SERVER = r'''

@@ -137,7 +137,7 @@ def test_a_speculative_server_serving_another_model_is_refused_before_judging(ll
     """Not a mock: two real servers, the 'speculative' one runs the draft model as its target. The
     endpoints' identities differ (another file, another size), so nothing is judged: exit 3, the
     message naming both servers and what differs."""
-    from specparity.engines.server.llamacpp import LlamaServerLaunch
+    from specparity.engines.server.llamacpp_launch import LlamaServerLaunch
 
     binary, gg = llamacpp
     base = LlamaServerLaunch(str(binary), str(gg / "target.gguf")).process("base", log_dir=str(tmp_path))

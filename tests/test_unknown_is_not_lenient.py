@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 import specparity.engines.server.llamacpp as llamacpp
+import specparity.engines.server.llamacpp_tokens as llamacpp_tokens
 from fakes import LlamaCppServer, SGLangServer, VLLMServer
 from fakes.backend import TARGET
 from fakes.gate import run_lossless
@@ -139,7 +140,7 @@ def test_a_failed_tokenize_probe_is_said_and_fails_under_a_policy(tmp_path, monk
         finally:
             engine.close()
         decision = conclude(run)
-        assert ("POST", "/tokenize", {"content": llamacpp.TOKENIZE_PROBE, "add_special": True, "parse_special": True}) \
+        assert ("POST", "/tokenize", {"content": llamacpp_tokens.TOKENIZE_PROBE, "add_special": True, "parse_special": True}) \
             in base.requests
     assert [r.verdict.klass for r in run.records] == ["exact"] * len(MATH)
     skipped = (f"tokenizer check skipped: {base.url}/tokenize failed (ServerError: POST /tokenize: HTTP 404 from "

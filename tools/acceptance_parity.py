@@ -52,7 +52,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from specparity.engines.base import EngineOptions
     from specparity.engines.inprocess.dflash import DFlashEngine
-    from specparity.engines.server.llamacpp import create, fixture_gguf_dir
+    from specparity.engines.server.llamacpp import create
+    from specparity.engines.server.llamacpp_launch import fixture_gguf_dir
     from specparity.model.locations import REPO_ROOT, fixture_dir
     from specparity.cli import commands as cli
     from specparity.model.prompts import load_prompts

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from specparity.engines.server.llamacpp import byte_decoder
+from specparity.engines.server.llamacpp_tokens import byte_decoder
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "llamacpp"
 TOKENIZER_JSON = Path(__file__).resolve().parents[2] / "fixtures" / "models" / "target" / "tokenizer.json"

@@ -154,7 +154,7 @@ do_llamacpp() {
 
 do_gguf() {
   local dir
-  dir="$("$PY" -c 'from specparity.engines.server.llamacpp import fixture_gguf_dir; print(fixture_gguf_dir())')"
+  dir="$("$PY" -c 'from specparity.engines.server.llamacpp_launch import fixture_gguf_dir; print(fixture_gguf_dir())')"
   if [ ! -f "$dir/target.gguf" ] || [ ! -f "$dir/draft.gguf" ] || [ ! -f "$dir/dflash2-llamacpp.gguf" ]; then
     log "converting the fixtures to GGUF (tools/llamacpp/convert_gguf.py)"
     "$PY" tools/llamacpp/convert_gguf.py >/dev/null

@@ -679,7 +679,7 @@ def llama_binary(args: argparse.Namespace) -> Path | None:
     if built.is_file():
         return built
     if args.device == "cpu":  # this CPU machine: the cached CPU build (bash ci/llamacpp.sh)
-        from specparity.engines.server.llamacpp import find_binary
+        from specparity.engines.server.llamacpp_launch import find_binary
 
         return find_binary()
     return None
@@ -796,7 +796,7 @@ def gguf_paths(args: argparse.Namespace) -> Path:
     local = GPU_DIR / "gguf"
     if (local / "target.gguf").is_file():
         return local
-    from specparity.engines.server.llamacpp import fixture_gguf_dir
+    from specparity.engines.server.llamacpp_launch import fixture_gguf_dir
 
     return fixture_gguf_dir()
 
