@@ -25,7 +25,8 @@ from fakes.backend import TARGET
 from prompt_subsets import first_of_categories
 from specparity.gate import exitcodes
 from specparity.cli.commands import main
-from specparity.cli.sweep import LEVEL_DIR, SWEEP_JSON, SWEEP_MD, parse_levels
+from specparity.cli.sweep import parse_levels
+from specparity.run.sweep import LEVEL_DIR, SWEEP_JSON, SWEEP_MD
 from specparity.model.locations import REPO_ROOT
 
 #: Prompts per sweep: at most the highest level below, so every request of a phase is in flight at once.
@@ -240,7 +241,7 @@ def test_a_later_level_that_fails_keeps_the_earlier_levels_results(tmp_path, pro
     its row in sweep.json stay, the later level fails, and the sweep fails."""
     from specparity.cli.option_table import GATE_OPTIONS
     from specparity.cli.options import build_setup
-    from specparity.cli.sweep import run_sweep, write_sweep
+    from specparity.run.sweep import run_sweep, write_sweep
 
     prompt_file, chosen = prompts
     base, spec = _servers()

@@ -18,7 +18,7 @@ from fakes import VLLMServer
 from fakes.backend import TARGET
 from prompt_subsets import first_of_categories
 from specparity.cli.commands import main
-from specparity.cli.sweep import LEVEL_DIR
+from specparity.run.sweep import LEVEL_DIR
 from specparity.engines.server.engine import DEFAULT_CONCURRENCY
 from specparity.gate import exitcodes
 

@@ -360,7 +360,8 @@ def add_run_command(sub: Any) -> None:
 def _run_sweep(args: argparse.Namespace) -> int:
     from specparity.cli.option_table import gate_dests
     from specparity.cli.options import build_setup
-    from specparity.cli.sweep import check_engine, check_sweep_options, parse_levels, run_sweep, write_sweep
+    from specparity.cli.sweep import check_sweep_options, parse_levels
+    from specparity.run.sweep import check_engine, run_sweep, write_sweep
 
     configure_libraries(args.verbose)
     levels = parse_levels(args.levels)
@@ -381,7 +382,7 @@ def _run_sweep(args: argparse.Namespace) -> int:
 
 
 def _print_sweep(args: argparse.Namespace, sweep: Any, paths: Sequence[Path]) -> None:
-    from specparity.cli.sweep import terminal_lines
+    from specparity.run.sweep import terminal_lines
 
     print_outcome(args, sweep, terminal_lines(sweep), paths)
 

@@ -147,7 +147,7 @@ def judge_sides(old: Side, new: Side, old_path: str, *, near_tie_nats: float | N
     """NEW's streams judged against OLD's with the gate's classes: (the run, its decision).
 
     The one comparison of two recorded runs, for ``specparity compare`` and for the concurrency sweep
-    (:mod:`specparity.cli.sweep`: each level's speculative output against the lowest level's).
+    (:mod:`specparity.run.sweep`: each level's speculative output against the lowest level's).
     ``report_dir`` only goes into the run's config (the caller writes the reports). OLD's samples
     calibrate (the noise, the flip rate, the channel's resolution); NEW's own noise is the judged side's
     figure, capped and named as a gate run's cross-instance figure is. The near-tie policy is the gate's
