@@ -263,12 +263,12 @@ def _compare_nothing_in_common(tmp_path, capsys, one_prompt, journals, monkeypat
 
 
 def _compare_interrupted(tmp_path, capsys, one_prompt, journals, monkeypatch):
-    import specparity.cli.golden_commands
+    import specparity.run.sides
 
     def ctrl_c(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(specparity.cli.golden_commands, "_load_side", ctrl_c)
+    monkeypatch.setattr(specparity.run.sides, "load_side", ctrl_c)
     return main(capsys, "compare", str(GOLDEN), str(GOLDEN)), "interrupted (Ctrl-C or SIGTERM)"
 
 

@@ -8,9 +8,7 @@ launched with the arms' settings: the counters still decide whether each arm hap
 from __future__ import annotations
 
 import argparse
-import sys
-from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from specparity.run.setup import BadInput
 
@@ -36,7 +34,8 @@ def _run_arms(args: argparse.Namespace) -> int:
     from specparity.engines.server.arm_knobs import parse_arms
     from specparity.engines.libraries import configure_libraries
     from specparity.run.arm_plan import engine_kind, plan_arms, target_is_hybrid
-    from specparity.run.arm_runs import run_arms, write_arms
+    from specparity.cli.outcome import run_shown
+    from specparity.run.arm_runs import run_arms, terminal_lines, write_arms
 
     configure_libraries(args.verbose)
     raw = {dest: getattr(args, dest) for dest in gate_dests()}
@@ -52,24 +51,8 @@ def _run_arms(args: argparse.Namespace) -> int:
     if not arms:
         raise BadInput(f"--arms: engine {engine!r} supports no arm")
     plans = plan_arms(setup, arms, prelaunched=args.prelaunched)
-    say = None if (args.json or args.quiet) else (lambda msg: print(msg, file=sys.stderr, flush=True))
     root = setup.config.report_dir or ARMS_REPORT
-    try:
-        result = run_arms(plans, engine, root, say=say)
-    except KeyboardInterrupt as exc:  # runner.GateInterrupted: the partial table, written, is shown
-        partial = getattr(exc, "arms", None)
-        if partial is not None:
-            _print(args, partial, write_arms(partial))
-        raise
-    _print(args, result, write_arms(result))
-    return result.exit_code
-
-
-def _print(args: argparse.Namespace, result: Any, paths: Sequence[Path]) -> None:
-    from specparity.cli.outcome import print_outcome
-    from specparity.run.arm_runs import terminal_lines
-
-    print_outcome(args, result, terminal_lines(result), paths)
+    return run_shown(args, lambda say: run_arms(plans, engine, root, say=say), write_arms, terminal_lines, "arms")
 
 
 def add_arms_command(sub: Any) -> None:

@@ -25,7 +25,6 @@ from specparity.cli.outcome import (
     RUN_JSON_SCHEMA,
     VERBOSE_HELP,
     add_outcome_options,
-    print_outcome,
     print_result,
 )
 from typing import Any, Callable, Sequence
@@ -361,7 +360,8 @@ def _run_sweep(args: argparse.Namespace) -> int:
     from specparity.cli.option_table import gate_dests
     from specparity.cli.options import build_setup
     from specparity.cli.sweep import check_sweep_options, parse_levels
-    from specparity.run.sweep import check_engine, run_sweep, write_sweep
+    from specparity.cli.outcome import run_shown
+    from specparity.run.sweep import check_engine, run_sweep, terminal_lines, write_sweep
 
     configure_libraries(args.verbose)
     levels = parse_levels(args.levels)
@@ -369,22 +369,7 @@ def _run_sweep(args: argparse.Namespace) -> int:
     check_sweep_options(raw)
     setup = build_setup(raw, check_report=True)
     check_engine(setup, levels)
-    say = None if (args.json or args.quiet) else (lambda msg: print(msg, file=sys.stderr, flush=True))
-    try:
-        sweep = run_sweep(setup, levels, say=say)
-    except KeyboardInterrupt as exc:  # runner.GateInterrupted: the partial sweep, written, is shown
-        partial = getattr(exc, "sweep", None)
-        if partial is not None:
-            _print_sweep(args, partial, write_sweep(partial))
-        raise
-    _print_sweep(args, sweep, write_sweep(sweep))
-    return sweep.exit_code
-
-
-def _print_sweep(args: argparse.Namespace, sweep: Any, paths: Sequence[Path]) -> None:
-    from specparity.run.sweep import terminal_lines
-
-    print_outcome(args, sweep, terminal_lines(sweep), paths)
+    return run_shown(args, lambda say: run_sweep(setup, levels, say=say), write_sweep, terminal_lines, "sweep")
 
 
 def add_sweep_command(sub: Any) -> None:

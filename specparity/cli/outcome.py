@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 #: The exit codes of every command, for ``specparity --help`` (README "Exit codes").
 EXIT_CODES_EPILOG = """\
@@ -115,3 +116,24 @@ def print_outcome(args: argparse.Namespace, result: Any, lines: list[str], paths
         print(json.dumps(result.to_json(), indent=1, default=str))
         return
     print("\n".join(shown_lines(args, lines, paths)))
+
+
+def progress(args: argparse.Namespace) -> Callable[[str], None] | None:
+    """Where a multi-run command says how far it got: stderr, unless ``--json`` or ``--quiet``."""
+    return None if (args.json or args.quiet) else (lambda msg: print(msg, file=sys.stderr, flush=True))
+
+
+def run_shown(args: argparse.Namespace, run: Callable[[Callable[[str], None] | None], Any],
+              write: Callable[[Any], Sequence[Path]], lines: Callable[[Any], list[str]], partial: str) -> int:
+    """A multi-run command (``sweep``, ``arms``): ``run`` it with :func:`progress`, write and print its outcome
+    and return its exit code; interrupted, the partial outcome the interrupt carries (attribute ``partial``) is
+    written and shown before the interrupt goes on."""
+    try:
+        result = run(progress(args))
+    except KeyboardInterrupt as exc:  # runner.GateInterrupted: the partial outcome, written, is shown
+        got = getattr(exc, partial, None)
+        if got is not None:
+            print_outcome(args, got, lines(got), write(got))
+        raise
+    print_outcome(args, result, lines(result), write(result))
+    return result.exit_code

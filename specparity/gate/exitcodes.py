@@ -35,3 +35,10 @@ INTERRUPTED = 2
 ENGINE_ERROR = 3
 BAD_INPUT = 4
 PROBE_UNKNOWN = 6
+
+
+def status_word(code: int, interrupted: bool = False) -> str:
+    """The one word a multi-run outcome (``sweep``, ``arms``) prints and journals for its exit ``code``."""
+    if interrupted:
+        return "INTERRUPTED"
+    return "PASS" if code == PASS else "FAIL"

@@ -100,9 +100,7 @@ class ArmsResult:
 
     @property
     def status(self) -> str:
-        if self.interrupted:
-            return "INTERRUPTED"
-        return "PASS" if self.exit_code == exitcodes.PASS else "FAIL"
+        return exitcodes.status_word(self.exit_code, self.interrupted)
 
     def to_json(self) -> dict[str, Any]:
         return {"schema": ARMS_SCHEMA, "status": self.status, "exit_code": self.exit_code, "engine": self.engine,
