@@ -22,14 +22,11 @@ import importlib.util
 import sys
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Iterator
+from typing import Any, Callable, Iterator
 
 from specparity.engines.base import Engine, EngineInfo, EngineOptions
 from specparity.engines.common import set_threads
 from specparity.model.locations import FixtureError, fixture_dir
-
-if TYPE_CHECKING:
-    from specparity.engines.server.descriptor import ServerDescriptor
 
 #: Built-in engines: name -> "module:factory", imported lazily (torch is heavy).
 BUILTIN: dict[str, str] = {
@@ -110,7 +107,7 @@ def engine_info(factory: Factory) -> EngineInfo | None:
     return info if isinstance(info, EngineInfo) else None
 
 
-def server_descriptor(spec: str) -> "ServerDescriptor | None":
+def server_descriptor(spec: str) -> Any:
     """The :class:`~specparity.engines.server.descriptor.ServerDescriptor` of the engine ``spec`` names (a
     built-in name or a ``module:factory`` / ``file.py:factory`` spec), from its factory's
     :class:`~specparity.engines.base.EngineInfo`; None for an engine that declares none (in-process engines,

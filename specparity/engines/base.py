@@ -31,10 +31,7 @@ fields, so engines that follow the contract are counted alike.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Literal, Mapping, Protocol, Sequence, TypeVar, runtime_checkable
-
-if TYPE_CHECKING:
-    from specparity.engines.server.descriptor import ServerDescriptor
+from typing import Any, Callable, Iterable, Literal, Mapping, Protocol, Sequence, TypeVar, runtime_checkable
 
 from specparity.model.types import Fingerprint, GenerationRequest, GenerationResult, StepRecord, TokenScores
 
@@ -183,7 +180,7 @@ class EngineInfo:
     constraints: tuple[str, ...] = ()
     #: A server engine's own facts beyond the protocol (arms, prefix cache, proofs' readers, reproducer
     #: parsers: :class:`~specparity.engines.server.descriptor.ServerDescriptor`); None for an engine without.
-    descriptor: "ServerDescriptor | None" = None
+    descriptor: Any = None
 
 
 def step_record(
