@@ -4,7 +4,7 @@ The target and the draft are next-token tables over a small vocabulary (the draf
 logits plus noise); the loop is the algorithm of :mod:`specparity.engines.inprocess.sampling` — the
 same processing (repetition penalty, temperature, top-k), the same acceptance, residual and bonus —
 run for all samples in lockstep, with the same catalogue of bugs (``tests/broken_samplers.py``). A
-run of the judge on it takes milliseconds, so hundreds of runs measure its false-alarm rate and its
+run takes well under a second, so hundreds of runs measure its false-alarm rate and its
 power; the fixture models show the same bugs end to end (``tests/test_sampling_loops.py``).
 """
 
@@ -138,9 +138,10 @@ def speculative(target: np.ndarray, draft: np.ndarray, start: int, cfg: SimConfi
 
 
 def scored(target: np.ndarray, start: int, tokens: np.ndarray, cfg: SimConfig, prompt: str,
-           positions: np.ndarray | None = None) -> ScoredSample:
-    """Every sample of one prompt as one :class:`ScoredSample`: the target's penalised log-softmax rows,
-    full width, sorted (what teacher-forced scoring returns)."""
+           positions: np.ndarray | None = None) -> list[ScoredSample]:
+    """Every sample of one prompt, one :class:`ScoredSample` per sequence (the consecutive-token test
+    permutes whole sequences): the target's penalised log-softmax rows, full width, sorted (what
+    teacher-forced scoring returns)."""
     n, L = tokens.shape
     seen = _seen(n, cfg.vocab, start)
     ids, lps = [], []
@@ -155,10 +156,10 @@ def scored(target: np.ndarray, start: int, tokens: np.ndarray, cfg: SimConfig, p
         lps.append(np.take_along_axis(lp, order, -1))
         seen[rows, tokens[:, t]] = True
         prev = tokens[:, t]
-    top_ids = np.stack(ids, 1).reshape(n * L, -1)
-    top_lps = np.stack(lps, 1).reshape(n * L, -1)
-    return ScoredSample(prompt, "sim", tokens.reshape(-1), top_ids, top_lps.astype(np.float32),
-                        positions.reshape(-1) if positions is not None else None)
+    top_ids = np.stack(ids, 1)
+    top_lps = np.stack(lps, 1).astype(np.float32)
+    return [ScoredSample(prompt, "sim", tokens[i], top_ids[i], top_lps[i],
+                         positions[i] if positions is not None else None) for i in range(n)]
 
 
 def run_pair(cfg: SimConfig, seed: int, bug: str | None = None,
@@ -169,7 +170,7 @@ def run_pair(cfg: SimConfig, seed: int, bug: str | None = None,
     base, spec = [], []
     for i in range(cfg.prompts):
         start = (7 * i + 3) % cfg.vocab
-        base.append(scored(target, start, baseline(target, start, cfg, rng), cfg, f"p{i}"))
+        base += scored(target, start, baseline(target, start, cfg, rng), cfg, f"p{i}")
         toks, pos = speculative(target, draft, start, cfg, rng, bug)
-        spec.append(scored(target, start, toks, cfg, f"p{i}", pos))
+        spec += scored(target, start, toks, cfg, f"p{i}", pos)
     return base, spec

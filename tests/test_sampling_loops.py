@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
 import pytest
 import torch
 
-from broken_samplers import BUGS, SAMPLERS
+from broken_samplers import SAMPLERS
 from specparity.engines.base import EngineOptions
 from specparity.engines.inprocess import sampling as S
 from specparity.model.locations import REPO_ROOT, prompt_file
@@ -69,28 +68,35 @@ def test_samples_are_reproducible_from_the_seed(engine):
     assert all(r.spec.available and r.spec.verify_steps for r in a)
 
 
-#: The catalogue run: 100 samples of the two prompts, 16 tokens, T=2, top-k 8, penalty 1.3.
-CATALOG_PLAN = dict(samples=100, max_new_tokens=16, params=SamplingParams(2.0, 8, 1.3, 0))
-#: Bugs whose bias is below the resolution of this run (docs/SAMPLING.md gives the measured figures).
-NOT_RESOLVED = {"reused_uniform"}
+#: Samples per prompt and side of the catalogue run.
+CATALOG_SAMPLES = 12
+#: The prompt of the catalogue run and of the command's run.
+CATALOG_PROMPT = "paths-en-001"
+#: The bugs the catalogue run shows on the fixture models (both by tokens outside the top-k at this
+#: size); the others need thousands of values (docs/SAMPLING.md) and are shown on the simulation.
+SHOWN_END_TO_END = ("topk_draft_only", "bonus_from_draft")
+#: The catalogue run: the samples of one prompt, 16 tokens, T=2, top-k 8, penalty 1.3, fixed seed. As
+#: small as still shows every bug in :data:`SHOWN_END_TO_END` (the rest are shown on the simulation,
+#: tests/test_sampling_judge.py; docs/SAMPLING.md has both).
+CATALOG_PLAN = dict(samples=CATALOG_SAMPLES, max_new_tokens=16, params=SamplingParams(2.0, 8, 1.3, 0))
 
 
 @pytest.mark.slow
 def test_the_catalogue_end_to_end_on_the_fixture_models(engine):
-    plan = SamplingPlan(tuple(prompts()), **CATALOG_PLAN)
+    plan = SamplingPlan(tuple(p for p in prompts() if p.id == CATALOG_PROMPT), **CATALOG_PLAN)
+    assert len(plan.prompts) == 1
     correct = run_sampling(engine, plan)
     assert correct.result.verdict == "pass", correct.result.reason
     assert correct.accepted > 0
     original = engine.sampler
     verdicts = {}
     try:
-        for bug in BUGS:
+        for bug in SHOWN_END_TO_END:
             engine.sampler = SAMPLERS[bug](original.draft, original.width)
             verdicts[bug] = run_sampling(engine, plan).result
     finally:
         engine.sampler = original
-    caught = {bug for bug, r in verdicts.items() if r.verdict == "fail"}
-    assert caught == set(BUGS) - NOT_RESOLVED, {b: r.reason for b, r in verdicts.items()}
+    assert all(r.verdict == "fail" for r in verdicts.values()), {b: r.reason for b, r in verdicts.items()}
 
 
 def test_bad_options_are_one_line_with_the_bad_input_code():
@@ -110,7 +116,7 @@ def test_an_engine_that_cannot_sample_is_not_applicable(tmp_path):
 
 def _prompt_file(tmp_path):
     lines = (REPO_ROOT / "prompts" / "default.jsonl").read_text().splitlines()
-    keep = [lines[0]] + [line for line in lines[1:] if json.loads(line)["id"] == PROMPT_IDS[0]]
+    keep = [lines[0]] + [line for line in lines[1:] if json.loads(line)["id"] == CATALOG_PROMPT]
     path = tmp_path / "p.jsonl"
     path.write_text("\n".join(keep) + "\n")
     return path
@@ -119,12 +125,15 @@ def _prompt_file(tmp_path):
 @pytest.mark.slow
 def test_the_command_passes_the_correct_sampler_and_fails_a_broken_one(tmp_path):
     prompts_path = _prompt_file(tmp_path)
-    common = ("--prompts", prompts_path, "--samples", "100", "--threads", "2")
-    code, out = run_cli("sample", *common, "--report", tmp_path / "ok")
+    common = ("--prompts", prompts_path, "--repetition-penalty", "1.3", "--seed", "0", "--threads", "2")
+    # the pass as small as the command allows work for; the fail is the catalogue run's configuration
+    code, out = run_cli("sample", *common, "--samples", "4", "--max-new-tokens", "8", "--report", tmp_path / "ok")
     assert code == 0, out
     md = (tmp_path / "ok" / "sample.md").read_text()
     assert "Per position in the verify step" in md and "Value histogram" in md
-    code, out = run_cli("sample", *common, "--report", tmp_path / "bad", "--engine",
-                        str(REPO_ROOT / "tests" / "broken_samplers.py") + ":create", "--engine-opt", "bug=draft_unscaled")
+    code, out = run_cli("sample", *common, "--samples", str(CATALOG_SAMPLES), "--max-new-tokens", "16",
+                        "--report", tmp_path / "bad", "--engine",
+                        str(REPO_ROOT / "tests" / "broken_samplers.py") + ":create",
+                        "--engine-opt", f"bug={SHOWN_END_TO_END[0]}")
     assert code == 1, out
     assert json.loads((tmp_path / "bad" / "sample.json").read_text())["verdict"] == "fail"

@@ -112,7 +112,8 @@ def add_sample_command(sub: Any) -> None:
         "repetition penalty)",
         description="Draw --samples sequences per prompt from the target's own sampling and from the speculative "
         "sampler, score every token teacher-forced on the target, and compare the two sides' randomised PIT values "
-        "two-sample (KS, pooled and per verify-step position, Bonferroni at --alpha). A token outside the target's "
+        "two-sample (KS, pooled and per verify-step position; consecutive token pairs by permutation; Bonferroni "
+        "at --alpha). A token outside the target's "
         "top-k fails outright. Writes REPORT/sample.json and sample.md. An engine that cannot sample is NOT "
         "APPLICABLE (exit 3). docs/SAMPLING.md has the test, its measured false-alarm rate and power.",
         epilog=EXIT_CODES_EPILOG,

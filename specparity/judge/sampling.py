@@ -26,11 +26,19 @@ Stephens' small-sample correction):
 - for each position in the verify step (0 = the first token a step emits) that holds at least
   :data:`MIN_POSITION_VALUES` speculative values, those values against all baseline values — a bias
   confined to later draft positions (a reused random number, a penalty that misses the block's own
-  tokens) is diluted in the pool but shows here.
+  tokens) is diluted in the pool but shows here;
+- the *consecutive-token* test (:func:`consecutive_tokens_test`): the joint distribution of
+  consecutive emitted tokens ``(x_t, x_{t+1})`` per prompt, speculative against baseline, by a
+  chi-square statistic whose null distribution comes from permuting whole sequences between the two
+  sides within each prompt. The PIT values are blind to a bug that only couples the decisions inside
+  one verify step (one acceptance random number reused at every draft position: the accept events
+  become comonotone, and the token after an accepted draft leans toward the draft's choice); the
+  pair of tokens carries it, and the statistic is computed identically on both sides from the
+  emitted sequences alone, so the baseline (which has no verify steps) still sets the allowance.
 
 Under a correct sampler each family member's p-value is (asymptotically) uniform; the run fails when
 the smallest p-value times the family's size (Bonferroni) is below ``alpha``, so the false-alarm
-rate is at most ``alpha``. Values within one sample are pooled as independent draws: exact under a
+rate is at most ``alpha`` by design (measured in ``benchmarks/sampling_power.py``). Values within one sample are pooled as independent draws: exact under a
 correct sampler (sequential PIT values are i.i.d.), and a bug that makes them dependent only moves the
 speculative side further from the baseline. Per-prompt and per-category deviations are reported, not
 tested (they would split ``alpha`` further for no gain in the verdict).
@@ -46,8 +54,16 @@ import numpy as np
 
 Verdict = Literal["pass", "fail", "not_applicable"]
 
-#: The family-wise false-alarm rate of one run (docs/SAMPLING.md: measured, not assumed).
-DEFAULT_ALPHA = 0.01
+#: The family-wise false-alarm rate of one run, by design (Bonferroni over the family). Half the 1 %
+#: the command promises: the KS p-values are asymptotic and the consecutive-token p-value an
+#: approximation of a permutation tail, so the design keeps a margin; docs/SAMPLING.md has the measured rate.
+DEFAULT_ALPHA = 0.005
+#: Label permutations behind the consecutive-token test's null distribution.
+PERMUTATIONS = 200
+#: Token pairs a (prompt, x_t, x_{t+1}) cell needs over both sides to enter the consecutive-token
+#: statistic: rarer cells add chi-square noise and almost no signal (chosen on counts, not labels,
+#: so the permutation null stays exact).
+MIN_PAIR_CELL = 5
 #: Speculative values a verify-step position needs to be tested on its own.
 MIN_POSITION_VALUES = 200
 #: Bins of the value histograms in the report.
@@ -99,6 +115,26 @@ class Deviation:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}
 
 
+@dataclass(frozen=True)
+class PairTest:
+    """The consecutive-token component: its chi-square statistic, the permutation null's mean and
+    standard deviation, the p-value (Wilson–Hilferty tail of a scaled chi-square with the null's mean
+    and variance), and what it was computed on."""
+
+    statistic: float
+    null_mean: float
+    null_sd: float
+    p_value: float
+    cells: int
+    pairs_per_side: tuple[int, int]
+    permutations: int
+
+    def to_json(self) -> dict[str, Any]:
+        d = {k: getattr(self, k) for k in self.__dataclass_fields__}
+        d["pairs_per_side"] = list(self.pairs_per_side)
+        return d
+
+
 @dataclass
 class SamplingRunResult:
     """The verdict of one sampling run and the figures behind it."""
@@ -117,6 +153,7 @@ class SamplingRunResult:
     categories: list[Deviation] = field(default_factory=list)
     histogram: dict[str, list[int]] = field(default_factory=dict)
     outside: list[tuple[str, int, int]] = field(default_factory=list)
+    consecutive: PairTest | None = None
 
     @property
     def passed(self) -> bool:
@@ -131,6 +168,7 @@ class SamplingRunResult:
             "positions": [d.to_json() for d in self.positions], "prompts": [d.to_json() for d in self.prompts],
             "categories": [d.to_json() for d in self.categories], "histogram": self.histogram,
             "outside": [list(o) for o in self.outside],
+            "consecutive": self.consecutive.to_json() if self.consecutive else None,
         }
 
 
@@ -167,28 +205,40 @@ def pit_values(token_ids: np.ndarray, top_ids: np.ndarray, top_logprobs: np.ndar
 
 
 def transform(samples: Sequence[ScoredSample], temperature: float, top_k: int, rng: np.random.Generator) -> Transformed:
-    """The PIT values of every token of ``samples`` (one side), with their prompt, category and position."""
-    vals, pids, cats, poss = [], [], [], []
+    """The PIT values of every token of ``samples`` (one side), with their prompt, category and position.
+
+    All sequences go through :func:`pit_values` at once (a run holds hundreds of short sequences; one
+    call per sequence would cost more than the statistics)."""
     out = Transformed(np.zeros(0), np.zeros(0, object), np.zeros(0, object), np.zeros(0, np.int64),
                       samples=len(samples))
-    for s in samples:
-        n = len(s.token_ids)
-        if n == 0:
-            continue
-        reported = np.isfinite(np.asarray(s.top_logprobs, dtype=np.float64)[:, 0]) & (np.asarray(s.top_ids)[:, 0] >= 0)
-        out.unreported += int((~reported).sum())
-        v, outside = pit_values(s.token_ids, s.top_ids, s.top_logprobs, temperature, top_k, rng.random(n))
-        for i in np.flatnonzero(outside & reported):
-            out.outside.append((s.prompt_id, int(i), int(s.token_ids[i])))
-        keep = ~outside
-        vals.append(v[keep])
-        pids.append(np.full(int(keep.sum()), s.prompt_id, dtype=object))
-        cats.append(np.full(int(keep.sum()), s.category, dtype=object))
-        pos = np.asarray(s.block_positions, dtype=np.int64) if s.block_positions is not None else np.full(n, -1)
-        poss.append(pos[keep])
-    if vals:
-        out.values, out.prompt_ids = np.concatenate(vals), np.concatenate(pids)
-        out.categories, out.positions = np.concatenate(cats), np.concatenate(poss)
+    live = [s for s in samples if len(s.token_ids)]
+    if not live:
+        return out
+    lengths = np.array([len(s.token_ids) for s in live])
+    width = max(np.asarray(s.top_ids).reshape(len(s.token_ids), -1).shape[1] for s in live)
+
+    def padded(x: np.ndarray, n: int, fill: float) -> np.ndarray:
+        x = np.asarray(x).reshape(n, -1)
+        return x if x.shape[1] == width else np.pad(x, ((0, 0), (0, width - x.shape[1])), constant_values=fill)
+
+    tokens = np.concatenate([np.asarray(s.token_ids, dtype=np.int64).reshape(-1) for s in live])
+    ids = np.concatenate([padded(s.top_ids, n, -1) for s, n in zip(live, lengths)]).astype(np.int64)
+    lps = np.concatenate([padded(np.asarray(s.top_logprobs, dtype=np.float64), n, np.nan)
+                          for s, n in zip(live, lengths)])
+    reported = np.isfinite(lps[:, 0]) & (ids[:, 0] >= 0)
+    out.unreported = int((~reported).sum())
+    v, outside = pit_values(tokens, ids, lps, temperature, top_k, rng.random(tokens.size))
+    which = np.repeat(np.arange(len(live)), lengths)
+    index = np.arange(tokens.size) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+    for i in np.flatnonzero(outside & reported):
+        out.outside.append((live[which[i]].prompt_id, int(index[i]), int(tokens[i])))
+    keep = ~outside
+    pos = np.concatenate([np.asarray(s.block_positions, dtype=np.int64).reshape(-1) if s.block_positions is not None
+                          else np.full(n, -1) for s, n in zip(live, lengths)])
+    out.values = v[keep]
+    out.prompt_ids = np.array([s.prompt_id for s in live], dtype=object)[which][keep]
+    out.categories = np.array([s.category for s in live], dtype=object)[which][keep]
+    out.positions = pos[keep]
     return out
 
 
@@ -231,12 +281,88 @@ def histogram(values: np.ndarray, bins: int = HISTOGRAM_BINS) -> list[int]:
     return np.histogram(values, bins=bins, range=(0.0, 1.0))[0].astype(int).tolist()
 
 
+def _chi_square(spec_counts: np.ndarray, totals: np.ndarray) -> np.ndarray:
+    """Two-row chi-square homogeneity statistic per column of ``spec_counts`` ``[cells, B]``
+    against ``totals`` ``[cells]`` (baseline counts = totals − speculative counts)."""
+    n = totals.sum()
+    ns = spec_counts.sum(axis=0)
+    nb = n - ns
+    expected = totals[:, None] * (ns / n)[None, :]
+    dev = ((spec_counts - expected) ** 2 / totals[:, None]).sum(axis=0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where((ns > 0) & (nb > 0), dev * n * n / (ns * nb), 0.0)
+
+
+def wilson_hilferty_tail(x: float, mean: float, var: float) -> float:
+    """P(X >= x) for X a scaled chi-square with the given mean and variance (Wilson–Hilferty cube root)."""
+    if var <= 0 or mean <= 0:
+        return 1.0 if x <= mean else 0.0
+    nu, c = 2.0 * mean * mean / var, var / (2.0 * mean)
+    z = ((max(x, 0.0) / (c * nu)) ** (1.0 / 3.0) - (1.0 - 2.0 / (9.0 * nu))) / math.sqrt(2.0 / (9.0 * nu))
+    return 0.5 * math.erfc(z / math.sqrt(2.0))
+
+
+def consecutive_tokens_test(baseline: Sequence[ScoredSample], speculative: Sequence[ScoredSample],
+                            rng: np.random.Generator, permutations: int = PERMUTATIONS,
+                            min_cell: int = MIN_PAIR_CELL) -> PairTest | None:
+    """The speculative side's consecutive token pairs against the baseline's (module docstring).
+
+    Cells are ``(prompt, x_t, x_{t+1})`` with at least ``min_cell`` pairs over both sides; the
+    statistic is the two-row chi-square over them. Pairs inside one sequence are dependent, so the
+    chi-square table is not trusted: the null distribution is the statistic's over ``permutations``
+    reshufflings of whole sequences between the sides within each prompt (under a correct sampler
+    the sequences of one prompt are exchangeable), and the p-value is the tail of a scaled chi-square
+    matched to that null's mean and variance. None when fewer than two cells qualify.
+    """
+    prompts: dict[str, int] = {}
+    codes, seq_of_pair, seq_prompt, seq_side = [], [], [], []
+    vocab = 1 + max([int(np.max(s.token_ids)) for s in (*baseline, *speculative) if len(s.token_ids)] or [0])
+    for side, samples in ((0, baseline), (1, speculative)):
+        for s in samples:
+            t = np.asarray(s.token_ids, dtype=np.int64)
+            if t.size < 2:
+                continue
+            k = prompts.setdefault(s.prompt_id, len(prompts))
+            codes.append((k * vocab + t[:-1]) * vocab + t[1:])
+            seq_of_pair.append(np.full(t.size - 1, len(seq_side)))
+            seq_prompt.append(k)
+            seq_side.append(side)
+    if not codes:
+        return None
+    cells, inverse, totals = np.unique(np.concatenate(codes), return_inverse=True, return_counts=True)
+    keep = totals >= min_cell
+    if keep.sum() < 2:
+        return None
+    remap = np.cumsum(keep) - 1
+    pair_seq = np.concatenate(seq_of_pair)[keep[inverse]]
+    pair_cell = remap[inverse[keep[inverse]]]
+    n_cells = int(keep.sum())
+    totals = totals[keep].astype(np.float64)
+    sides = np.asarray(seq_side, dtype=np.float64)
+    groups = [np.flatnonzero(np.asarray(seq_prompt) == k) for k in range(len(prompts))]
+    labels = np.empty((sides.size, permutations + 1))
+    labels[:, 0] = sides
+    for g in groups:
+        labels[g, 1:] = rng.permuted(np.tile(sides[g][:, None], (1, permutations)), axis=0)
+    # per sequence and cell, its pair count; a labelling's speculative counts are then one product
+    seq_cell = np.zeros((sides.size, n_cells))
+    np.add.at(seq_cell, (pair_seq, pair_cell), 1.0)
+    spec_counts = seq_cell.T @ labels
+    stats = _chi_square(spec_counts, totals)
+    null = stats[1:]
+    mean, var = float(null.mean()), float(null.var(ddof=1)) if permutations > 1 else 0.0
+    n_spec = int(spec_counts[:, 0].sum())
+    return PairTest(float(stats[0]), mean, math.sqrt(var), wilson_hilferty_tail(float(stats[0]), mean, var),
+                    n_cells, (int(totals.sum()) - n_spec, n_spec), permutations)
+
+
 # --------------------------------------------------------------------------- the verdict
 
 
 def judge_sampling(baseline: Sequence[ScoredSample], speculative: Sequence[ScoredSample], *, temperature: float,
                    top_k: int, alpha: float = DEFAULT_ALPHA, seed: int = 0,
-                   min_position_values: int = MIN_POSITION_VALUES) -> SamplingRunResult:
+                   min_position_values: int = MIN_POSITION_VALUES,
+                   permutations: int = PERMUTATIONS) -> SamplingRunResult:
     """Judge the speculative side's samples against the baseline's (module docstring for the test).
 
     ``not_applicable`` when there is nothing to compare on a side, or when the baseline itself emits a
@@ -268,15 +394,17 @@ def judge_sampling(baseline: Sequence[ScoredSample], speculative: Sequence[Score
         sel = spec.values[spec.positions == j]
         positions.append(deviation(f"position {j}", sel, base.values, tested=sel.size >= min_position_values))
     family = [pooled] + [d for d in positions if d.tested]
-    m = len(family)
-    p_adj = min(1.0, min(d.p_value for d in family) * m)
+    consecutive = consecutive_tokens_test(baseline, speculative, rng, permutations) if permutations > 1 else None
+    m = len(family) + (consecutive is not None)
+    p_min = min([d.p_value for d in family] + ([consecutive.p_value] if consecutive else []))
+    p_adj = min(1.0, p_min * m)
     prompts = [deviation(pid, spec.values[spec.prompt_ids == pid], base.values[base.prompt_ids == pid])
                for pid in dict.fromkeys(base.prompt_ids.tolist())]
     categories = [deviation(c, spec.values[spec.categories == c], base.values[base.categories == c])
                   for c in dict.fromkeys(base.categories.tolist())]
     hist = {"baseline": histogram(base.values), "speculative": histogram(spec.values)}
     result = SamplingRunResult("pass", "", pooled.statistic, p_adj, alpha, counts, sizes, m, pooled, positions,
-                               prompts, categories, hist, spec.outside)
+                               prompts, categories, hist, spec.outside, consecutive)
     worst = min(family, key=lambda d: d.p_value)
     if spec.outside:
         pid, i, tok = spec.outside[0]
@@ -284,6 +412,12 @@ def judge_sampling(baseline: Sequence[ScoredSample], speculative: Sequence[Score
         result.reason = (f"the speculative side emitted {len(spec.outside)} token(s) the truncated target gives "
                          f"probability 0 (outside its top-{top_k}; first: token {tok} at output position {i} of "
                          f"prompt {pid})")
+    elif p_adj < alpha and consecutive is not None and consecutive.p_value < worst.p_value:
+        result.verdict = "fail"
+        result.reason = (f"consecutive speculative tokens are paired unlike the baseline's: chi-square "
+                         f"{consecutive.statistic:.1f} over {consecutive.cells} (prompt, token, next token) cells "
+                         f"against a permutation null of mean {consecutive.null_mean:.1f} (sd "
+                         f"{consecutive.null_sd:.1f}), p={p_adj:.2g} after Bonferroni over {m} tests < alpha {alpha:g}")
     elif p_adj < alpha:
         result.verdict = "fail"
         result.reason = (f"the speculative values differ from the baseline's: {worst.key} KS D={worst.statistic:.4f} "

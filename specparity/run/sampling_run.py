@@ -196,6 +196,13 @@ def markdown(run: SamplingRun) -> str:
 
     table("Pooled", [r.pooled] if r.pooled else [])
     table("Per position in the verify step", r.positions)
+    if r.consecutive:
+        c = r.consecutive
+        out.extend(["## Consecutive tokens", "",
+                    f"Chi-square {c.statistic:.1f} over {c.cells} (prompt, token, next token) cells "
+                    f"({c.pairs_per_side[0]} baseline, {c.pairs_per_side[1]} speculative pairs) against the "
+                    f"permutation null's mean {c.null_mean:.1f} (sd {c.null_sd:.1f}, {c.permutations} "
+                    f"permutations): p {c.p_value:.3g} (tested).", ""])
     table("Per prompt", r.prompts)
     table("Per category", r.categories)
     if r.histogram:
