@@ -449,9 +449,16 @@ def _merge_command(sub: Any) -> None:
     add_merge_command(sub)
 
 
+def _sample_command(sub: Any) -> None:
+    from specparity.cli.sample import add_sample_command
+
+    add_sample_command(sub)
+
+
 COMMANDS: tuple[Callable[[Any], None], ...] = (add_run_command, _merge_command, add_sweep_command, _arms_command,
                                                 *_golden_commands(),
-                                                add_lossless_command, add_probe_command, _llamacpp_command)
+                                                add_lossless_command, add_probe_command, _llamacpp_command,
+                                                _sample_command)
 
 
 def build_parser() -> argparse.ArgumentParser:
