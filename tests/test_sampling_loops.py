@@ -99,6 +99,28 @@ def test_the_catalogue_end_to_end_on_the_fixture_models(engine):
     assert all(r.verdict == "fail" for r in verdicts.values()), {b: r.reason for b, r in verdicts.items()}
 
 
+class NoSpeculation:
+    """The fixture engine with its speculative side replaced by the target's own sampling: the same
+    distribution, and no verify step to show for it."""
+
+    def __init__(self, engine):
+        self._engine = engine
+
+    def __getattr__(self, name):
+        return getattr(self._engine, name)
+
+    def sample(self, requests, *, speculative, params):
+        return self._engine.sample(requests, speculative=False, params=params)
+
+
+def test_a_speculative_side_that_reports_no_verify_step_does_not_pass(engine):
+    plan = SamplingPlan(tuple(p for p in prompts() if p.id == CATALOG_PROMPT), **CATALOG_PLAN)
+    run = run_sampling(NoSpeculation(engine), plan)
+    assert run.verify_steps == 0 and run.accepted == 0
+    assert run.result.verdict == "fail" and "speculation activity unknown" in run.result.reason
+    assert run.exit_code == 1
+
+
 def test_bad_options_are_one_line_with_the_bad_input_code():
     code, out = run_cli("sample", "--temperature", "0")
     assert code == 4

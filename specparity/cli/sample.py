@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from typing import Any
 
 from specparity.judge.sampling import DEFAULT_ALPHA
@@ -30,16 +29,6 @@ SAMPLE_REPORT = "reports/sample"
 DEFAULT_ENGINE = "specparity.engines.inprocess.sampling:create"
 
 
-def _positive_int(flag: str, value: str, lowest: int = 1) -> int:
-    try:
-        n = int(value)
-    except ValueError:
-        raise BadInput(f"{flag} {value!r}: expected an integer >= {lowest}") from None
-    if n < lowest:
-        raise BadInput(f"{flag} {value!r}: expected an integer >= {lowest}")
-    return n
-
-
 def _number(flag: str, value: str, *, low: float, high: float | None = None, what: str) -> float:
     try:
         x = float(value)
@@ -50,14 +39,22 @@ def _number(flag: str, value: str, *, low: float, high: float | None = None, wha
     return x
 
 
-def check_options(args: argparse.Namespace) -> tuple[SamplingParams, Any, list[Any]]:
-    """The sampling parameters, the engine options and the prompts, or BadInput naming the option."""
+def _positive_int(flag: str, value: str, lowest: int = 1) -> int:
+    from specparity.cli.options import _int
+
+    return int(_int({flag: value}, flag, flag, lowest))
+
+
+def check_options(args: argparse.Namespace) -> tuple[Any, Any]:
+    """The run's plan (:class:`~specparity.run.sampling_run.SamplingPlan`) and the engine options, or BadInput
+    naming the option."""
     from specparity.cli.options import load_prompt_files, parse_engine_opts, select_prompts
     from specparity.engines.base import EngineOptions
     from specparity.model.locations import prompt_file
+    from specparity.run.sampling_run import SamplingPlan
 
     samples = _positive_int("--samples", args.samples, 2)
-    _positive_int("--max-new-tokens", args.max_new_tokens)
+    max_new_tokens = _positive_int("--max-new-tokens", args.max_new_tokens)
     top_k = _positive_int("--top-k", args.top_k)
     temperature = _number("--temperature", args.temperature, low=0.0, what="a number > 0")
     penalty = _number("--repetition-penalty", args.repetition_penalty, low=0.0, what="a number > 0")
@@ -71,27 +68,26 @@ def check_options(args: argparse.Namespace) -> tuple[SamplingParams, Any, list[A
     width = _positive_int("--num-draft-tokens", args.num_draft_tokens) if args.num_draft_tokens is not None else None
     options = EngineOptions(target=args.target, draft=args.draft, threads=threads, num_draft_tokens=width,
                             extra=parse_engine_opts(args.engine_opt or []))
-    args._samples, args._alpha = samples, alpha
-    return SamplingParams(temperature, top_k, penalty, seed), options, prompts
+    params = SamplingParams(temperature, top_k, penalty, seed)
+    return SamplingPlan(tuple(prompts), samples, max_new_tokens, params, alpha), options
 
 
 def _run_sample(args: argparse.Namespace) -> int:
     from specparity.engines import EngineLoadError, build_engine, check_options as check_engine, resolve_factory
     from specparity.engines.libraries import configure_libraries
-    from specparity.run.sampling_run import SamplingPlan, run_sampling, terminal_lines, write_sampling
+    from specparity.cli.outcome import progress
+    from specparity.run.sampling_run import run_sampling, terminal_lines, write_sampling
 
     configure_libraries(args.verbose)
-    params, options, prompts = check_options(args)
+    plan, options = check_options(args)
     try:
         factory = resolve_factory(args.engine)
         checked = check_engine(factory, options, args.engine)
     except (EngineLoadError, ValueError) as exc:
         raise BadInput(str(exc)) from None
-    plan = SamplingPlan(tuple(prompts), args._samples, int(args.max_new_tokens), params, args._alpha)
     engine = build_engine(factory, checked, args.engine)
-    say = None if (args.json or args.quiet) else (lambda msg: print(msg, file=sys.stderr, flush=True))
     try:
-        run = run_sampling(engine, plan, say=say)
+        run = run_sampling(engine, plan, say=progress(args))
     finally:
         engine.close()
     paths = write_sampling(run, args.report)

@@ -153,9 +153,10 @@ def run_sampling(engine: Any, plan: SamplingPlan, say: Callable[[str], None] | N
         run.fingerprint = engine.fingerprint().to_json()
     except Exception:  # noqa: BLE001 - the fingerprint is for the report; a run is judged without it
         run.fingerprint = None
-    if result.verdict == "pass" and run.verify_steps and not run.accepted:
+    if result.verdict == "pass" and not run.accepted:  # a run that never speculated proves nothing
         result.verdict = "fail"
-        result.reason = "speculation inactive: no draft token was accepted (a run that never speculated proves nothing)"
+        result.reason = ("speculation inactive: no draft token was accepted" if run.verify_steps else
+                         "speculation activity unknown: the speculative side reported no verify step")
     return run
 
 
