@@ -40,6 +40,8 @@ BUILTIN: dict[str, str] = {
 #: no torch. Read from :data:`BUILTIN`, so a new server engine is listed by adding its row there.
 SERVER_ENGINES: tuple[str, ...] = tuple(name for name, target in BUILTIN.items()
                                         if target.startswith("specparity.engines.server."))
+#: The built-in engines that run in this process: known without importing them (torch is heavy).
+INPROCESS_ENGINES: tuple[str, ...] = tuple(name for name in BUILTIN if name not in SERVER_ENGINES)
 _REQUIRED = ("encode_prompt", "decode", "stop_token_ids", "generate", "score", "fingerprint", "close")
 
 Factory = Callable[[EngineOptions], Engine]

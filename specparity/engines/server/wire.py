@@ -58,8 +58,10 @@ def wire_format(engine: str) -> WireFormat | None:
     declares in its factory's module (``WIRE``); None: not a server engine, or one that declares none."""
     import sys
 
-    from specparity.engines import EngineLoadError, engine_info, resolve_factory
+    from specparity.engines import INPROCESS_ENGINES, EngineLoadError, engine_info, resolve_factory
 
+    if engine in INPROCESS_ENGINES:
+        return None  # a built-in in-process engine: no wire format, and no reason to import torch to say so
     try:
         factory = resolve_factory(engine)
     except EngineLoadError:
