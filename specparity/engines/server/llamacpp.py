@@ -75,7 +75,8 @@ from specparity.model.constraints import CONSTRAINT_FIELDS
 from specparity.model.locations import fixture_dir
 from specparity.model.types import ArtifactId, GenerationRequest, GenerationResult, SpecStats, TokenScores
 from specparity.engines.server.llamacpp_wire import WIRE, completion_body, parse_probabilities
-from specparity.engines.server.llamacpp_tokens import LlamaServerTokenizer, TOKENIZE_PROBE, byte_piece_tokens, gguf_byte_pieces, gguf_digest, served_vocab, server_tokenize
+from specparity.engines.server.llamacpp_tokens import (LlamaServerTokenizer, TOKENIZE_PROBE, byte_piece_tokens,
+                                                       gguf_byte_pieces, gguf_digest, served_vocab, server_tokenize)
 from specparity.engines.server.llamacpp_launch import LlamaServerLaunch, SPEC_TYPES, launch_configs
 
 

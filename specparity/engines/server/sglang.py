@@ -76,7 +76,9 @@ from specparity.engines.server.engine import (
     start_sessions,
 )
 from specparity.model.types import ArtifactId, GenerationRequest, GenerationResult, SpecStats, TokenScores
-from specparity.engines.server.sglang_wire import CONSTRAINT_KEYS, SUMMARY_KEYS, UNKNOWN, UNSENT_HARMFUL_KEYS, WIRE, answer_facts, declared_name, parse_generate, parse_score, reported_numerics, score_body, spec_stats
+from specparity.engines.server.sglang_wire import (CONSTRAINT_KEYS, SUMMARY_KEYS, UNKNOWN, UNSENT_HARMFUL_KEYS, WIRE,
+                                                   answer_facts, declared_name, parse_generate, parse_score,
+                                                   reported_numerics, score_body, spec_stats)
 from specparity.engines.server.sglang_launch import SGLangLaunch, SPEC_KEYS, launch_configs
 
 
@@ -104,7 +106,8 @@ def check_options(options: EngineOptions) -> None:
         launch_configs(options)
 
 
-INFO = EngineInfo("sglang", options=OPTIONS, dtypes=(), local_models=False, check=check_options, server=True, descriptor=DESCRIPTOR,
+INFO = EngineInfo("sglang", options=OPTIONS, dtypes=(), local_models=False, check=check_options, server=True,
+                  descriptor=DESCRIPTOR,
                   counters="request", constraints=tuple(CONSTRAINT_KEYS),
                   force_reject_note="SGLang's own knob, SGLANG_SIMULATE_ACC_LEN=1 with SGLANG_SIMULATE_ACC_TOKEN_MODE="
                   "real-draft-token, is not wired here yet (untested); see docs/FORCE_REJECT.md")

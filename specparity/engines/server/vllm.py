@@ -86,8 +86,13 @@ from specparity.engines.server.engine import (
 from specparity.model.constraints import CONSTRAINT_FIELDS
 from specparity.model.traffic import Traffic
 from specparity.model.types import ArtifactId, GenerationRequest, GenerationResult, SpecStats, TokenScores
-from specparity.engines.server.vllm_wire import SPEC_COUNTERS, TRAFFIC_COUNTERS, WIRE, answer_tokens, parse_completion, parse_metrics, parse_prompt_logprobs, reported_max_num_seqs, reported_numerics, request_spec_stats, score_body, stable_spec_config, top_k_disabled, usage_facts
-from specparity.engines.server.vllm_launch import ENTRYPOINTS, PER_REQUEST_METRICS, VLLMApi, VLLMLaunch, drop_unsupported_per_request, installed_has_per_request_flag, launch_configs
+from specparity.engines.server.vllm_wire import (SPEC_COUNTERS, TRAFFIC_COUNTERS, WIRE, answer_tokens,
+                                                 parse_completion, parse_metrics, parse_prompt_logprobs,
+                                                 reported_max_num_seqs, reported_numerics, request_spec_stats,
+                                                 score_body, stable_spec_config, top_k_disabled, usage_facts)
+from specparity.engines.server.vllm_launch import (ENTRYPOINTS, PER_REQUEST_METRICS, VLLMApi, VLLMLaunch,
+                                                   drop_unsupported_per_request, installed_has_per_request_flag,
+                                                   launch_configs)
 
 #: ``--max-logprobs`` default (``vllm/config/model.py:286``).
 DEFAULT_MAX_LOGPROBS = 20
@@ -131,7 +136,8 @@ def check_options(options: EngineOptions) -> None:
         launch_configs(options)
 
 
-INFO = EngineInfo("vllm", options=OPTIONS, dtypes=(), local_models=False, check=check_options, server=True, descriptor=DESCRIPTOR,
+INFO = EngineInfo("vllm", options=OPTIONS, dtypes=(), local_models=False, check=check_options, server=True,
+                  descriptor=DESCRIPTOR,
                   counters="aggregate", constraints=CONSTRAINT_FIELDS,
                   force_reject_note="newer vLLM's rejection_sample_method synthetic with synthetic_acceptance_length 1 "
                   "is not wired here yet (untested); see docs/FORCE_REJECT.md")
